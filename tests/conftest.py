@@ -1,0 +1,97 @@
+"""Shared fixtures: real PostgreSQL and Redis, and the database matrix.
+
+Tests that need a service ask for its fixture. When the service is unreachable the test is
+skipped with the command that starts it, unless ACCUM_REQUIRE_SERVICES=1 (as .ci/run sets),
+in which case it fails: CI must never pass by skipping integration tests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "ACCUM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("ACCUM_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+
+HOW_TO_START = {
+    "postgresql": "start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+    "redis": "start it with: redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save '' --appendonly no",
+}
+
+
+def services_required() -> bool:
+    return os.environ.get("ACCUM_REQUIRE_SERVICES", "") not in ("", "0", "false", "no")
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), 2):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, url: str, default_port: int) -> None:
+    """Skip (or fail, under ACCUM_REQUIRE_SERVICES=1) when a real service is unreachable."""
+    if _reachable(url, default_port):
+        return
+    message = f"{name} is not reachable at {url}; {HOW_TO_START[name]}"
+    if services_required():
+        pytest.fail(f"ACCUM_REQUIRE_SERVICES=1 but {message}")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> str:
+    require_service("postgresql", POSTGRES_ADMIN_URL, 5432)
+    return POSTGRES_ADMIN_URL
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for this test session, dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    name = f"accum_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    base = postgres_server_url.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """A Redis database number for this test session (flushed before use)."""
+    require_service("redis", REDIS_URL, 6379)
+    import redis
+
+    url = f"{REDIS_URL.rstrip('/')}/{int(os.environ.get('ACCUM_TEST_REDIS_DB', '9'))}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def accum_home(tmp_path: Path) -> Path:
+    home = tmp_path / "accum-home"
+    home.mkdir()
+    return home
