@@ -12,6 +12,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
@@ -95,3 +96,94 @@ def accum_home(tmp_path: Path) -> Path:
     home = tmp_path / "accum-home"
     home.mkdir()
     return home
+
+
+# --- the job store on both backends (owned by the store engineer) -------------------------
+#
+# database_url      function  a migrated, EMPTY database for `database_backend` (sqlite: a copy
+#                             of a migrated template file under accum_home; postgresql: the
+#                             session's database, migrated once, rows deleted per test)
+# store_settings    function  Settings(home=accum_home, database_url=database_url); broker and
+#                             artefacts default under accum_home
+# db_engine         function  services.store.make_engine(store_settings), disposed afterwards
+# session_factory   function  sessionmaker bound to db_engine: `with session_factory.begin() as s:`
+#
+# Any test that asks for one of these runs twice, once per backend (ids [sqlite], [postgresql]).
+
+if TYPE_CHECKING:  # imported lazily below: collecting unrelated tests stays fast
+    from sqlalchemy import Engine
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from services.settings import Settings
+
+STORE_TABLES = ("metrics", "metric_blocks", "checkpoints", "job_events", "jobs", "api_tokens", "owners")
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One migrated SQLite file per session; tests get copies (faster than migrating each)."""
+    from services.store.migrate import upgrade
+
+    path = tmp_path_factory.mktemp("store-template") / "accum.sqlite"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres_url(postgres_url: str) -> str:
+    """The session's PostgreSQL database with the schema at head."""
+    from services.store.migrate import upgrade
+
+    upgrade(postgres_url)
+    return postgres_url
+
+
+@pytest.fixture
+def database_url(database_backend: str, accum_home: Path, request: pytest.FixtureRequest) -> str:
+    """A migrated, empty database for this test on `database_backend`."""
+    if database_backend == "sqlite":
+        import shutil
+
+        template: Path = request.getfixturevalue("sqlite_template")
+        target = accum_home / "accum.sqlite"
+        shutil.copyfile(template, target)
+        return f"sqlite:///{target}"
+    url: str = request.getfixturevalue("migrated_postgres_url")
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    # DELETE, children first: much faster than TRUNCATE on tables this small.
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            for table in STORE_TABLES:
+                conn.execute(text(f"DELETE FROM {table}"))
+    finally:
+        engine.dispose()
+    return url
+
+
+@pytest.fixture
+def store_settings(accum_home: Path, database_url: str) -> Settings:
+    """Settings for this test: home = accum_home, database = `database_url` (migrated, empty)."""
+    from services.settings import Settings
+
+    return Settings(home=accum_home, database_url=database_url)
+
+
+@pytest.fixture
+def db_engine(store_settings: Settings) -> Iterator[Engine]:
+    """`services.store.make_engine(store_settings)`, disposed after the test."""
+    from services.store import make_engine
+
+    engine = make_engine(store_settings)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def session_factory(db_engine: Engine) -> sessionmaker[Session]:
+    """Sessions on `db_engine`; `with session_factory.begin() as session:` commits on success."""
+    from services.store import make_session_factory
+
+    return make_session_factory(db_engine)

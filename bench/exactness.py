@@ -1,0 +1,174 @@
+"""Max relative error of the accumulated update vs the same samples as one big batch.
+
+For accum, the tutorial loop (loss / N, step every N), Lightning's
+`Trainer(accumulate_grad_batches=N)` and Accelerate's `accumulate()`, on three cases:
+- even_windows: every window full, equal micro-batches (the control: all should be exact);
+- short_last_window: 10 samples, m=2, N=4: windows of 8 and 2 samples;
+- padded_tokens: token targets padded with -100, valid tokens per micro-batch vary.
+Each method trains one epoch in fp32 with SGD (lr 0.1), whose step records the update it
+applies (lr x the accumulated gradient; recorded rather than read off the parameters, where
+fp32 rounding of the parameter values would hide everything below ~1e-5). The reference does
+one big-batch step per window in float64. error = max over windows of
+max |update - reference update| / max |reference update|; a window a method never steps
+counts as error 1.0.
+Target: accum <= 1e-6; the table shows the others.
+
+    .venv/bin/python bench/exactness.py [--quick] [--out]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+import _peers  # noqa: E402
+import _workloads as w  # noqa: E402
+
+LR = 0.1
+VOCAB, SEQ = 16, 6
+
+
+class TokenCrossEntropy(nn.Module):
+    """Mean cross-entropy over the non-padding tokens of (B, T, V) logits."""
+
+    reduction = "mean"
+    ignore_index = -100
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
+        )
+
+
+class TokenModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.head = nn.Linear(8, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.embed(tokens)))
+
+
+def _cases() -> dict[str, dict[str, Any]]:
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, VOCAB, (8, SEQ), generator=generator)
+    targets = torch.randint(0, VOCAB, (8, SEQ), generator=generator)
+    for row, valid in enumerate([6, 1, 2, 6, 3, 5, 1, 4]):  # varying valid tokens per sequence
+        targets[row, valid:] = -100
+        tokens[row, valid:] = 0
+    return {
+        "even_windows": {"data": w.image_data(16, (6,), classes=3), "m": 4, "N": 2,
+                         "model": lambda: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)),
+                         "loss": nn.CrossEntropyLoss()},
+        "short_last_window": {"data": w.image_data(10, (6,), classes=3, seed=1), "m": 2, "N": 4,
+                              "model": lambda: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)),
+                              "loss": nn.CrossEntropyLoss()},
+        "padded_tokens": {"data": TensorDataset(tokens, targets), "m": 2, "N": 4,
+                          "model": TokenModel, "loss": TokenCrossEntropy()},
+    }
+
+
+class RecordingSGD(torch.optim.SGD):
+    """Plain SGD that records, at every step, the update it applies (lr x gradient)."""
+
+    def __init__(self, params: Any, updates: list[torch.Tensor]) -> None:
+        super().__init__(params, lr=LR)
+        self.updates = updates
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:  # Lightning runs the last micro-batch inside the closure
+            with torch.enable_grad():
+                loss = closure()
+        grads = [p.grad for group in self.param_groups for p in group["params"]]
+        self.updates.append(torch.cat([LR * g.reshape(-1).double() for g in grads if g is not None]))
+        super().step()
+        return loss
+
+
+def _reference_updates(model: nn.Module, case: dict[str, Any]) -> list[torch.Tensor]:
+    """One float64 big-batch SGD step per window of m*N samples (the last one shorter)."""
+    reference = w.clone(model).double()
+    updates: list[torch.Tensor] = []
+    optimizer = RecordingSGD(reference.parameters(), updates)
+    inputs, targets = case["data"].tensors
+    window = case["m"] * case["N"]
+    for begin in range(0, len(inputs), window):
+        x = inputs[begin : begin + window]
+        x = x.double() if x.is_floating_point() else x
+        case["loss"](reference(x), targets[begin : begin + window]).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return updates
+
+
+Method = Callable[[nn.Module, Callable[[Any], torch.optim.Optimizer], Any, int, Any], None]
+
+
+def _methods(peers_ok: bool) -> dict[str, Method]:
+    methods: dict[str, Method] = {
+        "accum": lambda model, make, loader, n, loss: w.run_trainer(model, make(model.parameters()), loader, n, loss),
+        "tutorial_loop": lambda model, make, loader, n, loss: w.tutorial_loop(model, make(model.parameters()), loader, n, loss),
+    }
+    if peers_ok:
+        import _peer_runs
+
+        methods["lightning"] = _peer_runs.lightning_fit
+        methods["accelerate"] = _peer_runs.accelerate_fit
+    return methods
+
+
+def _error(got: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
+    worst = 0.0
+    for index, reference in enumerate(expected):
+        if index >= len(got):
+            worst = max(worst, 1.0)  # the window was never stepped
+            continue
+        scale = reference.abs().max().item()
+        worst = max(worst, (got[index] - reference).abs().max().item() / scale)
+    return worst
+
+
+def measure(peers_ok: bool) -> dict[str, dict[str, float]]:
+    table: dict[str, dict[str, float]] = {}
+    for case_name, case in _cases().items():
+        torch.manual_seed(0)
+        model = case["model"]()
+        expected = _reference_updates(model, case)
+        for method, run in _methods(peers_ok).items():
+            updates: list[torch.Tensor] = []
+            loader = DataLoader(case["data"], batch_size=case["m"], shuffle=False)
+            run(w.clone(model), lambda params, u=updates: RecordingSGD(params, u), loader, case["N"], case["loss"])
+            table.setdefault(method, {})[case_name] = _error(updates, expected)
+            table[method][case_name + "_steps"] = len(updates)  # type: ignore[assignment]
+        table.setdefault("reference", {})[case_name + "_steps"] = len(expected)  # type: ignore[assignment]
+    return table
+
+
+def main() -> None:
+    args = _common.base_parser(__doc__.splitlines()[0]).parse_args()
+    peers_reason = _peers.reexec_in_peers_env(args.quick)
+    table = measure(peers_reason is None)
+    for peer in _peers.PEERS:
+        table.setdefault(peer, {"status": peers_reason})  # type: ignore[dict-item]
+    ours = max(v for k, v in table["accum"].items() if not k.endswith("_steps"))
+    _common.emit("exactness", {
+        "machine": _common.machine("cpu"),
+        "figure": "max relative error of the accumulated update vs the big batch (fp32)",
+        "target": 1e-6, "measured": ours, "verdict": _common.verdict(ours, 1e-6, False),
+        "peers": _peers.peer_versions(), "errors": table,
+    }, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Run every bench script and regenerate docs/benchmarks.md (what `make bench` does).
+
+    .venv/bin/python bench/run_all.py                 # run all, append rows, rewrite the doc
+    .venv/bin/python bench/run_all.py --only memory   # run some, rewrite the doc
+    .venv/bin/python bench/run_all.py --no-run        # rewrite the doc from bench/results/
+
+Every script in bench/ not starting with "_" is a bench (this one excepted); each prints one
+JSON object and appends it to bench/results/<name>.jsonl. The doc shows the latest row of
+each, one line per figure, then bench/notes.md (analysis of misses: profile, fix, plan).
+Scripts run one after the other: they measure ratios on a shared machine, and two at once
+would measure each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "results"
+DEFAULT_DOC = ROOT / "docs" / "benchmarks.md"
+NOTES = BENCH / "notes.md"
+# Ours first, in the issue's order; any other bench script (owned by other parts) after.
+ORDER = ["trainer_vs_loop", "trainer_vs_lightning", "exactness", "memory", "accumulation_cost",
+         "auto_micro_batch", "ddp_no_sync", "resnet50_h100"]
+
+
+def bench_names() -> list[str]:
+    found = sorted(p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("_") and p.stem != "run_all")
+    return [n for n in ORDER if n in found] + [n for n in found if n not in ORDER]
+
+
+def run(name: str, quick: bool, timeout_s: float, extra: list[str]) -> None:
+    command = [sys.executable, str(BENCH / f"{name}.py")]
+    command += ["--quick"] if quick else ["--out", str(RESULTS)]  # smoke runs keep no rows
+    if name in ORDER:  # --threads/--clock are ours; other parts' scripts keep their own flags
+        command += extra
+    started = time.monotonic()
+    print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        print(f"[bench] {name}: timed out after {timeout_s:.0f} s", file=sys.stderr)
+        return
+    if completed.returncode != 0:
+        print(f"[bench] {name}: exit {completed.returncode}\n{completed.stderr[-3000:]}", file=sys.stderr)
+        return
+    print(f"[bench] {name}: done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+
+def latest(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.jsonl"
+    if not path.exists():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [row for row in rows if not row.get("quick")]  # smoke runs are not figures
+    return rows[-1] if rows else None
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.2e}"
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _machine(result: dict[str, Any]) -> str:
+    m = result.get("machine", {})
+    where = m.get("gpu") or f"{m.get('cpu', '?')} x{m.get('cores', '?')} cores"
+    text = f"{where}, torch {m.get('torch', '?')}, {m.get('torch_threads', '?')} threads"
+    if m.get("clock"):
+        text += f", {m['clock']} clock"
+    if m.get("load_average_1m") is not None:
+        text += f", load {m['load_average_1m']}"
+    return text
+
+
+def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(figure, target, measured, verdict) lines for one bench's latest result."""
+    def row(figure: str, target: str, measured: Any, verdict: str) -> tuple[str, str, str, str]:
+        return (figure, target, _fmt(measured), verdict)
+
+    if name == "trainer_vs_loop":
+        fast = r.get("resnet50_fast_path", {})
+        return [
+            row("Trainer.fit / tutorial loop, fp32 (worst of mlp, small_cnn)",
+                f">= {r['target']}", r["measured"], r["verdict"]),
+            row("fast path / tutorial loop, ResNet-50 224x224 m=64 (GPU)", ">= 1.5",
+                fast.get("ratio"), fast.get("verdict", f"not measured: {fast.get('skipped', '?')}")),
+        ]
+    if name == "trainer_vs_lightning":
+        return [row(f"Trainer / {peer} {r.get('peers', {}).get(peer) or ''} throughput (worst of mlp, small_cnn)",
+                    f">= {r['target']}",
+                    r["measured"].get(peer), r["verdict"].get(peer) if r["measured"].get(peer) is not None
+                    else f"not measured: {r.get('peers_status')}")
+                for peer in ("lightning", "accelerate")]
+    if name == "exactness":
+        lines = [row("max rel. error of accumulated update vs big batch, accum (fp32)", "<= 1e-6",
+                     r["measured"], r["verdict"])]
+        for method, errors in r["errors"].items():
+            if method in ("accum", "reference"):
+                continue
+            version = r.get("peers", {}).get(method)
+            label = f"  same, {method}" + (f" {version}" if version else "")
+            if "status" in errors:
+                lines.append(row(label, "(shown)", None, errors["status"]))
+                continue
+            shown = ", ".join(f"{k} {_fmt(v)}" for k, v in errors.items() if not k.endswith("_steps"))
+            lines.append((label, "(shown)", shown, "-"))
+        return lines
+    if name == "memory":
+        return [
+            row("peak(m,N) / peak(m,1), Trainer, small_cnn", "<= 1.02", r["measured"], r["verdict"]),
+            row("peak(m,N) / peak(mN,1), Trainer, small_cnn", "far below 1", r["big_batch_ratio"],
+                "pass" if r["big_batch_ratio"] < 0.5 else "miss"),
+        ]
+    if name == "auto_micro_batch":
+        return [
+            row("m chosen by auto / largest m that truly fits (CPU: simulated caps)", ">= 0.9, <= 1", r["measured"], r["verdict"]),
+            row("auto search cost, in training steps", "<= 30", r["cost_steps"], r["cost_verdict"]),
+        ]
+    if name == "resnet50_h100":
+        verdict = r["verdict"] if r.get("measured") is not None else f"not measured: {r.get('skipped', '?')}"
+        return [row("ResNet-50 bf16 img/s via API -> worker -> accumcore", ">= 3000", r.get("measured"), verdict)]
+    if name == "trainer_overhead":
+        lines = []
+        for workload, values in r.get("workloads", {}).items():
+            verdicts = list(values.get("targets", {}).values()) + ["-", "-"]
+            lines.append(row(f"Trainer.fit / tutorial loop throughput, {workload}", ">= 0.99",
+                             values.get("throughput_ratio"), verdicts[0]))
+            lines.append(row(f"peak(m,N) / peak(m,1), {workload}", "<= 1.02",
+                             values.get("memory_ratio"), verdicts[1]))
+        return lines
+    if name == "worker" and "latency" in r:
+        p50s = [v["p50_ms"] for v in r["latency"].values() if isinstance(v, dict) and "p50_ms" in v]
+        return [row(r.get("figure", name), _fmt(r.get("target")), r.get("measured"), r.get("verdict", "-")),
+                row("queue-to-running latency p50 ms (worst broker)", "<= 100",
+                    max(p50s) if p50s else None, r.get("latency_verdict", "-"))]
+    if "measured" in r and "target" in r and not isinstance(r["measured"], dict):
+        return [row(r.get("figure", name), _fmt(r["target"]), r["measured"], r.get("verdict", "-"))]
+    if isinstance(r.get("targets"), dict):  # e.g. the API bench: {"<figure><op><target>": verdict}
+        return [(figure, "(in name)", f"see bench/results/{name}.jsonl", str(verdict))
+                for figure, verdict in r["targets"].items()]
+    return [(r.get("figure", name), "-", "see bench/results/" + name + ".jsonl", "-")]
+
+
+def write_doc(names: list[str], doc: Path = DEFAULT_DOC) -> None:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`bench/run_all.py`) from the latest row of each "
+        "`bench/results/<name>.jsonl`; how to run each: `bench/README.md`. Every figure is a ratio "
+        "measured in one run on one machine (medians over interleaved repeats after warm-up).",
+        "",
+        "| bench | figure | target | measured | verdict | machine | when |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        result = latest(name)
+        if result is None:
+            lines.append(f"| {name} | - | - | - | not run yet | - | - |")
+            continue
+        try:
+            figures = rows_for(name, result)
+        except (KeyError, TypeError) as error:
+            figures = [(result.get("figure", name), "-", f"unreadable row ({error})", "-")]
+        for figure, target, measured, verdict in figures:
+            lines.append(f"| {name} | {figure} | {target} | {measured} | {verdict} | "
+                         f"{_machine(result)} | {result.get('when', '?')} |")
+    lines.append("")
+    if NOTES.exists():
+        lines.append(NOTES.read_text().rstrip() + "\n")
+    doc.write_text("\n".join(lines))
+    print(f"[bench] wrote {doc}", file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=None, help="bench names to run (default: all)")
+    parser.add_argument("--no-run", action="store_true", help="only rewrite the doc from bench/results/")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run: no rows kept")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per bench script")
+    parser.add_argument("--doc", type=Path, default=DEFAULT_DOC, help="where to write the table")
+    parser.add_argument("--threads", type=int, default=None, help="passed to our bench scripts")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default=None, help="passed to our bench scripts")
+    args = parser.parse_args()
+    names = bench_names()
+    if not args.no_run:
+        unknown = set(args.only or []) - set(names)
+        if unknown:
+            parser.error(f"unknown bench {sorted(unknown)}; known: {', '.join(names)}")
+        extra = [] if args.threads is None else ["--threads", str(args.threads)]
+        extra += [] if args.clock is None else ["--clock", args.clock]
+        for name in args.only or names:
+            run(name, args.quick, args.timeout, extra)
+    write_doc(names, args.doc)
+
+
+if __name__ == "__main__":
+    main()

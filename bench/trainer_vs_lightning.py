@@ -1,0 +1,94 @@
+"""Throughput of accumcore's Trainer / Lightning `Trainer(accumulate_grad_batches=N)` and
+/ Accelerate's `accumulate()` loop, same model, data, loader, m, N, fp32.
+
+Lightning and Accelerate are never project dependencies: without --quick the script builds
+bench/.venv-peers (see bench/_peers.py) and re-runs itself there; with --quick it reports
+"peer not installed" unless it already runs where they are. Each repeat is one whole `fit`
+of one epoch (what a user calls), interleaved across the three. Target: >= 1.1 on small
+models on CPU, >= 1.0 on GPU.
+
+    .venv/bin/python bench/trainer_vs_lightning.py [--quick] [--out]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+import _peers  # noqa: E402
+import _workloads as w  # noqa: E402
+
+
+def _compare(name: str, model: nn.Module, data, m: int, n_acc: int, repeats: int, device: str,
+             peers_ok: bool, warmup: int = 1) -> dict[str, Any]:
+    loss_fn = nn.CrossEntropyLoss()
+    loader = DataLoader(data, batch_size=m, shuffle=False)
+    samples = len(data)
+
+    def make_sgd(params: Any) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+    models = {key: w.clone(model) for key in ("accum", "lightning", "accelerate", "tutorial_loop")}
+    runners = {
+        "accum": lambda: w.run_trainer(models["accum"], make_sgd(models["accum"].parameters()), loader, n_acc, loss_fn, device),
+        "tutorial_loop": lambda: w.tutorial_loop(
+            models["tutorial_loop"].to(device), make_sgd(models["tutorial_loop"].parameters()), loader, n_acc, loss_fn, device
+        ),
+    }
+    if peers_ok:
+        import _peer_runs
+
+        runners["lightning"] = lambda: _peer_runs.lightning_fit(models["lightning"], make_sgd, loader, n_acc, loss_fn, device)
+        runners["accelerate"] = lambda: _peer_runs.accelerate_fit(models["accelerate"], make_sgd, loader, n_acc, loss_fn, device)
+    rates = {key: (lambda run=run: samples / _common.timed(run)) for key, run in runners.items()}
+    runs = _common.interleaved(rates, repeats, warmup)
+    medians = {key: _common.median(values) for key, values in runs.items()}
+    ratios = {f"accum/{key}": medians["accum"] / medians[key] for key in medians if key != "accum"}
+    return {"workload": name, "m": m, "N": n_acc, "samples_per_epoch": samples,
+            "samples_per_s": medians, "ratios": ratios, "runs": runs}
+
+
+def main() -> None:
+    args = _common.base_parser(__doc__.splitlines()[0]).parse_args()
+    peers_reason = _peers.reexec_in_peers_env(args.quick)
+    _common.configure(args)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    repeats = args.repeats or (1 if args.quick else 5)
+    peers_ok = peers_reason is None
+    if args.quick:
+        warmup = _common.warmups(args)
+        results = [
+            _compare("mlp 64-16-16-10", w.mlp(64, 16), w.image_data(32, (1, 8, 8)), 4, 2, repeats, device, peers_ok, warmup),
+            _compare("small_cnn 3x8x8", w.small_cnn(width=4), w.image_data(16, (3, 8, 8)), 4, 2, repeats, device, peers_ok, warmup),
+        ]
+    else:
+        results = [
+            _compare("mlp 784-256-256-10", w.mlp(), w.image_data(8192), 32, 4, repeats, device, peers_ok),
+            _compare("small_cnn 3x32x32", w.small_cnn(), w.image_data(1024, (3, 32, 32)), 32, 4, repeats, device, peers_ok),
+        ]
+    target = 1.0 if device == "cuda" else 1.1
+    measured: dict[str, float | None] = {}
+    for peer in _peers.PEERS:
+        values = [r["ratios"][f"accum/{peer}"] for r in results if f"accum/{peer}" in r["ratios"]]
+        measured[peer] = min(values) if values else None
+    _common.emit("trainer_vs_lightning", {
+        "machine": _common.machine(device),
+        "figure": "Trainer throughput / peer throughput (worst workload)",
+        "target": target,
+        "measured": measured,
+        "verdict": {peer: _common.verdict(value, target, True) for peer, value in measured.items()},
+        "peers": _peers.peer_versions(),
+        "peers_status": peers_reason or "installed",
+        "repeats": repeats, "results": results,
+    }, args)
+
+
+if __name__ == "__main__":
+    main()

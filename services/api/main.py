@@ -1,0 +1,88 @@
+"""The accum API process: ``create_app(settings)`` builds the FastAPI app.
+
+    uvicorn services.api.main:app                        # settings from ACCUM_* variables
+    uvicorn --factory services.api.main:create_app       # the same, built by the factory
+
+The process never imports torch (a test checks): specs are validated with the torch-free
+catalog, and training happens in the workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from services.api.auth import TokenCache
+from services.api.body_limit import BodySizeLimitMiddleware
+from services.api.errors import install_data_error_handler
+from services.api.problems import install_problem_handlers
+from services.api.routes import catalog, checkpoints, events, health, jobs, metrics, monitoring
+from services.api.telemetry import LatencyMiddleware, Telemetry
+from services.settings import Settings, get_settings
+from services.store.db import make_engine, make_session_factory
+from services.worker.reaper import LeaseReaper
+
+ROUTERS = (
+    jobs.router,
+    metrics.router,
+    events.router,
+    checkpoints.router,
+    catalog.router,
+    health.router,
+    monitoring.router,
+)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Start the lease reaper (jobs of dead workers are re-queued while any accum process
+    runs); stop it and close the database pool on shutdown."""
+    reaper = LeaseReaper(app.state.settings).start() if app.state.run_reaper else None
+    try:
+        yield
+    finally:
+        if reaper is not None:
+            reaper.stop()
+        app.state.engine.dispose()
+
+
+def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> FastAPI:
+    """The API app over the store that `settings` names (default: from ACCUM_* variables)."""
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="accum",
+        summary="Training jobs with exact gradient accumulation",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.run_reaper = run_reaper
+    app.state.engine = make_engine(settings)
+    app.state.session_factory = make_session_factory(app.state.engine)
+    app.state.token_cache = TokenCache()
+    app.state.telemetry = telemetry = Telemetry()
+
+    install_problem_handlers(app)
+    install_data_error_handler(app)
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    # Added last, so outermost: it times everything, 413s and error answers included.
+    app.add_middleware(LatencyMiddleware, observe=telemetry.observe_request)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app
+
+
+_app: FastAPI | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """`services.api.main.app`, built on first use (so importing this module reads no env)."""
+    global _app
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _app is None:
+        _app = create_app()
+    return _app

@@ -1,0 +1,23 @@
+"""The catalog: model and dataset names a spec may use, with descriptions and compatibility."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from accumcore.catalog import datasets_listing, models_listing
+from services.api.deps import CurrentOwner
+from services.api.schemas import CatalogList
+
+router = APIRouter(prefix="/v1/catalog", tags=["catalog"])
+
+
+@router.get("/models", response_model=CatalogList)
+async def list_models(*, _owner: CurrentOwner) -> CatalogList:
+    """Models by name: task, options, and the datasets each can train on."""
+    return CatalogList(items=models_listing())
+
+
+@router.get("/datasets", response_model=CatalogList)
+async def list_datasets(*, _owner: CurrentOwner) -> CatalogList:
+    """Datasets by name: sizes, shapes, and the models that can train on each."""
+    return CatalogList(items=datasets_listing())

@@ -1,0 +1,53 @@
+"""A job's lifecycle events: the list as JSON, or live with `Accept: text/event-stream`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from services.api.deps import CurrentOwner, SessionDep
+from services.api.routes.jobs import NOT_FOUND, job_or_404
+from services.api.schemas import MAX_INT32, EventList, EventPublic
+from services.api.sse import job_stream, open_stream
+from services.store import events as store_events
+
+router = APIRouter(prefix="/v1/jobs", tags=["events"])
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@router.get(
+    "/{job_id}/events",
+    response_model=EventList,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "JSON list, or the live stream (job_event, metric, status, end)",
+        },
+        **NOT_FOUND,
+    },
+)
+def read_events(
+    *,
+    request: Request,
+    session: SessionDep,
+    owner: CurrentOwner,
+    job_id: str,
+    after_id: Annotated[
+        int | None, Query(ge=0, le=MAX_INT32, description="Only events with a larger id")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    accept: Annotated[str | None, Header()] = None,
+) -> EventList | StreamingResponse:
+    """Lifecycle events oldest first; streams them live, with metrics, for an SSE client."""
+    job = job_or_404(session, job_id, owner)
+    if accept and "text/event-stream" in accept:
+        state = open_stream(session, job)
+        state.last_event_id = after_id
+        session.close()  # return the connection now: the stream polls with its own sessions
+        stream = job_stream(request.app.state.session_factory, job_id, state)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+    rows = store_events.list_events(session, job_id, after_id=after_id, limit=limit)
+    return EventList(items=[EventPublic.from_row(e) for e in rows])

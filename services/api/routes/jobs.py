@@ -1,0 +1,150 @@
+"""Jobs: submit (idempotent), list, read, cancel, resume."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, HTTPException, Query, Response, status
+from sqlalchemy.orm import Session
+
+from services.api.deps import CurrentOwner, SessionDep, SettingsDep
+from services.api.errors import invalid_field
+from services.api.schemas import JobPage, JobPublic, JobStatus
+from services.settings import Settings
+from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
+from services.store import jobs as store_jobs
+from services.store.errors import IdempotencyConflict, InvalidCursor, JobStateError
+from services.store.models import Job, Owner
+from services.worker.enqueue import enqueue_job
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such job (or not yours)"}}
+
+
+JOB_ID = re.compile(r"[0-9a-z]{26}")
+
+
+def job_or_404(session: Session, job_id: str, owner: Owner) -> Job:
+    """The job if this owner may see it; another owner's job is a 404, never a 403."""
+    # Ids are 26 lower-case base32 characters: anything else cannot exist, so no query.
+    job = store_jobs.get_job(session, job_id, owner) if JOB_ID.fullmatch(job_id) else None
+    if job is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, detail=f"no job {job_id[:100]!r}; list yours with GET /v1/jobs"
+        )
+    return job
+
+
+def enqueue_after_commit(settings: Settings, job: Job) -> None:
+    """Nudge a worker. The row is committed already, so a broker failure must not turn into
+    an error for a job that exists: it stays queued (and `/readyz` reports the broker down)."""
+    try:
+        enqueue_job(settings, job.id, job.queue)
+    except Exception:
+        log.exception("could not enqueue job %s on %r; it stays queued", job.id, job.queue)
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobPublic,
+    responses={
+        200: {"description": "Same Idempotency-Key and body: the job created before"},
+        409: {"description": "Idempotency-Key already used with a different body"},
+    },
+)
+def submit_job(
+    *,
+    session: SessionDep,
+    owner: CurrentOwner,
+    settings: SettingsDep,
+    response: Response,
+    spec: JobSpec,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+) -> JobPublic:
+    """Submit a training job; it is queued and a worker picks it up."""
+    try:
+        job, created = store_jobs.create_job(
+            session,
+            owner=owner,
+            spec=spec.normalised(),
+            name=spec.name,
+            queue=spec.queue,
+            max_restarts=spec.max_restarts,
+            effective_batch_size=effective_batch_size(spec),
+            total_optimizer_steps=total_optimizer_steps(spec),
+            idempotency_key=idempotency_key,
+        )
+        session.commit()
+    except IdempotencyConflict as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    if created:
+        enqueue_after_commit(settings, job)
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return JobPublic.from_row(job)
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    *,
+    session: SessionDep,
+    owner: CurrentOwner,
+    status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> JobPage:
+    """Your jobs (all jobs for an admin), newest first, one page at a time."""
+    try:
+        rows, next_cursor = store_jobs.list_jobs(session, owner, status_, limit, cursor)
+    except InvalidCursor as exc:
+        raise invalid_field(("query", "cursor"), str(exc), cursor) from exc
+    return JobPage(items=[JobPublic.from_row(j) for j in rows], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
+def read_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobPublic:
+    """One job: status, progress, latest metrics, error."""
+    return JobPublic.from_row(job_or_404(session, job_id, owner))
+
+
+@router.post(
+    "/{job_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobPublic,
+    responses={**NOT_FOUND, 409: {"description": "The job has already finished"}},
+)
+def cancel_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobPublic:
+    """Cancel: a queued job at once, a running one at its next micro-batch."""
+    job = job_or_404(session, job_id, owner)
+    try:
+        store_jobs.request_cancel(session, job)
+        session.commit()
+    except JobStateError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    return JobPublic.from_row(job)
+
+
+@router.post(
+    "/{job_id}/resume",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobPublic,
+    responses={**NOT_FOUND, 409: {"description": "The job is not failed or cancelled"}},
+)
+def resume_job(
+    *, session: SessionDep, owner: CurrentOwner, settings: SettingsDep, job_id: str
+) -> JobPublic:
+    """Re-queue a failed or cancelled job from its latest checkpoint."""
+    job = job_or_404(session, job_id, owner)
+    try:
+        store_jobs.request_resume(session, job)
+        session.commit()
+    except JobStateError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    enqueue_after_commit(settings, job)
+    return JobPublic.from_row(job)

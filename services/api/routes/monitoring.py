@@ -1,0 +1,37 @@
+"""`GET /metrics`: Prometheus text for scrapers (jobs by status, queue depth, request latency)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from sqlalchemy import func, select
+
+from services.api.deps import SessionDep
+from services.store.models import JOB_STATUSES, Job
+from services.worker.app import DEFAULT_QUEUE
+
+router = APIRouter(tags=["monitoring"])
+
+
+@router.get("/metrics", response_class=Response, include_in_schema=False)
+def prometheus_metrics(*, session: SessionDep, request: Request) -> Response:
+    """Prometheus exposition; the job gauges are read from the store at scrape time."""
+    # Imported here: prometheus_client.exposition pulls in wsgiref and friends, start-up
+    # time that only scrapers should pay for.
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+    telemetry = request.app.state.telemetry
+    counts = session.execute(
+        select(Job.status, Job.queue, func.count()).group_by(Job.status, Job.queue)
+    ).all()
+    by_status = dict.fromkeys(JOB_STATUSES, 0)
+    queued = {DEFAULT_QUEUE: 0}
+    for job_status, queue, count in counts:
+        by_status[job_status] = by_status.get(job_status, 0) + count
+        if job_status == "queued":
+            queued[queue] = count
+    for job_status, count in by_status.items():
+        telemetry.jobs.labels(status=job_status).set(count)
+    telemetry.queue_depth.clear()
+    for queue, count in queued.items():
+        telemetry.queue_depth.labels(queue=queue).set(count)
+    return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)

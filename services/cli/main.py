@@ -1,0 +1,68 @@
+"""`accum`: the command line of the accum training-job service.
+
+    accum up                         # local service (API + worker, SQLite), prints URL + token
+    accum submit examples/digits_small_cnn.yaml --watch
+    accum jobs | status ID | watch ID | cancel ID | resume ID
+    accum metrics ID --name loss --csv | checkpoints ID | download ID [STEP] -o model.pt
+    accum token create NAME [--admin] | db upgrade | api | worker | demo
+
+Server URL and token come from ACCUM_URL / ACCUM_TOKEN, else from ACCUM_HOME/local.json
+(written by `accum up`). Exit codes: 0 ok, 1 error (one line on stderr), 2 usage; `watch`
+exits 3 when the job failed and 4 when it was cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from services.cli import admin, demo, jobs, results, server, watch
+from services.cli.common import UsageError
+from services.cli.config import ConfigError
+from services.client import AccumAPIError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accum",
+        description="Submit and follow training jobs with exact gradient accumulation.",
+        epilog="Server and token: ACCUM_URL / ACCUM_TOKEN, else ACCUM_HOME/local.json "
+        "(written by `accum up`).",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in (server, jobs, watch, results, admin, demo):
+        module.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"accum {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except (AccumAPIError, ConfigError) as exc:
+        print(f"accum {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except ValidationError as exc:
+        # Settings read from ACCUM_* variables: each error already says how to fix it.
+        problems = "; ".join(str(e.get("msg", e)) for e in exc.errors())
+        print(f"accum {args.command}: invalid configuration: {problems}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `accum metrics ID --csv | head`: the reader left; exit quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

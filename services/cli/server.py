@@ -1,0 +1,104 @@
+"""Server commands: `accum up` (API + worker, local), `accum api`, `accum worker`.
+
+    accum up [--host 127.0.0.1] [--port 8000]   # embedded: SQLite database and broker
+    accum api --host 0.0.0.0 --port 8000        # API only (production: behind compose)
+    accum worker --queues default --gpus 0      # one worker per GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def register(commands: Any) -> None:
+    up = commands.add_parser("up", help="run the local service (API + one worker) in the foreground")
+    api = commands.add_parser("api", help="run the API server (uvicorn)")
+    for sub in (up, api):
+        sub.add_argument("--host", default=DEFAULT_HOST, help=f"default {DEFAULT_HOST}")
+        sub.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    up.add_argument("--log-dir", type=Path, help="write the children's logs there, not here")
+    up.set_defaults(func=cmd_up)
+    api.add_argument("--log-level", default="info")
+    api.set_defaults(func=cmd_api)
+
+    worker = commands.add_parser("worker", help="run a Celery worker that trains jobs")
+    worker.add_argument("--queues", default="default", help="comma-separated GPU-class queues")
+    worker.add_argument(
+        "--hostname", help="worker node name, recorded on the jobs it runs; %%h = host name"
+    )
+    worker.add_argument("--pool", choices=("solo", "prefork"), default="solo")
+    worker.add_argument("--gpus", help="pin to these GPUs (sets CUDA_VISIBLE_DEVICES), e.g. 0")
+    worker.add_argument("--loglevel", default="INFO")
+    worker.set_defaults(func=cmd_worker)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from services.cli.admin import redacted
+    from services.cli.config import local_config_path
+    from services.cli.local import (
+        LocalService,
+        LocalServiceError,
+        Terminated,
+        sigterm_as_exception,
+    )
+    from services.settings import get_settings
+
+    settings = get_settings()
+    service = LocalService(settings, host=args.host, port=args.port, log_dir=args.log_dir)
+    with sigterm_as_exception():
+        try:
+            token = service.start()
+            print(
+                f"accum is up at {service.url}\n"
+                f"  token:    {token}\n"
+                f"  config:   {local_config_path(settings.home)} (the accum CLI reads it)\n"
+                f"  database: {redacted(settings.database_url)}\n"
+                f"  artefacts: {settings.artifacts_path}\n"
+                f"try: accum submit examples/digits_small_cnn.yaml --watch\n"
+                f"Ctrl-C stops the API and the worker.",
+                flush=True,
+            )
+            service.wait()
+        except LocalServiceError as exc:
+            print(f"accum up: {exc}", file=sys.stderr)
+            return 1
+        except (KeyboardInterrupt, Terminated):
+            print("\nstopping the API and the worker...", file=sys.stderr, flush=True)
+        finally:
+            service.stop()
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from services.api.main import create_app
+    from services.settings import get_settings
+
+    uvicorn.run(create_app(get_settings()), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from celery.utils.nodenames import host_format
+
+    from services.settings import get_settings
+    from services.worker.start import start_worker
+
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    start_worker(
+        get_settings(),
+        queues=queues,
+        # `gpu0@%h` (as docker-compose.yml passes it) -> gpu0@<host name>, as celery's CLI does.
+        hostname=host_format(args.hostname) if args.hostname else None,
+        pool=args.pool,
+        gpus=args.gpus,
+        loglevel=args.loglevel,
+    )
+    return 0

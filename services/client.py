@@ -1,0 +1,326 @@
+"""Typed HTTP client for the accum API, the one the `accum` CLI is built on.
+
+Use it from your own scripts:
+
+    from services.client import AccumClient
+    with AccumClient("http://127.0.0.1:8000", token) as client:
+        job = client.submit({"model": "mlp", "dataset": "digits", "micro_batch_size": 16,
+                             "accumulation_steps": 4, "epochs": 1,
+                             "optimizer": {"name": "sgd", "lr": 0.1}})
+        for event, data in client.stream_events(job["id"]):
+            print(event, data)
+        client.download(job["id"], path="model.pt")  # latest checkpoint, sha256 verified
+
+Every non-2xx answer raises `AccumAPIError`, whose `str()` is one readable line built from the
+problem+json body (status, title, detail and each field error with its path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+JSON = dict[str, Any]
+
+# Training jobs run for hours: the SSE stream must not time out between two events, but
+# connecting to a dead server should fail fast.
+_STREAM_TIMEOUT = httpx.Timeout(10.0, read=None)
+_DOWNLOAD_CHUNK = 1 << 20
+
+
+class AccumAPIError(Exception):
+    """An error answer from the API (or no answer at all: status 0)."""
+
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        detail: str | None = None,
+        errors: list[Any] | None = None,
+        method: str = "",
+        url: str = "",
+    ) -> None:
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.errors = list(errors or [])
+        self.method = method
+        self.url = url
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        """`422 Unprocessable Content: spec is invalid; micro_batch_size: must be > 0`."""
+        head = f"{self.status} {self.title}" if self.status else self.title
+        parts = [head]
+        if self.detail and self.detail != self.title:
+            parts[0] = f"{head}: {self.detail}"
+        parts.extend(_format_field_error(e) for e in self.errors)
+        return "; ".join(p for p in parts if p)
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> AccumAPIError:
+        title, detail, errors = response.reason_phrase or "error", None, None
+        try:
+            body = response.json()
+        except ValueError:
+            text = response.text.strip()
+            detail = text[:300] if text else None
+        else:
+            if isinstance(body, dict):
+                title = str(body.get("title") or title)
+                raw_detail = body.get("detail")
+                # FastAPI's own errors put a list of field errors under "detail".
+                if isinstance(raw_detail, list):
+                    errors = raw_detail
+                elif raw_detail is not None:
+                    detail = str(raw_detail)
+                if isinstance(body.get("errors"), list):
+                    errors = body["errors"]
+        request = response.request
+        return cls(
+            response.status_code, title, detail, errors, request.method, str(request.url)
+        )
+
+
+def _format_field_error(error: Any) -> str:
+    if not isinstance(error, dict):
+        return str(error)
+    loc = error.get("loc") or error.get("path") or error.get("field") or ""
+    if isinstance(loc, list | tuple):
+        # Pydantic locations start with where the value came from ("body"); the field path
+        # is what the user wrote in the spec.
+        loc = ".".join(str(p) for p in loc if p not in ("body", "query", "path", "header"))
+    message = error.get("msg") or error.get("message") or error.get("detail") or ""
+    return f"{loc}: {message}" if loc else str(message)
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, JSON]]:
+    """Turn text/event-stream lines into (event, data) pairs; data is decoded JSON.
+
+    Follows the SSE framing: `event:` and `data:` fields, a blank line ends a message,
+    lines starting with ':' are comments (keep-alives), several data lines join with '\\n'.
+    """
+    event = "message"
+    data_lines: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\r")
+        if not line:
+            if data_lines:
+                payload = "\n".join(data_lines)
+                try:
+                    data = json.loads(payload)
+                except ValueError:
+                    data = {"raw": payload}
+                yield event, data if isinstance(data, dict) else {"value": data}
+            event, data_lines = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "event":
+            event = value
+        elif field == "data":
+            data_lines.append(value)
+
+
+class AccumClient:
+    """A thin, typed wrapper over the accum REST API (one method per endpoint)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Accept": "application/json", "User-Agent": "accum-client/0.1"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    # -- plumbing ---------------------------------------------------------------------
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> AccumClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(method, path, exc) from exc
+        if response.is_error:
+            raise AccumAPIError.from_response(response)
+        return response
+
+    def _unreachable(self, method: str, path: str, exc: Exception) -> AccumAPIError:
+        return AccumAPIError(
+            0,
+            f"cannot reach the accum API at {self.url} ({type(exc).__name__}: {exc})",
+            "start it with `accum up`, or set ACCUM_URL to a running server",
+            method=method,
+            url=f"{self.url}{path}",
+        )
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> JSON:
+        data = self._request(method, path, **kwargs).json()
+        return data if isinstance(data, dict) else {"items": data}
+
+    def _all_pages(self, path: str, params: dict[str, Any]) -> list[JSON]:
+        """Follow `next_cursor` until the last page."""
+        items: list[JSON] = []
+        query = {k: v for k, v in params.items() if v is not None}
+        while True:
+            page = self._json("GET", path, params=query)
+            items.extend(page.get("items", []))
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return items
+            query["cursor"] = cursor
+
+    # -- health -----------------------------------------------------------------------
+    def healthz(self) -> JSON:
+        return self._json("GET", "/healthz")
+
+    def readyz(self) -> JSON:
+        return self._json("GET", "/readyz")
+
+    # -- jobs -------------------------------------------------------------------------
+    def submit(self, spec: JSON, idempotency_key: str | None = None) -> JSON:
+        """POST /v1/jobs; the same idempotency key and body return the same job."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._json("POST", "/v1/jobs", json=spec, headers=headers)
+
+    def jobs(
+        self, status: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> JSON:
+        """One page of jobs, newest first: {"items": [...], "next_cursor": ...}."""
+        params = {"status": status, "limit": limit, "cursor": cursor}
+        return self._json("GET", "/v1/jobs", params={k: v for k, v in params.items() if v})
+
+    def all_jobs(self, status: str | None = None) -> list[JSON]:
+        return self._all_pages("/v1/jobs", {"status": status})
+
+    def job(self, job_id: str) -> JSON:
+        return self._json("GET", f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: str) -> JSON:
+        return self._json("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def resume(self, job_id: str) -> JSON:
+        return self._json("POST", f"/v1/jobs/{job_id}/resume")
+
+    # -- results ----------------------------------------------------------------------
+    def metrics(
+        self,
+        job_id: str,
+        name: str | None = None,
+        since_step: int | None = None,
+        max_points: int | None = None,
+        page_size: int | None = None,
+    ) -> list[JSON]:
+        """Every metric point (all pages), in the API's order (name, then step)."""
+        params = {
+            "name": name, "since_step": since_step, "max_points": max_points, "limit": page_size
+        }
+        return self._all_pages(f"/v1/jobs/{job_id}/metrics", params)
+
+    def checkpoints(self, job_id: str) -> list[JSON]:
+        return list(self._json("GET", f"/v1/jobs/{job_id}/checkpoints").get("items", []))
+
+    def download(self, job_id: str, step: int | None = None, path: str | Path = ".") -> Path:
+        """Stream a checkpoint file to `path` and verify its sha256; returns the file's path.
+
+        `step=None` takes the latest checkpoint. When `path` is a directory the file is
+        saved there as `<job>-<step>.pt`. A mismatch deletes the partial file and raises.
+        """
+        listing = self.checkpoints(job_id)
+        if step is None:
+            if not listing:
+                raise AccumAPIError(404, "Not Found", f"job {job_id} has no checkpoints yet")
+            step = max(int(c["step"]) for c in listing)
+        expected = next((c.get("sha256") for c in listing if int(c["step"]) == step), None)
+        target = Path(path)
+        if target.is_dir():
+            target = target / f"{job_id}-{step}.pt"
+        partial = target.with_name(target.name + ".part")
+        digest = hashlib.sha256()
+        url = f"/v1/jobs/{job_id}/checkpoints/{step}"
+        try:
+            with self._http.stream("GET", url, timeout=_STREAM_TIMEOUT) as response:
+                if response.is_error:
+                    response.read()
+                    raise AccumAPIError.from_response(response)
+                etag = response.headers.get("ETag", "").strip('"').removeprefix("W/").strip('"')
+                expected = expected or etag or None
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes(_DOWNLOAD_CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+        except httpx.HTTPError as exc:
+            partial.unlink(missing_ok=True)
+            raise self._unreachable("GET", url, exc) from exc
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        actual = digest.hexdigest()
+        if expected is None or actual != expected:
+            partial.unlink(missing_ok=True)
+            raise AccumAPIError(
+                0,
+                f"checkpoint {job_id}/{step} failed sha256 verification",
+                f"expected {expected}, got {actual}; download it again",
+            )
+        os.replace(partial, target)
+        return target
+
+    # -- events -----------------------------------------------------------------------
+    def events(self, job_id: str) -> list[JSON]:
+        return list(self._json("GET", f"/v1/jobs/{job_id}/events").get("items", []))
+
+    def stream_events(self, job_id: str) -> Iterator[tuple[str, JSON]]:
+        """Live (event, data) pairs from the SSE stream until `end` or the server closes it.
+
+        Event types: `job_event`, `metric`, `status`, `end` (see docs/architecture.md).
+        """
+        path = f"/v1/jobs/{job_id}/events"
+        headers = {"Accept": "text/event-stream"}
+        try:
+            with self._http.stream("GET", path, headers=headers, timeout=_STREAM_TIMEOUT) as resp:
+                if resp.is_error:
+                    resp.read()
+                    raise AccumAPIError.from_response(resp)
+                for event, data in parse_sse(resp.iter_lines()):
+                    yield event, data
+                    if event == "end":
+                        return
+        except httpx.HTTPError as exc:
+            raise self._unreachable("GET", path, exc) from exc
+
+    # -- catalog ----------------------------------------------------------------------
+    def catalog(self, kind: str = "models") -> list[JSON]:
+        """`kind` is "models" or "datasets"."""
+        if kind not in ("models", "datasets"):
+            raise ValueError(f"catalog kind must be 'models' or 'datasets', not {kind!r}")
+        return list(self._json("GET", f"/v1/catalog/{kind}").get("items", []))

@@ -1,0 +1,109 @@
+"""accum settings: one class, read from ``ACCUM_*`` environment variables.
+
+Nothing is read at import time. Call ``get_settings()`` at start-up (API, worker, CLI) and pass
+the object down; tests build ``Settings(home=tmp_path, ...)`` directly.
+
+Example::
+
+    ACCUM_HOME=/srv/accum ACCUM_DATABASE_URL=postgresql+psycopg://u@db/accum accum db upgrade
+
+Every local path (SQLite database, embedded broker, artefacts, the local token) lives under
+``ACCUM_HOME`` unless overridden.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DATABASE_SCHEMES = ("sqlite", "postgresql+psycopg")
+BROKER_SCHEMES = ("sqlite", "redis", "rediss", "sqla+sqlite", "sqla+postgresql", "amqp", "memory")
+
+
+class Settings(BaseSettings):
+    """Runtime configuration; each field is the env var ``ACCUM_<FIELD>`` upper-cased."""
+
+    model_config = SettingsConfigDict(env_prefix="ACCUM_", extra="ignore", validate_default=True)
+
+    home: Path = Field(default=Path("./.accum"), description="All local state lives here.")
+    database_url: str = Field(
+        default="", description="SQLAlchemy URL; default sqlite:///<home>/accum.sqlite."
+    )
+    broker_url: str = Field(
+        default="",
+        description=(
+            "Celery broker; default the embedded SQLite transport "
+            "(services.worker.sqlite_transport) at sqlite:///<home>/broker.sqlite."
+        ),
+    )
+    artifacts_dir: Path | None = Field(default=None, description="Default <home>/artifacts.")
+    lease_timeout_s: float = Field(default=60.0, gt=0)
+    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    reaper_interval_s: float = Field(default=10.0, gt=0)
+    max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    sqlite_busy_timeout_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("home", mode="after")
+    @classmethod
+    def _absolute_home(cls, home: Path) -> Path:
+        # Resolved once, so a later chdir (Celery daemonising, tests) cannot move the state.
+        return home.expanduser().resolve()
+
+    @field_validator("database_url", mode="after")
+    @classmethod
+    def _known_database(cls, url: str) -> str:
+        if not url:
+            return url
+        # psycopg2 is not installed: the bare scheme would fail later with an import error.
+        for bare in ("postgres://", "postgresql://"):
+            if url.startswith(bare):
+                url = "postgresql+psycopg://" + url[len(bare) :]
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        if scheme not in DATABASE_SCHEMES:
+            raise ValueError(
+                f"ACCUM_DATABASE_URL {url!r} is not supported; use sqlite:///<path> or "
+                "postgresql+psycopg://user@host:5432/dbname"
+            )
+        return url
+
+    @field_validator("broker_url", mode="after")
+    @classmethod
+    def _known_broker(cls, url: str) -> str:
+        if url and url.split("://", 1)[0] not in BROKER_SCHEMES:
+            raise ValueError(
+                f"ACCUM_BROKER_URL {url!r} is not supported; use redis://host:6379/0 or leave it "
+                f"unset for the embedded SQLite broker (schemes: {', '.join(BROKER_SCHEMES)})"
+            )
+        return url
+
+    @model_validator(mode="after")
+    def _defaults_under_home_and_sane_timing(self) -> Settings:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.home / 'accum.sqlite'}"
+        if not self.broker_url:
+            self.broker_url = f"sqlite:///{self.home / 'broker.sqlite'}"
+        self.artifacts_dir = (self.artifacts_dir or self.home / "artifacts").expanduser().resolve()
+        if self.heartbeat_interval_s * 2 > self.lease_timeout_s:
+            raise ValueError(
+                f"ACCUM_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s}) must be at most half of "
+                f"ACCUM_LEASE_TIMEOUT_S ({self.lease_timeout_s}), so one late heartbeat does not "
+                "lose the lease; raise the timeout or lower the interval"
+            )
+        return self
+
+    @property
+    def artifacts_path(self) -> Path:
+        """``artifacts_dir`` typed as a ``Path`` (always set after validation)."""
+        assert self.artifacts_dir is not None
+        return self.artifacts_dir
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+def get_settings() -> Settings:
+    """Build settings from the environment now (never cached: tests change the env)."""
+    return Settings()

@@ -1,0 +1,82 @@
+"""Batch geometry of a spec: effective batch, N per epoch, optimizer steps per run.
+
+Schedules are sized in optimizer steps: an epoch of S samples on w GPUs gives each rank
+ceil(S / w) samples, ceil(ceil(S / w) / m) micro-batches and ceil(micro_batches / N) windows,
+the last one possibly short (it still steps the optimizer once).
+"""
+
+from __future__ import annotations
+
+from math import ceil
+
+from services.spec import catalog_names
+from services.spec.job import AUTO, JobSpec
+
+
+def world_size(spec: JobSpec) -> int:
+    """Processes taking part in one optimizer step (CPU counts as one)."""
+    return max(spec.gpus, 1)
+
+
+def micro_batch_size(spec: JobSpec) -> int | None:
+    """m, or None while it is "auto" (chosen on the device by the worker)."""
+    return None if spec.micro_batch_size == AUTO else int(spec.micro_batch_size)
+
+
+def accumulation_at(spec: JobSpec, epoch: int) -> int | None:
+    """N for `epoch` (the schedule entry with the largest epoch <= `epoch`); None with "auto"."""
+    steps = spec.accumulation_steps
+    if steps is None:
+        micro = micro_batch_size(spec)
+        if micro is None:
+            return None
+        assert spec.effective_batch_size is not None  # the spec validator guarantees one of them
+        return spec.effective_batch_size // world_size(spec) // micro
+    if isinstance(steps, int):
+        return steps
+    return steps[str(max(int(e) for e in steps if int(e) <= epoch))]
+
+
+def effective_batch_size(spec: JobSpec, epoch: int = 0) -> int:
+    """Samples per optimizer step (m x N x gpus) at `epoch`; fixed when given in the spec."""
+    if spec.effective_batch_size is not None:
+        return spec.effective_batch_size
+    steps, micro = accumulation_at(spec, epoch), micro_batch_size(spec)
+    assert steps is not None and micro is not None  # "auto" always comes with effective_batch_size
+    return micro * steps * world_size(spec)
+
+
+def steps_per_epoch(spec: JobSpec, epoch: int, train_size: int | None = None) -> int:
+    """Optimizer steps in `epoch`, counting the short last window."""
+    size = (
+        catalog_names.train_size(spec.dataset.name, spec.dataset.options)
+        if train_size is None
+        else train_size
+    )
+    per_rank = ceil(size / world_size(spec))
+    micro, steps = micro_batch_size(spec), accumulation_at(spec, epoch)
+    if micro is None or steps is None:
+        # "auto": ceil(ceil(x / m) / N) == ceil(x / (m N)), so the count does not depend on m.
+        return ceil(per_rank / (effective_batch_size(spec) // world_size(spec)))
+    return ceil(ceil(per_rank / micro) / steps)
+
+
+def total_optimizer_steps(spec: JobSpec, train_size: int | None = None) -> int:
+    """Optimizer steps the whole run takes: `max_steps`, or the sum over its epochs.
+
+    `train_size` defaults to the catalog's size of the dataset's training split.
+    """
+    if spec.max_steps is not None:
+        return spec.max_steps
+    assert spec.epochs is not None
+    # Sum per schedule segment, not per epoch: epochs may be large, segments are few.
+    starts = (
+        sorted(int(e) for e in spec.accumulation_steps)
+        if isinstance(spec.accumulation_steps, dict)
+        else [0]
+    )
+    bounds = [s for s in starts if s < spec.epochs] + [spec.epochs]
+    return sum(
+        (end - start) * steps_per_epoch(spec, start, train_size)
+        for start, end in zip(bounds, bounds[1:], strict=False)
+    )

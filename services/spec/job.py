@@ -1,0 +1,288 @@
+"""`JobSpec`: what a user submits to train one model, validated before anything is stored.
+
+    from services.spec import parse_spec
+    spec = parse_spec({"model": "mlp", "dataset": "digits", "micro_batch_size": 16,
+                       "accumulation_steps": 4, "epochs": 1,
+                       "optimizer": {"name": "sgd", "lr": 0.1}})
+    spec.normalised()  # JSON-ready, every default filled; parse_spec(it) gives the same spec
+
+Cross-field rules (exactly one of accumulation_steps / effective_batch_size, exactly one of
+epochs / max_steps, divisibility, model x dataset compatibility) are field validators that
+read earlier fields, so each error carries the path of the field it is about. Field order
+matters for that: gpus comes before the batch fields, model before dataset.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
+
+from services.spec import catalog_names
+from services.spec.errors import one_of, spec_error
+from services.spec.fields import SPEC_CONFIG, Bool, NonNegativeInt, PositiveFloat, PositiveInt
+from services.spec.parts import Optimizer, Scheduler, SchedulerSpec
+from services.spec.refs import Dataset, Model
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+MAX_ACCUMULATION_STEPS = 65536
+MAX_MICRO_BATCH_SIZE = 1 << 20
+MAX_SEED = (1 << 63) - 1
+MAX_EPOCHS = 1_000_000
+QUEUE_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+MAX_QUEUE_LENGTH = 64
+MAX_NAME_LENGTH = 200
+AUTO = "auto"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _micro_batch(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    if value == AUTO or (_is_int(value) and 0 < value <= MAX_MICRO_BATCH_SIZE):
+        return value
+    raise spec_error(
+        "micro_batch_size",
+        f"micro_batch_size must be an integer from 1 to {MAX_MICRO_BATCH_SIZE} (samples per "
+        'forward/backward) or "auto" (the largest that fits and divides effective_batch_size); '
+        f"got {value!r}",
+    )
+
+
+def _steps(value: Any, where: str) -> int:
+    if _is_int(value) and 1 <= value <= MAX_ACCUMULATION_STEPS:
+        return int(value)
+    raise spec_error(
+        "accumulation_steps",
+        f"{where} must be an integer from 1 to {MAX_ACCUMULATION_STEPS} "
+        f"(micro-batches per optimizer step); got {value!r}",
+    )
+
+
+def _epoch_key(key: Any) -> int:
+    if (
+        isinstance(key, str)
+        and key.isascii()
+        and key.isdigit()
+        and len(key) <= len(str(MAX_EPOCHS))
+    ):
+        key = int(key)
+    if _is_int(key) and 0 <= key <= MAX_EPOCHS:
+        return int(key)
+    raise spec_error(
+        "accumulation_schedule",
+        f"accumulation_steps schedule keys are epochs (integers from 0 to {MAX_EPOCHS}), as in "
+        f'{{"0": 8, "4": 2}}; got key {key!r}',
+    )
+
+
+def _accumulation(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """N as an int, or an epoch schedule normalised to `{"0": 8, "4": 2}` sorted by epoch."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return _steps(value, "accumulation_steps")
+    schedule: dict[int, int] = {}
+    for key, steps in value.items():
+        epoch = _epoch_key(key)
+        if epoch in schedule:
+            raise spec_error(
+                "accumulation_schedule", f"accumulation_steps schedule names epoch {epoch} twice"
+            )
+        schedule[epoch] = _steps(steps, f"accumulation_steps[{str(key)!r}]")
+    if 0 not in schedule:
+        got = ", ".join(str(e) for e in sorted(schedule)) or "none"
+        raise spec_error(
+            "accumulation_schedule",
+            f'accumulation_steps schedule must start at epoch 0, as in {{"0": 8, "4": 2}}; got epochs {got}',
+        )
+    return {str(epoch): schedule[epoch] for epoch in sorted(schedule)}
+
+
+def _job_name(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    if value is None:
+        return None
+    if (
+        isinstance(value, str)
+        and value.strip()
+        and value.isprintable()
+        and len(value) <= MAX_NAME_LENGTH
+    ):
+        return value.strip()
+    raise spec_error(
+        "job_name",
+        f"name must be printable text of 1 to {MAX_NAME_LENGTH} characters, or left out "
+        f"for <model>-<dataset>; got {value!r}",
+    )
+
+
+def _queue(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    if (
+        isinstance(value, str)
+        and len(value) <= MAX_QUEUE_LENGTH
+        and re.fullmatch(QUEUE_PATTERN, value)
+    ):
+        return value
+    raise spec_error(
+        "queue",
+        f"queue must be lowercase letters, digits, '_' or '-', starting with a letter or digit, "
+        f'at most {MAX_QUEUE_LENGTH} characters (default "default"); got {value!r}',
+    )
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+class JobSpec(BaseModel):
+    """A training job: model, data, batch geometry, optimisation, and how to run it."""
+
+    model_config = SPEC_CONFIG
+
+    name: Annotated[str | None, WrapValidator(_job_name)] = None
+    model: Model
+    dataset: Dataset
+    gpus: Annotated[
+        NonNegativeInt, Field(le=64, description="GPUs to train on (DDP when > 1); 0 = CPU")
+    ] = 1
+    micro_batch_size: Annotated[int | Literal["auto"], WrapValidator(_micro_batch)]
+    accumulation_steps: Annotated[int | dict[str, int] | None, WrapValidator(_accumulation)] = None
+    effective_batch_size: Annotated[PositiveInt | None, Field(validate_default=True)] = None
+    epochs: Annotated[PositiveInt, Field(le=MAX_EPOCHS)] | None = None
+    max_steps: Annotated[PositiveInt | None, Field(validate_default=True)] = None
+    optimizer: Optimizer
+    scheduler: Scheduler = Field(default_factory=lambda: SchedulerSpec(name="none"))
+    precision: Annotated[Literal["fp32", "bf16", "fp16"], one_of("precision", PRECISIONS)] = "fp32"
+    grad_clip_norm: PositiveFloat | None = None
+    seed: Annotated[NonNegativeInt, Field(le=MAX_SEED)] = 0
+    checkpoint_every: Annotated[
+        PositiveInt, Field(description="optimizer steps between checkpoints")
+    ] = 100
+    keep_checkpoints: PositiveInt = 3
+    eval_every: Annotated[
+        PositiveInt | None, Field(description="optimizer steps; null = each epoch end")
+    ] = None
+    queue: Annotated[str, Field(pattern=QUEUE_PATTERN), WrapValidator(_queue)] = "default"
+    max_restarts: Annotated[NonNegativeInt, Field(le=100)] = 3
+    compile: Bool = False
+    fast_path: Bool = True
+    data_on_device: Bool = False
+
+    @field_validator("dataset")
+    @classmethod
+    def _compatible_with_model(cls, dataset: Any, info: ValidationInfo) -> Any:
+        model = info.data.get("model")
+        if model is None:  # the model failed validation and has its own error
+            return dataset
+        reason = catalog_names.incompatibility(model.name, dataset.name)
+        if reason is None:
+            return dataset
+        # The catalog's reason already names the datasets and models that would work.
+        raise spec_error("incompatible", reason, catalog_names.compatible_datasets(model.name))
+
+    @field_validator("effective_batch_size")
+    @classmethod
+    def _batch_geometry(cls, effective: int | None, info: ValidationInfo) -> int | None:
+        data = info.data
+        if not {"gpus", "micro_batch_size", "accumulation_steps"} <= data.keys():
+            return effective  # an earlier field failed and has its own error
+        micro, steps, world = (
+            data["micro_batch_size"],
+            data["accumulation_steps"],
+            max(data["gpus"], 1),
+        )
+        if micro == AUTO and effective is None:
+            raise spec_error(
+                "auto_needs_effective_batch",
+                'micro_batch_size "auto" needs effective_batch_size (samples per optimizer step) '
+                "instead of accumulation_steps: the micro-batch is chosen to divide it",
+            )
+        if steps is not None and effective is not None:
+            raise spec_error(
+                "exactly_one",
+                "give accumulation_steps or effective_batch_size, not both "
+                "(effective_batch_size = micro_batch_size x accumulation_steps x gpus)",
+            )
+        if steps is None and effective is None:
+            raise spec_error(
+                "exactly_one",
+                "give accumulation_steps (micro-batches per optimizer step) "
+                "or effective_batch_size (samples per optimizer step)",
+            )
+        if effective is None:
+            return None
+        if effective % world:
+            raise spec_error(
+                "not_divisible",
+                f"effective_batch_size {effective} is not divisible by gpus {world}; "
+                f"use a multiple of {world}",
+            )
+        per_gpu = effective // world
+        if micro == AUTO:
+            return effective
+        if per_gpu % micro:
+            divisors = [d for d in _divisors(per_gpu) if d <= MAX_MICRO_BATCH_SIZE]
+            times_gpus = f" x gpus {world}" if world > 1 else ""
+            raise spec_error(
+                "not_divisible",
+                f"effective_batch_size {effective} is not divisible by micro_batch_size {micro}"
+                f"{times_gpus}; micro_batch_size values that divide it: {', '.join(map(str, divisors))}",
+                divisors,
+            )
+        if per_gpu // micro > MAX_ACCUMULATION_STEPS:
+            raise spec_error(
+                "accumulation_steps",
+                f"effective_batch_size {effective} needs {per_gpu // micro} accumulation steps at "
+                f"micro_batch_size {micro}; at most {MAX_ACCUMULATION_STEPS} are allowed: "
+                "raise micro_batch_size",
+            )
+        return effective
+
+    @field_validator("max_steps")
+    @classmethod
+    def _epochs_or_max_steps(cls, max_steps: int | None, info: ValidationInfo) -> int | None:
+        if "epochs" not in info.data:
+            return max_steps  # epochs failed validation and has its own error
+        epochs = info.data["epochs"]
+        if epochs is not None and max_steps is not None:
+            raise spec_error("exactly_one", "give epochs or max_steps, not both")
+        if epochs is None and max_steps is None:
+            raise spec_error(
+                "exactly_one",
+                "give epochs (passes over the training set) or max_steps (optimizer steps)",
+            )
+        return max_steps
+
+    @model_validator(mode="after")
+    def _default_name(self) -> Self:
+        if self.name is None:
+            self.name = f"{self.model.name}-{self.dataset.name}"
+        return self
+
+    def normalised(self) -> dict[str, Any]:
+        """JSON-ready spec with every default filled; `parse_spec` of it gives this spec back."""
+        data = self.model_dump(mode="json", exclude={"model", "dataset", "optimizer", "scheduler"})
+        data["model"] = self.model.normalised()
+        data["dataset"] = self.dataset.normalised()
+        data["optimizer"] = self.optimizer.normalised()
+        data["scheduler"] = self.scheduler.normalised()
+        return data
+
+
+def parse_spec(raw: Mapping[str, Any] | str | bytes) -> JobSpec:
+    """Validate a spec (a dict, or JSON text); raises `pydantic.ValidationError`."""
+    if isinstance(raw, str | bytes):
+        return JobSpec.model_validate_json(raw)
+    return JobSpec.model_validate(raw)

@@ -1,0 +1,110 @@
+"""Model and dataset references: a catalog name, or `{"name": ..., **options}`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Self
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, model_validator
+
+from services.spec import catalog_names
+from services.spec.errors import not_allowed, spec_error
+from services.spec.fields import Bool
+
+# Options are free keys next to "name", so "extra" must be allowed here; they are then
+# checked against what the catalog entry declares, so a typo still fails with its path.
+_REF_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+# Every catalog option is a size or a count; an MLP may have no hidden layer (a linear model).
+OPTION_MINIMUM = {"depth": 0}
+
+
+def _check_options(kind: str, name: str, options: Mapping[str, Any]) -> None:
+    if not options:
+        return
+    if reason := catalog_names.option_problem(kind, name, options):
+        raise spec_error("unknown_option", reason, catalog_names.declared_options(kind, name))
+    for key, value in options.items():
+        minimum = OPTION_MINIMUM.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise spec_error(
+                "option_value",
+                f"{kind} {name!r} option {key} must be an integer >= {minimum}; got {value!r}",
+            )
+
+
+class ModelRef(BaseModel):
+    """A catalog model, with the options its catalog entry declares."""
+
+    model_config = _REF_CONFIG
+
+    name: StrictStr
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    @model_validator(mode="after")
+    def _known_options(self) -> Self:
+        _check_options("model", self.name, self.options)
+        return self
+
+    def normalised(self) -> dict[str, Any]:
+        return {"name": self.name, **self.options}
+
+
+class DatasetRef(BaseModel):
+    """A catalog dataset; `data_root` (default: the worker's data directory), `download`."""
+
+    model_config = _REF_CONFIG
+
+    name: StrictStr
+    data_root: Annotated[StrictStr, Field(min_length=1)] | None = None
+    download: Bool = False
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    @model_validator(mode="after")
+    def _known_options(self) -> Self:
+        _check_options("dataset", self.name, self.options)
+        return self
+
+    def normalised(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "data_root": self.data_root,
+            "download": self.download,
+            **self.options,
+        }
+
+
+def _named(kind: str, names: Callable[[], list[str]]) -> Callable[[Any], Any]:
+    """Accept `"mlp"` for `{"name": "mlp"}` and reject unknown names at the field itself."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, str):
+            value = {"name": value}
+        if isinstance(value, Mapping) and isinstance(value.get("name"), str):
+            known = names()
+            if value["name"] not in known:
+                raise not_allowed(kind, value["name"], known)
+        return value
+
+    return convert
+
+
+Model = Annotated[
+    ModelRef,
+    BeforeValidator(
+        _named("model", catalog_names.model_names), json_schema_input_type=str | ModelRef
+    ),
+]
+Dataset = Annotated[
+    DatasetRef,
+    BeforeValidator(
+        _named("dataset", catalog_names.dataset_names), json_schema_input_type=str | DatasetRef
+    ),
+]

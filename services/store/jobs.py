@@ -1,0 +1,206 @@
+"""Jobs as the API sees them: create (idempotent), read, list, cancel, resume.
+
+Worker-side transitions (claim, lease, progress, finish, reaping) are in ``leases``.
+Functions here flush but never commit: the caller owns the transaction, and enqueues the
+job on the broker only after the commit (``with session_factory.begin() as session: ...``).
+Transitions write their lifecycle event in the same transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from services.store.cursors import decode_cursor, encode_cursor
+from services.store.dialect import insert_for
+from services.store.errors import IdempotencyConflict, JobStateError
+from services.store.events import add_event
+from services.store.models import (
+    FINISHED_STATUSES,
+    JOB_STATUSES,
+    Checkpoint,
+    Job,
+    Owner,
+)
+from services.store.types import new_id, utcnow
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    """sha256 of the spec's canonical JSON: equal specs hash equal whatever their key order."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create_job(
+    session: Session,
+    *,
+    owner: Owner,
+    spec: dict[str, Any],
+    name: str | None = None,
+    queue: str = "default",
+    max_restarts: int = 3,
+    effective_batch_size: int | None = None,
+    total_optimizer_steps: int | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Insert a queued job; returns ``(job, created)``. Does not commit.
+
+    With ``idempotency_key``: the same key and the same (normalised) spec return the existing
+    job with ``created=False``; the same key and a different spec raise IdempotencyConflict.
+    Safe under concurrent requests with the same key (INSERT ... ON CONFLICT DO NOTHING on the
+    unique (owner_id, idempotency_key), then read the winner).
+    Writes the ``created`` event when it creates the job.
+    """
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+    digest = spec_hash(spec)
+    values: dict[str, Any] = dict(
+        id=new_id(),
+        owner_id=owner.id,
+        name=name,
+        spec=spec,
+        spec_hash=digest,
+        idempotency_key=idempotency_key,
+        status="queued",
+        queue=queue,
+        max_restarts=max_restarts,
+        effective_batch_size=effective_batch_size,
+        progress={"epoch": 0, "optimizer_step": 0, "total_optimizer_steps": total_optimizer_steps},
+        latest_metrics={},
+    )
+    if idempotency_key is None:
+        job = Job(**values)
+        session.add(job)
+        session.flush()
+        created = True
+    else:
+        inserted = session.execute(
+            insert_for(session, Job).values(**values).on_conflict_do_nothing().returning(Job.id)
+        ).scalar()
+        job = session.scalars(
+            select(Job)
+            .where(Job.owner_id == owner.id, Job.idempotency_key == idempotency_key)
+            .execution_options(populate_existing=True)
+        ).one()
+        created = inserted is not None
+        if not created and job.spec_hash != digest:
+            raise IdempotencyConflict(idempotency_key, job.id)
+    if created:
+        add_event(session, job.id, "created", f"job {job.id} queued on {queue!r}", {"queue": queue})
+    return job, created
+
+
+def get_job(session: Session, job_id: str, owner: Owner) -> Job | None:
+    """The job if ``owner`` may see it (its own, or any for an admin), else None (-> 404)."""
+    job = session.get(Job, job_id)
+    if job is None or (job.owner_id != owner.id and not owner.is_admin):
+        return None
+    return job
+
+
+def load_job(session: Session, job_id: str, *, fresh: bool = True) -> Job | None:
+    """The job regardless of owner, for the worker and the reaper (never for API routes).
+
+    ``fresh`` re-reads the row even if the session already holds it.
+    """
+    return session.get(Job, job_id, populate_existing=fresh)
+
+
+def list_jobs(
+    session: Session,
+    owner: Owner,
+    status: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> tuple[list[Job], str | None]:
+    """One page of the owner's jobs (all jobs for an admin), newest first.
+
+    Keyset pagination on the time-ordered id: ``next_cursor`` is None on the last page.
+    Raises ValueError on an unknown status or limit < 1, InvalidCursor on a bad cursor.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    query = select(Job)
+    if not owner.is_admin:
+        query = query.where(Job.owner_id == owner.id)
+    if status is not None:
+        if status not in JOB_STATUSES:
+            raise ValueError(f"unknown status {status!r}; use one of {', '.join(JOB_STATUSES)}")
+        query = query.where(Job.status == status)
+    if cursor is not None:
+        (after_id,) = decode_cursor(cursor, (str,))
+        query = query.where(Job.id < after_id)
+    rows = list(session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)))
+    if len(rows) > limit:
+        return rows[:limit], encode_cursor(rows[limit - 1].id)
+    return rows, None
+
+
+def _transition(session: Session, job: Job, from_statuses: tuple[str, ...], **values: Any) -> bool:
+    """Conditional UPDATE of one job (atomic against workers and other requests); refreshes it."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status.in_(from_statuses))
+        .values(updated_at=utcnow(), **values)
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(job)
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def request_cancel(session: Session, job: Job) -> Job:
+    """Cancel: a queued job becomes ``cancelled`` at once (it will never start); a running one
+    becomes ``cancelling`` until its worker stops; ``cancelling`` stays as is.
+    A finished job raises JobStateError. Writes ``cancelled`` or ``cancel_requested``.
+    Does not commit.
+    """
+    now = utcnow()
+    if _transition(session, job, ("queued",), status="cancelled", finished_at=now):
+        add_event(session, job.id, "cancelled", "cancelled before it started", attempt=job.attempts)
+        return job
+    if _transition(session, job, ("running",), status="cancelling"):
+        add_event(session, job.id, "cancel_requested", "cancel requested", attempt=job.attempts)
+        return job
+    if job.status == "cancelling":
+        return job
+    raise JobStateError(job.id, job.status, "cancel", ("queued", "running"))
+
+
+def request_resume(session: Session, job: Job) -> Job:
+    """Re-queue a ``failed`` or ``cancelled`` job from its latest checkpoint (``resume_step``;
+    None when it has none, so it starts over). Resets the automatic-restart budget.
+    Other states raise JobStateError. Writes ``resumed``. Does not commit; enqueue after it.
+    """
+    latest = select(func.max(Checkpoint.step)).where(Checkpoint.job_id == Job.id).scalar_subquery()
+    if not _transition(
+        session,
+        job,
+        ("failed", "cancelled"),
+        status="queued",
+        resume_step=latest,
+        restarts=0,
+        error=None,
+        finished_at=None,
+        lease_owner=None,
+        lease_expires_at=None,
+    ):
+        raise JobStateError(job.id, job.status, "resume", ("failed", "cancelled"))
+    add_event(
+        session,
+        job.id,
+        "resumed",
+        f"re-queued from checkpoint step {job.resume_step}"
+        if job.resume_step
+        else "re-queued from the start",
+        {"resume_step": job.resume_step},
+        attempt=job.attempts,
+    )
+    return job
+
+
+def is_finished(job: Job) -> bool:
+    return job.status in FINISHED_STATUSES

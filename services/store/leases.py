@@ -1,0 +1,314 @@
+"""Worker-side job transitions: claim, lease renewal, progress, finish, and reaping.
+
+A job never trains twice at once because every transition here is a conditional UPDATE whose
+WHERE clause states the only situation in which it is allowed (claim: the job is ``queued``;
+or, as a second UPDATE, ``running`` with an expired lease). Concurrent callers are serialised
+by the row lock (PostgreSQL) or the write lock (SQLite); at most one of them matches.
+
+Functions here flush but never commit; commit right after each call so other processes see it:
+``with session_factory.begin() as session: job = claim_job(session, ...)``.
+
+``attempts`` counts starts: every successful claim adds one, and that number is the
+``attempt`` the worker writes on metrics, events and checkpoints. ``restarts`` counts
+automatic restarts after a lost lease; past ``max_restarts`` the reaper fails the job.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.orm import Session
+
+from services.store.events import add_event
+from services.store.models import ACTIVE_STATUSES, FINISHED_STATUSES, Checkpoint, Job
+from services.store.types import utcnow
+
+
+def _latest_checkpoint_step() -> Any:
+    return select(func.max(Checkpoint.step)).where(Checkpoint.job_id == Job.id).scalar_subquery()
+
+
+def claim_job(
+    session: Session,
+    job_id: str,
+    worker_id: str,
+    host: str | None,
+    gpu: str | None,
+    lease_timeout_s: float,
+    now: datetime | None = None,
+) -> Job | None:
+    """Take the job for ``worker_id``; returns it (status ``running``) or None if not claimable.
+
+    Claimable: ``queued``, or ``running`` with an expired lease and restarts left (a takeover
+    from a dead worker: counts as a restart, resumes from the latest checkpoint). A cancelled,
+    finished or live-leased job returns None: drop the broker message. ``cancelling`` jobs are
+    never claimed (the reaper finishes them as ``cancelled`` once their lease expires).
+    Writes ``started`` (and ``lease_expired`` on a takeover). Does not commit.
+    """
+    now = now or utcnow()
+    values: dict[str, Any] = dict(
+        status="running",
+        attempts=Job.attempts + 1,
+        lease_owner=worker_id,
+        lease_expires_at=now + timedelta(seconds=lease_timeout_s),
+        heartbeat_at=now,
+        worker_host=host,
+        worker_gpu=gpu,
+        started_at=now,
+        finished_at=None,
+        error=None,
+        updated_at=now,
+    )
+    claimed = _claim_where(session, job_id, Job.status == "queued", values)
+    previous_host = None
+    if claimed is None:
+        previous_host = session.scalar(select(Job.worker_host).where(Job.id == job_id))
+        expired = and_(
+            Job.status == "running", Job.lease_expires_at < now, Job.restarts < Job.max_restarts
+        )
+        takeover = dict(values, restarts=Job.restarts + 1, resume_step=_latest_checkpoint_step())
+        claimed = _claim_where(session, job_id, expired, takeover)
+        if claimed is None:
+            return None
+        add_event(
+            session,
+            job_id,
+            "lease_expired",
+            f"lease of {previous_host or 'unknown host'} expired; taken over by {host}",
+            {"host": previous_host},
+            attempt=claimed.attempts - 1,
+        )
+    add_event(
+        session,
+        job_id,
+        "started",
+        f"attempt {claimed.attempts} started on {host or 'unknown host'}"
+        + (f" from checkpoint step {claimed.resume_step}" if claimed.resume_step else ""),
+        {"worker": worker_id, "host": host, "gpu": gpu, "resume_step": claimed.resume_step},
+        attempt=claimed.attempts,
+    )
+    return claimed
+
+
+def _claim_where(
+    session: Session, job_id: str, condition: Any, values: dict[str, Any]
+) -> Job | None:
+    return session.scalars(
+        update(Job)
+        .where(Job.id == job_id, condition)
+        .values(**values)
+        .returning(Job)
+        .execution_options(populate_existing=True, synchronize_session=False)
+    ).one_or_none()
+
+
+def renew_lease(
+    session: Session,
+    job_id: str,
+    worker_id: str,
+    lease_timeout_s: float,
+    now: datetime | None = None,
+) -> str | None:
+    """Extend the lease; returns the job's status (``running``, or ``cancelling`` when a cancel
+    was requested: stop within one micro-batch), or None when the lease is lost (the job was
+    reaped or taken over): stop at once and write nothing more. Does not commit.
+    """
+    now = now or utcnow()
+    return session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(ACTIVE_STATUSES))
+        .values(lease_expires_at=now + timedelta(seconds=lease_timeout_s), heartbeat_at=now)
+        .returning(Job.status)
+        .execution_options(synchronize_session=False)
+    ).scalar()
+
+
+def update_progress(
+    session: Session,
+    job_id: str,
+    progress: dict[str, Any] | None = None,
+    latest_metrics: dict[str, Any] | None = None,
+    worker_id: str | None = None,
+) -> bool:
+    """Merge ``progress`` ({epoch, optimizer_step, total_optimizer_steps}) and ``latest_metrics``
+    into the job row. With ``worker_id`` only while that worker holds the lease (a worker that
+    lost its lease cannot overwrite its successor's progress). Returns whether it wrote.
+    Does not commit.
+    """
+    current = session.execute(
+        select(Job.progress, Job.latest_metrics).where(Job.id == job_id)
+    ).one_or_none()
+    if current is None:
+        return False
+    merged_progress = {**(current.progress or {}), **(progress or {})}
+    merged_metrics = {**(current.latest_metrics or {}), **(latest_metrics or {})}
+    query = update(Job).where(Job.id == job_id)
+    if worker_id is not None:
+        query = query.where(Job.lease_owner == worker_id, Job.status.in_(ACTIVE_STATUSES))
+    result = session.execute(
+        query.values(
+            progress=merged_progress, latest_metrics=merged_metrics, updated_at=utcnow()
+        ).execution_options(synchronize_session=False)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def finish_job(
+    session: Session,
+    job_id: str,
+    worker_id: str,
+    status: str,
+    error: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Record the outcome of the worker's attempt: ``succeeded``, ``failed`` (with ``error``
+    ``{"type", "message"}``) or ``cancelled``; releases the lease. Returns False (and writes
+    nothing) when ``worker_id`` no longer holds the lease. Writes the outcome's event.
+    Does not commit.
+    """
+    if status not in FINISHED_STATUSES:
+        raise ValueError(
+            f"finish status must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}"
+        )
+    if status == "failed" and not (error and "type" in error and "message" in error):
+        raise ValueError('a failed job needs error={"type": ..., "message": ...}')
+    now = now or utcnow()
+    attempt = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(ACTIVE_STATUSES))
+        .values(
+            status=status,
+            error=error if status == "failed" else None,
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+            updated_at=now,
+        )
+        .returning(Job.attempts)
+        .execution_options(synchronize_session=False)
+    ).scalar()
+    if attempt is None:
+        return False
+    message = {"succeeded": "succeeded", "cancelled": "cancelled by request"}.get(
+        status, f"{(error or {}).get('type')}: {(error or {}).get('message')}"
+    )
+    add_event(session, job_id, status, message, {"error": error} if error else {}, attempt=attempt)
+    return True
+
+
+def reap_expired_leases(
+    session: Session, now: datetime | None = None
+) -> tuple[list[str], list[str]]:
+    """Handle every active job whose lease expired before ``now`` (its worker died).
+
+    ``running`` with restarts left -> ``queued`` (restarts + 1, ``resume_step`` = latest
+    checkpoint; the next claim counts the new attempt): enqueue these ids after the commit.
+    ``running`` with no restarts left -> ``failed`` with the reason.
+    ``cancelling`` -> ``cancelled`` (the cancel was requested; nothing more to run).
+    Returns ``(requeued_ids, failed_ids)``. Safe to run in many processes at once: each job
+    is moved by one conditional UPDATE. Writes ``lease_expired`` and the outcome's event.
+    Does not commit.
+    """
+    now = now or utcnow()
+    expired = session.execute(
+        select(Job.id, Job.status, Job.attempts, Job.restarts, Job.max_restarts, Job.worker_host)
+        .where(Job.status.in_(ACTIVE_STATUSES), Job.lease_expires_at < now)
+        .order_by(Job.id)
+    ).all()
+    requeued: list[str] = []
+    failed: list[str] = []
+    for job_id, status, attempt, restarts, max_restarts, host in expired:
+        if status == "cancelling":
+            target: dict[str, Any] = {"status": "cancelled", "finished_at": now}
+        elif restarts < max_restarts:
+            target = {
+                "status": "queued",
+                "restarts": Job.restarts + 1,
+                "resume_step": _latest_checkpoint_step(),
+            }
+        else:
+            target = {
+                "status": "failed",
+                "finished_at": now,
+                "error": {
+                    "type": "LeaseExpired",
+                    "message": (
+                        f"the worker stopped renewing its lease (last host {host or 'unknown'}) "
+                        f"and the job already restarted {restarts} times (max_restarts="
+                        f"{max_restarts}); fix the cause, then POST /v1/jobs/{job_id}/resume"
+                    ),
+                },
+            }
+        moved = session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == status, Job.lease_expires_at < now)
+            .values(lease_owner=None, lease_expires_at=None, updated_at=now, **target)
+            .returning(Job.status, Job.resume_step)
+            .execution_options(synchronize_session=False)
+        ).one_or_none()
+        if moved is None:
+            continue  # another reaper, a renewal or a takeover got there first
+        add_event(
+            session,
+            job_id,
+            "lease_expired",
+            f"lease of {host or 'unknown host'} expired",
+            {"host": host},
+            attempt=attempt,
+        )
+        if moved.status == "queued":
+            requeued.append(job_id)
+            add_event(
+                session,
+                job_id,
+                "requeued",
+                f"restart {restarts + 1} of {max_restarts}, "
+                + (
+                    f"from checkpoint step {moved.resume_step}"
+                    if moved.resume_step
+                    else "from the start"
+                ),
+                {"resume_step": moved.resume_step, "restart": restarts + 1},
+                attempt=attempt,
+            )
+        elif moved.status == "failed":
+            failed.append(job_id)
+            add_event(
+                session,
+                job_id,
+                "failed",
+                target["error"]["message"],
+                {"error": target["error"]},
+                attempt=attempt,
+            )
+        else:
+            add_event(session, job_id, "cancelled", "cancelled (worker gone)", attempt=attempt)
+    return requeued, failed
+
+
+def stale_queued_jobs(
+    session: Session, older_than: datetime, limit: int = 100, now: datetime | None = None
+) -> list[tuple[str, str]]:
+    """``(id, queue)`` of jobs ``queued`` and untouched since before ``older_than``, whose broker
+    message may be lost (e.g. the API stopped between its commit and the enqueue): enqueue them
+    again. Each returned job's ``updated_at`` is set to ``now``, so the next call skips it until
+    it is stale again (no pile-up of messages for a job that merely waits for a free worker;
+    a duplicate message is harmless anyway: the claim drops it). Does not commit.
+    """
+    now = now or utcnow()
+    stale = (
+        select(Job.id)
+        .where(Job.status == "queued", Job.updated_at < older_than)
+        .order_by(Job.id)
+        .limit(limit)
+    )
+    rows = session.execute(
+        update(Job)
+        .where(Job.id.in_(stale.scalar_subquery()), Job.status == "queued")
+        .values(updated_at=now)
+        .returning(Job.id, Job.queue)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return sorted((row.id, row.queue) for row in rows)

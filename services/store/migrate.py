@@ -1,0 +1,73 @@
+"""Apply Alembic migrations from code: ``accum db upgrade``, API start-up, tests.
+
+    from services.store.migrate import upgrade
+    upgrade(settings.database_url)            # to head; idempotent
+    downgrade(settings.database_url, "base")  # drop everything
+
+The scripts live in ``migrations/`` at the repository root (next to the ``services`` package).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+import services
+from services.store.db import make_engine
+from services.store.models import Base
+
+MIGRATIONS_DIR = Path(services.__file__).resolve().parent.parent / "migrations"
+
+
+def alembic_config(database_url: str) -> Config:
+    if not (MIGRATIONS_DIR / "env.py").is_file():
+        raise FileNotFoundError(
+            f"Alembic migrations not found at {MIGRATIONS_DIR}; install accum from a source "
+            "checkout (pip install -e .) so migrations/ sits next to services/"
+        )
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # ConfigParser interpolation: a literal % in a URL (encoded password) must be doubled.
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    return config
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    """Migrate the database up to ``revision`` (creates the schema on an empty database)."""
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def downgrade(database_url: str, revision: str = "base") -> None:
+    """Migrate down to ``revision`` (``base`` drops every table accum created)."""
+    command.downgrade(alembic_config(database_url), revision)
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+def current_revision(database_url: str) -> str | None:
+    """The revision the database is at (None for an empty database)."""
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def schema_drift(database_url: str) -> list[Any]:
+    """Differences autogenerate finds between the models and the migrated database ([] = none)."""
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            return list(compare_metadata(context, Base.metadata))
+    finally:
+        engine.dispose()

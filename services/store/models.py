@@ -1,0 +1,184 @@
+"""SQLAlchemy 2 models: owners, API tokens, jobs, job events, metrics, checkpoints.
+
+The schema is created by Alembic (``migrations/``); ``tests/store/test_migrations.py`` checks
+that autogenerate finds no difference between these models and the migrations.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from services.store.types import UTCDateTime, new_id, utcnow
+
+# Named constraints: Alembic's batch mode on SQLite can only alter constraints with names.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
+ACTIVE_STATUSES = ("running", "cancelling")  # a worker holds the lease
+FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Owner(Base):
+    __tablename__ = "owners"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiToken(Base):
+    """A bearer token, stored as its sha256 (never in clear) plus a short prefix for display."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("owners.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Job(Base):
+    """One training job. ``id`` is time-ordered, so ``ORDER BY id DESC`` is newest first.
+
+    ``attempts`` counts the times a worker started the job (1 while its first attempt runs);
+    it is also the ``attempt`` written on metrics, events and checkpoints of that run.
+    ``restarts`` counts automatic restarts after a lost lease since the job was created or last
+    resumed by a user; the reaper fails the job once it would exceed ``max_restarts``.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("owner_id", "idempotency_key"),
+        CheckConstraint(
+            "status IN ('queued', 'running', 'cancelling', 'succeeded', 'failed', 'cancelled')",
+            name="status",
+        ),
+        Index("ix_jobs_owner_id_id", "owner_id", "id"),
+        Index("ix_jobs_status_lease_expires_at", "status", "lease_expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("owners.id", ondelete="CASCADE"))
+    name: Mapped[str | None] = mapped_column(String(200))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    spec_hash: Mapped[str] = mapped_column(String(64))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    queue: Mapped[str] = mapped_column(String(100), default="default")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    max_restarts: Mapped[int] = mapped_column(Integer, default=3)
+    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    effective_batch_size: Mapped[int | None] = mapped_column(Integer)
+    latest_metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    worker_host: Mapped[str | None] = mapped_column(String(200))
+    worker_gpu: Mapped[str | None] = mapped_column(String(200))
+    resume_step: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class JobEvent(Base):
+    """The lifecycle log of a job (kinds listed in docs/architecture.md)."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    kind: Mapped[str] = mapped_column(String(50))
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Metric(Base):
+    """One value of one metric at one optimizer step.
+
+    The primary key (job_id, name, step) is the uniqueness rule (a resumed attempt overwrites
+    its predecessor's rows, so each step appears once) and the index for reading one metric in
+    step order. ``value`` is NULL for non-finite values (NaN/inf), which JSON cannot carry.
+    """
+
+    __tablename__ = "metrics"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    epoch: Mapped[int | None] = mapped_column(Integer)
+    value: Mapped[float | None] = mapped_column(Double)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class MetricBlock(Base):
+    """The lowest and highest value of one metric over one block of ``BLOCK_STEPS`` steps.
+
+    Maintained by ``metrics.write_metrics`` / ``delete_metrics_after`` (recomputed from the
+    rows of every block they touch, so it is always exact) so that downsampling a long curve
+    reads one row per block instead of every point. NULL values are not counted.
+    """
+
+    __tablename__ = "metric_blocks"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    block: Mapped[int] = mapped_column(Integer, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    min_step: Mapped[int] = mapped_column(Integer)
+    min_value: Mapped[float] = mapped_column(Double)
+    max_step: Mapped[int] = mapped_column(Integer)
+    max_value: Mapped[float] = mapped_column(Double)
+
+
+class Checkpoint(Base):
+    """A checkpoint file's record; the file itself lives at ``uri``."""
+
+    __tablename__ = "checkpoints"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    epoch: Mapped[int | None] = mapped_column(Integer)
+    uri: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    is_best: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,0 +1,193 @@
+"""Spec -> the objects of one training run: data loaders, model, optimizer, scheduler, Trainer.
+
+Everything a resumed attempt must rebuild identically is derived from the spec alone (model
+initialisation seeded by ``spec.seed``, loader order by (seed, epoch)), so restoring the
+checkpoint into these objects continues the run exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, Subset
+
+from accumcore import Callback, Trainer
+from accumcore.catalog.build import DatasetBundle, build_dataset, build_loss, build_model
+from accumcore.data import make_loader
+from services.spec import JobSpec, accumulation_at, effective_batch_size, world_size
+from services.spec import total_optimizer_steps as spec_total_steps
+
+# Effectively "until max_steps": fit counts epochs from 0 and stops at max_steps first.
+UNBOUNDED_EPOCHS = 1 << 40
+
+
+@dataclass
+class Run:
+    """A built run: call ``trainer.fit(train_loader, **fit_kwargs)``."""
+
+    trainer: Trainer
+    train_loader: Any
+    val_loader: Any
+    fit_kwargs: dict[str, Any]
+    total_steps: int
+    micro_batch_size: int
+    accumulation_steps: int | dict[int, int]
+
+
+def pick_device(spec: JobSpec, local_rank: int = 0) -> str:
+    """``cuda:<rank>`` when the job asks for GPUs and this worker has them, else ``cpu``."""
+    if spec.gpus >= 1 and torch.cuda.is_available():
+        if torch.cuda.device_count() < spec.gpus:
+            raise ValueError(
+                f"the job asks for gpus={spec.gpus} but this worker sees "
+                f"{torch.cuda.device_count()} (CUDA_VISIBLE_DEVICES); route it to a queue whose "
+                "workers have enough GPUs, or lower gpus"
+            )
+        return f"cuda:{local_rank}"
+    return "cpu"
+
+
+def micro_batch_and_steps(spec: JobSpec) -> tuple[int, int | dict[int, int]]:
+    """(m, N) from the spec. ``"auto"``: the whole per-rank batch in one micro-batch, which
+    ``probe_micro_batch`` refines on a GPU (on the CPU nothing runs out of memory)."""
+    if spec.micro_batch_size == "auto":
+        return effective_batch_size(spec) // world_size(spec), 1
+    steps = spec.accumulation_steps
+    if isinstance(steps, dict):
+        return spec.micro_batch_size, {int(e): int(n) for e, n in steps.items()}
+    n = accumulation_at(spec, 0)
+    assert n is not None
+    return spec.micro_batch_size, n
+
+
+def probe_micro_batch(
+    spec: JobSpec, model: torch.nn.Module, train: Dataset[Any], bundle: DatasetBundle,
+    loss_fn: Any, device: str,
+) -> tuple[int, int]:
+    """The largest m dividing the per-rank effective batch that fits on the GPU (m x N == B)."""
+    from accumcore.auto_batch import accumulation_for, find_micro_batch_size
+
+    per_rank = effective_batch_size(spec) // world_size(spec)
+
+    def sample(m: int) -> Any:
+        return next(iter(make_loader(train, m, shuffle=False, collate_fn=bundle.collate_fn)))
+
+    micro = find_micro_batch_size(model, sample, per_rank, device, loss_fn=loss_fn,
+                                  precision=spec.precision)
+    return micro, accumulation_for(per_rank, micro)
+
+
+def rank_shard(dataset: Dataset[Any], rank: int, world: int) -> Dataset[Any]:
+    """Rank ``rank``'s share of the training set: every rank gets ceil(S / world) samples
+    (wrapping around, as DistributedSampler pads) so all ranks run the same number of windows
+    and no collective waits forever."""
+    if world == 1:
+        return dataset
+    size = len(dataset)  # type: ignore[arg-type]
+    per_rank = math.ceil(size / world)
+    padded = [i % size for i in range(per_rank * world)]
+    return Subset(dataset, padded[rank::world])
+
+
+def lr_lambda(spec: JobSpec, total_steps: int) -> Callable[[int], float] | None:
+    """LR multiplier per optimizer step: linear warm-up, then constant / cosine / step decay."""
+    sched = spec.scheduler
+    warmup = sched.warmup_steps
+    if sched.name == "none" and warmup == 0:
+        return None
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        after = step - warmup
+        if sched.name == "cosine":
+            span = max(total_steps - warmup, 1)
+            return 0.5 * (1.0 + math.cos(math.pi * min(after, span) / span))
+        if sched.name == "step":
+            assert sched.step_size is not None and sched.gamma is not None
+            return float(sched.gamma ** (after // sched.step_size))
+        return 1.0
+
+    return factor
+
+
+def build_optimizer(spec: JobSpec, params: Any, device: str) -> torch.optim.Optimizer:
+    from accumcore.fast_path import make_optimizer
+
+    opt = spec.optimizer
+    return make_optimizer(
+        opt.name,
+        params,
+        opt.lr,
+        momentum=opt.momentum or 0.0,
+        weight_decay=opt.weight_decay,
+        betas=tuple(opt.betas) if opt.betas else (0.9, 0.999),
+        device=device,
+        fast=spec.fast_path,
+    )
+
+
+def build_data(spec: JobSpec, data_root_default: Path | None) -> DatasetBundle:
+    ref = spec.dataset
+    root = ref.data_root if ref.data_root is not None else data_root_default
+    return build_dataset(ref.name, data_root=root, download=ref.download, seed=spec.seed, **ref.options)
+
+
+def build_run(
+    spec: JobSpec,
+    *,
+    callbacks: Sequence[Callback],
+    checkpoint_dir: Path | None,
+    data_root_default: Path | None = None,
+    device: str | None = None,
+    rank: int = 0,
+    world: int = 1,
+    wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+) -> Run:
+    """Build everything for one attempt of ``spec`` (on rank ``rank`` of ``world``).
+
+    Raises:
+        ValueError: a spec the catalog refuses. DatasetUnavailable: missing data root files.
+    """
+    device = device or pick_device(spec, rank)
+    bundle = build_data(spec, data_root_default)
+    torch.manual_seed(spec.seed)  # the same seed gives the same initial weights on resume
+    model = build_model(spec.model.name, bundle, **spec.model.options).to(device)
+    optimizer = build_optimizer(spec, model.parameters(), device)
+    if wrap_model is not None:
+        model = wrap_model(model)
+    micro, steps = micro_batch_and_steps(spec)
+    train = rank_shard(bundle.train, rank, world)
+    loss_fn = build_loss(bundle)
+    if spec.micro_batch_size == "auto" and device.startswith("cuda"):
+        micro, steps = probe_micro_batch(spec, model, train, bundle, loss_fn, device)
+    train_loader = make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn)
+    val_loader = make_loader(bundle.val, micro, shuffle=False, collate_fn=bundle.collate_fn)
+    total = spec_total_steps(spec, train_size=len(bundle.train))
+    factor = lr_lambda(spec, total)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if factor else None
+    trainer = Trainer(
+        model,
+        optimizer,
+        loss_fn=loss_fn,
+        accumulation_steps=steps,
+        scheduler=scheduler,
+        precision=spec.precision,
+        grad_clip_norm=spec.grad_clip_norm,
+        device=device,
+        callbacks=callbacks,
+        checkpoint_every=spec.checkpoint_every if checkpoint_dir is not None else None,
+        checkpoint_dir=checkpoint_dir,
+    )
+    fit_kwargs: dict[str, Any] = {
+        "epochs": spec.epochs or UNBOUNDED_EPOCHS,
+        "max_steps": spec.max_steps,
+        "val_loader": val_loader,
+        "eval_every": spec.eval_every,
+    }
+    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps)

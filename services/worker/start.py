@@ -1,0 +1,80 @@
+"""Run a worker in this process, blocking: ``start_worker(settings, queues=["default"])``.
+
+Used by ``accum worker``, ``accum up`` and ``python -m services.worker``. Besides consuming
+jobs, every worker runs a lease reaper, so a job whose worker died is re-queued even when no
+API process is up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from services.worker.app import DEFAULT_QUEUE, broker_url, make_celery
+from services.worker.reaper import LeaseReaper
+
+log = logging.getLogger(__name__)
+
+
+def default_hostname() -> str:
+    return f"accum-{os.getpid()}@{socket.gethostname()}"
+
+
+def start_worker(
+    settings: Any,
+    queues: Sequence[str] | None = None,
+    hostname: str | None = None,
+    pool: Literal["solo", "prefork"] = "solo",
+    gpus: str | None = None,
+    loglevel: str = "INFO",
+    preload: bool = True,
+) -> None:
+    """Consume ``queues`` until SIGTERM/SIGINT (warm shutdown: the running job finishes).
+
+    Args:
+        settings: ``services.settings.Settings``.
+        queues: GPU-class queues to consume (default ``["default"]``).
+        hostname: Celery node name; it is recorded on the job as the worker that ran it.
+        pool: ``solo`` runs the job in this process (default, one GPU per worker process);
+            ``prefork`` runs each job in a fresh child (``worker_max_tasks_per_child=1``).
+        gpus: pins this worker to GPUs by setting ``CUDA_VISIBLE_DEVICES`` before anything
+            imports torch, e.g. ``"0"``, or ``"0,1"`` for a worker that runs 2-GPU jobs.
+        loglevel: Celery's log level.
+        preload: import torch and the runner before consuming (a warm first job).
+    """
+    if pool not in ("solo", "prefork"):
+        raise ValueError(f"pool must be 'solo' or 'prefork', got {pool!r}")
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+    names = list(queues or [DEFAULT_QUEUE])
+    app = make_celery(settings, queues=names)
+    embedded = not broker_url(settings).startswith(("redis", "rediss", "amqp"))
+    if preload:
+        # Import torch and the runner now, in this idle parent, so the first job does not pay
+        # for it (queue-to-running latency). Importing torch does not initialise CUDA, so a
+        # prefork pool still forks a CUDA-free parent.
+        import services.worker.runner  # noqa: F401
+        import services.worker.training  # noqa: F401
+    reaper = LeaseReaper(settings)
+    reaper.start()
+    log.info("accum worker consuming %s from %s", ",".join(names), broker_url(settings))
+    try:
+        worker = app.Worker(
+            hostname=hostname or default_hostname(),
+            pool=pool,
+            concurrency=1,
+            queues=names,
+            loglevel=loglevel,
+            # Gossip and mingle only sync Celery's own cluster state, which we do not use, and
+            # they cost start-up time; the embedded broker has no fanout for them anyway.
+            without_gossip=True,
+            without_mingle=True,
+            without_heartbeat=embedded,
+            optimization="fair",
+        )
+        worker.start()
+    finally:
+        reaper.stop()

@@ -1,0 +1,33 @@
+"""The one Celery task: ``accum.run_job(job_id)``. It hands the id to the runner, nothing else.
+
+The runner (and with it torch) is imported inside the task, so importing the app, which the
+API does to enqueue, stays torch-free, and a prefork parent never initialises CUDA before fork.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery, Task
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+from services.worker.app import TASK_NAME
+
+# The database being unreachable is the one transient error: the runner records every other
+# failure on the job itself. Retrying is safe: the claim drops the message if the job has
+# moved on (and a job left running is recovered by the lease reaper).
+DB_RETRY_COUNTDOWN_S = 5
+DB_MAX_RETRIES = 120
+
+
+def register_tasks(app: Celery, settings: Any) -> None:
+    """Bind ``accum.run_job`` to ``app``; the task runs jobs with these ``settings``."""
+
+    @app.task(name=TASK_NAME, bind=True, ignore_result=True, max_retries=DB_MAX_RETRIES)
+    def run_job(task: Task, job_id: str) -> None:
+        from services.worker.runner import run_job as run
+
+        try:
+            run(settings, job_id, worker_name=str(task.request.hostname or ""))
+        except (OperationalError, InterfaceError) as exc:
+            raise task.retry(exc=exc, countdown=DB_RETRY_COUNTDOWN_S) from exc

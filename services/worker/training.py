@@ -1,0 +1,42 @@
+"""One attempt on one device: build the run, restore the checkpoint, ``Trainer.fit``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accumcore import load_checkpoint
+from services.spec import JobSpec
+from services.worker.build import build_run
+from services.worker.callbacks import StoreCallback
+from services.worker.db import session_factory
+from services.worker.heartbeat import Heartbeat
+from services.worker.runner import Attempt, prepare_resume
+
+
+def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
+    """Returns ``succeeded``, ``cancelled``, or None when the lease was lost mid-run."""
+    sessions = session_factory(settings)
+    callback = StoreCallback(
+        sessions, attempt.job_id, attempt.attempt, attempt.worker_id,
+        total_steps=0, keep_checkpoints=spec.keep_checkpoints, heartbeat=heartbeat,
+    )
+    run = build_run(
+        spec,
+        callbacks=[callback],
+        checkpoint_dir=settings.artifacts_path / attempt.job_id,
+        data_root_default=settings.home / "data",
+    )
+    callback.total_steps = run.total_steps
+    checkpoint = prepare_resume(sessions, attempt)
+    if checkpoint is not None:
+        run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=run.trainer.device))
+    history = run.trainer.fit(run.train_loader, **run.fit_kwargs)
+    return outcome(history.stopped, heartbeat)
+
+
+def outcome(stopped: bool, heartbeat: Heartbeat) -> str | None:
+    if heartbeat.lease_lost:
+        return None
+    if stopped:
+        return "cancelled"
+    return "succeeded"

@@ -1,0 +1,202 @@
+"""Dataset constructors behind the catalog's names.
+
+Image datasets yield (float32 image (C, H, W), int64 label); `text` yields variable-length
+(ids, next ids) pairs that `pad_collate` pads per batch. Files for mnist, fashion_mnist and
+cifar10 are read from a data root and downloaded only when the caller passes download=True.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from accumcore.catalog.names import DIGITS_VAL_SIZE, DatasetInfo
+from accumcore.catalog.text import CharSequences, pad_collate
+from accumcore.catalog.text_corpus import split
+
+# The digits split never depends on the job's seed: every job validates on the same 360 images.
+DIGITS_SPLIT_SEED = 0
+
+# Per-channel (mean, std) of the training sets, the usual published values.
+_NORMALISATION = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+_TORCHVISION_CLASS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10"}
+_IDX_FILES = "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte"
+# Where torchvision looks under the data root, and for which files.
+_EXPECTED_FILES = {
+    "mnist": ("MNIST/raw", _IDX_FILES),
+    "fashion_mnist": ("FashionMNIST/raw", _IDX_FILES),
+    "cifar10": ("cifar-10-batches-py", "data_batch_1 to data_batch_5, test_batch, batches.meta"),
+}
+
+
+class DatasetUnavailable(Exception):
+    """A data-root dataset is missing (or its download failed); the message says how to fix it."""
+
+    def __init__(self, name: str, data_root: Path, detail: str = "") -> None:
+        self.name = name
+        self.data_root = data_root
+        folder, files = _EXPECTED_FILES[name]
+        super().__init__(
+            f"dataset {name!r} is not available under data root '{data_root}': expected "
+            f"{files} in {data_root / folder}. "
+            f'Put the files there, or set "download": true in the job\'s dataset spec '
+            f'(e.g. {{"name": "{name}", "download": true}}) to fetch them once.'
+            + (f" {detail}" if detail else "")
+        )
+
+
+@dataclass(frozen=True)
+class DatasetBundle:
+    """What a training run needs from a dataset: both splits, how to batch them, and shapes."""
+
+    train: Dataset[Any]
+    val: Dataset[Any]
+    info: DatasetInfo  # reflects the options used (e.g. fake's image_size)
+    collate_fn: Callable[[list[Any]], Any] | None = None  # None: the default collate
+
+    @property
+    def task(self) -> str:
+        return self.info.task
+
+    @property
+    def num_classes(self) -> int:
+        return self.info.num_classes
+
+    @property
+    def in_channels(self) -> int | None:
+        return self.info.channels
+
+    @property
+    def image_size(self) -> int | None:
+        return self.info.image_size
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.info.vocab_size
+
+
+class NormalisedImages(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """uint8 images (N, H, W) or (N, H, W, C) scaled to [0, 1] and normalised per channel on
+    access, so a 60,000-image set stays in memory as bytes."""
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+    ) -> None:
+        self.images = images if images.dim() == 4 else images.unsqueeze(-1)
+        self.labels = labels.long()
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = self.images[index].permute(2, 0, 1).float().div_(255)
+        return (image - self.mean) / self.std, self.labels[index]
+
+
+def default_data_root() -> Path:
+    """`$ACCUM_HOME/data` (ACCUM_HOME defaults to ./.accum), read when a dataset is built."""
+    return Path(os.environ.get("ACCUM_HOME", ".accum")) / "data"
+
+
+def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled digits as (images (1797, 64) float64, labels (1797,) int).
+
+    Reads the CSV that `sklearn.datasets.load_digits` reads, without importing scikit-learn
+    (its import costs seconds per job); falls back to `load_digits` if the file moved.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = Path(location) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            table = np.loadtxt(path, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits
+
+    images, labels = load_digits(return_X_y=True)
+    return images, labels
+
+
+def digits(info: DatasetInfo) -> DatasetBundle:
+    images, labels = load_digits_arrays()
+    order = np.random.RandomState(DIGITS_SPLIT_SEED).permutation(len(labels))
+    val_idx, train_idx = order[:DIGITS_VAL_SIZE], order[DIGITS_VAL_SIZE:]
+    x = torch.tensor(images, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
+    # Standardise with the training split's statistics (pixel values 0..16 in the source).
+    mean, std = x[train_idx].mean(), x[train_idx].std()
+    x = (x - mean) / std
+    y = torch.tensor(labels, dtype=torch.long)
+    return DatasetBundle(
+        train=TensorDataset(x[train_idx], y[train_idx]),
+        val=TensorDataset(x[val_idx], y[val_idx]),
+        info=info,
+    )
+
+
+def fake(info: DatasetInfo, seed: int) -> DatasetBundle:
+    """`info` has the options applied (see catalog.configured_dataset)."""
+    from torchvision.datasets import FakeData
+    from torchvision.transforms import ToTensor
+
+    assert info.image_size is not None
+    size, val_size = info.train_size, info.val_size
+    shape = (3, info.image_size, info.image_size)
+    # FakeData seeds item i with torch.manual_seed(i + random_offset) (taken modulo 2**32 by
+    # the CPU generator). Seed s owns the range [s * total, (s + 1) * total): train first, then
+    # val, so splits and seeds never share an image.
+    offset = seed * (size + val_size)
+    train = FakeData(size, shape, info.num_classes, transform=ToTensor(), random_offset=offset)
+    val = FakeData(
+        val_size, shape, info.num_classes, transform=ToTensor(), random_offset=offset + size
+    )
+    return DatasetBundle(train=train, val=val, info=info)
+
+
+def from_data_root(info: DatasetInfo, data_root: Path, download: bool) -> DatasetBundle:
+    import torchvision.datasets
+
+    cls = getattr(torchvision.datasets, _TORCHVISION_CLASS[info.name])
+    try:
+        splits = [cls(str(data_root), train=train, download=download) for train in (True, False)]
+    except RuntimeError as exc:  # torchvision's "Dataset not found" and failed downloads
+        detail = f"(download failed: {exc})" if download else ""
+        raise DatasetUnavailable(info.name, data_root, detail) from exc
+    except OSError as exc:  # network errors during download, unreadable root
+        raise DatasetUnavailable(info.name, data_root, f"({type(exc).__name__}: {exc})") from exc
+    mean, std = _NORMALISATION[info.name]
+    train, val = (
+        NormalisedImages(torch.as_tensor(s.data), torch.as_tensor(s.targets), mean, std)
+        for s in splits
+    )
+    info = replace(info, train_size=len(train), val_size=len(val))
+    return DatasetBundle(train=train, val=val, info=info)
+
+
+def text(info: DatasetInfo) -> DatasetBundle:
+    """`info` has the options applied (see catalog.configured_dataset)."""
+    assert info.max_seq_len is not None
+    train_pieces, val_pieces = split(info.max_seq_len)
+    return DatasetBundle(
+        train=CharSequences(train_pieces),
+        val=CharSequences(val_pieces),
+        info=info,
+        collate_fn=pad_collate,
+    )

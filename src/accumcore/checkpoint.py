@@ -1,0 +1,95 @@
+"""Checkpoint files: atomic writes (temp file, fsync, rename, fsync dir) and loading.
+
+A reader never sees a half-written file: the bytes go to a temporary file in the same
+directory, are fsynced, and the file is renamed over the final name (atomic on POSIX); the
+directory is fsynced so the rename itself survives a power cut.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accumcore.callbacks import CheckpointInfo
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so that ``path`` holds either the old or the new content."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(
+    state: dict[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    metrics: dict[str, float] | None = None,
+) -> CheckpointInfo:
+    """Serialise ``state`` with ``torch.save`` and write it atomically to ``path``.
+
+    ``step`` and ``epoch`` of the returned info come from ``state["progress"]`` when present
+    (as in ``Trainer.state_dict()``).
+    """
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    atomic_write_bytes(path, data)
+    progress = state.get("progress", {}) if isinstance(state, dict) else {}
+    return CheckpointInfo(
+        path=Path(path),
+        step=int(progress.get("step", 0)),
+        epoch=int(progress.get("epoch", 0)),
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        metrics=dict(metrics or {}),
+    )
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu"
+) -> dict[str, Any]:
+    """Load a checkpoint written by ``save_checkpoint`` (tensors land on ``map_location``).
+
+    Trainer states hold only tensors and plain Python values, so the safe
+    ``weights_only=True`` loader is used.
+    """
+    target = Path(path)
+    if not target.is_file():
+        raise FileNotFoundError(
+            f"checkpoint {target} does not exist; pass the path of a <step>.pt file "
+            "written by the trainer's checkpoint_dir"
+        )
+    state = torch.load(target, map_location=map_location, weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"checkpoint {target} does not hold a dict (got {type(state).__name__})")
+    return state

@@ -1,0 +1,84 @@
+"""Validation: item-weighted loss and accuracy over non-ignored items, one sync at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from accumcore import distributed, items
+from accumcore.precision import Precision
+from accumcore.rng import capture_rng_state, restore_rng_state
+
+
+def evaluate(
+    model: torch.nn.Module,
+    loader: Iterable[Any],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    precision: Precision,
+    device: torch.device,
+    counter: Callable[[Any, Any], int | torch.Tensor],
+    ignore_index: int,
+) -> dict[str, float]:
+    """``val_loss`` (mean over all items) and, for class/token targets, ``val_accuracy``.
+
+    Runs on the unwrapped module (no DDP collectives per batch) and leaves every RNG as it
+    found it, so evaluating never changes what training draws next (exact resume).
+    """
+    use_ddp = distributed.ddp_wrapped(model)
+    module = distributed.unwrap(model)
+    rng = capture_rng_state()
+    # Per-module modes, so a BatchNorm the user froze in eval mode stays frozen afterwards.
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.float64, device=device)
+    item_total: float | torch.Tensor = 0
+    scored: int | torch.Tensor = 0
+    try:
+        with torch.no_grad():
+            for batch in loader:
+                inputs, targets = items.unpack(batch)
+                count = items.normalise_count(counter(inputs, targets))
+                if not isinstance(count, torch.Tensor) and count == 0:
+                    continue
+                inputs = items.to_device(inputs, device)
+                targets = items.to_device(targets, device)
+                with precision.autocast():
+                    outputs = module(inputs)
+                    loss = loss_fn(outputs, targets)
+                loss_sum += loss.detach().to(torch.float64) * count
+                item_total = item_total + count
+                if _is_classification(outputs, targets):
+                    mask = targets != ignore_index
+                    correct += (outputs.argmax(dim=-1).eq(targets) & mask).sum()
+                    scored = scored + mask.sum()
+    finally:
+        for submodule, training in modes:
+            submodule.training = training
+        restore_rng_state(rng)
+    values = [loss_sum, item_total, correct, scored]
+    if use_ddp:
+        totals = distributed.all_reduce_sum(values, distributed.comm_device(model)).tolist()
+    else:
+        totals = torch.stack(
+            [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values]
+        ).tolist()
+    loss_total, n_items, n_correct, n_scored = totals
+    if n_items == 0:
+        raise ValueError("the validation loader yielded no items (all targets ignored or empty)")
+    metrics = {"val_loss": loss_total / n_items}
+    if n_scored > 0:
+        metrics["val_accuracy"] = n_correct / n_scored
+    return metrics
+
+
+def _is_classification(outputs: Any, targets: Any) -> bool:
+    return (
+        isinstance(outputs, torch.Tensor)
+        and isinstance(targets, torch.Tensor)
+        and not targets.is_floating_point()
+        and outputs.dim() == targets.dim() + 1
+        and outputs.shape[:-1] == targets.shape
+    )

@@ -1,0 +1,85 @@
+"""Mixed precision: autocast per micro-batch, and the fp16 GradScaler at the window boundary.
+
+Rule 6 of ACCUMULATION.md: fp16 scales every micro-batch's backward, unscales once per
+window (before clipping), and a step skipped for inf/nan does not advance the scheduler.
+bf16 needs no scaler; gradients accumulate in the fp32 parameters either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Precision:
+    def __init__(self, name: str, device: torch.device) -> None:
+        if name not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {name!r}")
+        self.name = name
+        self.device_type = device.type
+        self.scaler: torch.amp.GradScaler | None = (
+            torch.amp.GradScaler(device.type) if name == "fp16" else None
+        )
+        self._null = contextlib.nullcontext()
+
+    def autocast(self) -> Any:
+        if self.name == "fp32":
+            return self._null  # nullcontext is reusable: no allocation per micro-batch
+        return torch.autocast(self.device_type, dtype=_DTYPES[self.name])
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def unscale_and_clip(
+        self,
+        optimizer: torch.optim.Optimizer,
+        params: Iterable[torch.Tensor],
+        max_norm: float | None,
+    ) -> torch.Tensor:
+        """Unscale (fp16) once, then clip; returns the pre-clip total gradient norm (a tensor)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        with_grads = [p for p in params if p.grad is not None]
+        if not with_grads:
+            return torch.zeros(())
+        # Norm first, clip only when asked: clip_grad_norm_ with an infinite bound would still
+        # rescale every gradient (a wasted pass over all of them per step).
+        total = torch.nn.utils.get_total_norm([p.grad for p in with_grads if p.grad is not None], 2.0)
+        if max_norm is not None and not math.isinf(max_norm):
+            torch.nn.utils.clip_grads_with_norm_(with_grads, max_norm, total)
+        return total
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+
+    def loss_scale(self) -> float | None:
+        """Current fp16 loss scale (a device sync; called once per window at most)."""
+        return None if self.scaler is None else float(self.scaler.get_scale())
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.scaler is None:
+            if state:
+                raise ValueError(
+                    "the checkpoint holds an fp16 GradScaler state but this trainer is "
+                    f"precision={self.name!r}; resume with precision='fp16'"
+                )
+            return
+        if state:
+            self.scaler.load_state_dict(state)

@@ -1,0 +1,386 @@
+"""The trainer: exact gradient accumulation, metrics, checkpoints and exact resume.
+
+    trainer = Trainer(model, optimizer, loss_fn=torch.nn.CrossEntropyLoss(), accumulation_steps=4)
+    history = trainer.fit(make_loader(train_set, batch_size=32), epochs=2, val_loader=val_loader)
+
+Each epoch is read window by window: the window's N micro-batches are loaded first (so the
+item total W is known), run by ``WindowRunner``, then one optimizer step and one scheduler
+step close the window. Checkpoints, ``state_dict`` and ``should_stop`` act only at window
+boundaries, which is what makes resume bitwise exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accumcore import distributed, items, metrics
+from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
+from accumcore.checkpoint import save_checkpoint
+from accumcore.evaluation import evaluate
+from accumcore.loss import check_loss_fn
+from accumcore.oom import OOM_ERRORS, next_split, release_memory
+from accumcore.precision import Precision
+from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
+from accumcore.schedule import AccumulationSchedule
+from accumcore.state import STATE_FORMAT, check_state
+from accumcore.stepper import WindowStepper
+from accumcore.window import WindowResult, WindowRunner, make_micro_batches
+
+
+@dataclass
+class FitHistory:
+    """What ``fit`` did: step and eval metrics, events, checkpoints, and why it ended."""
+
+    steps: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[CheckpointInfo] = field(default_factory=list)
+    stopped: bool = False  # True when a callback's should_stop ended the run
+    skipped_steps: int = 0  # fp16 steps skipped for inf/nan gradients
+
+
+class Trainer:
+    """Trains ``model`` with exact, item-weighted gradient accumulation.
+
+    Args:
+        model: the module (optionally DDP-wrapped); moved to ``device``.
+        optimizer: built on the model's parameters.
+        loss_fn: returns the mean over a micro-batch's items (``reduction='mean'``).
+            Defaults to ``CrossEntropyLoss(ignore_index=ignore_index)``.
+        accumulation_steps: N, or an epoch schedule such as ``{0: 8, 4: 2}``.
+        scheduler: stepped once per optimizer step (not per micro-batch).
+        precision: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast + GradScaler).
+        grad_clip_norm: clip the total gradient norm to this value (after fp16 unscaling).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        callbacks: ``accumcore.Callback`` instances.
+        count_items: ``fn(inputs, targets) -> int`` overriding the default item count.
+        ignore_index: integer targets equal to this are not items (and not scored).
+        checkpoint_every: write ``checkpoint_dir/<step>.pt`` every this many optimizer steps.
+        checkpoint_dir: where checkpoints go; also written at the end of ``fit``.
+
+    Raises:
+        ValueError: for a loss that cannot be item-weighted, or invalid settings.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+        accumulation_steps: int | Mapping[int, int] = 1,
+        scheduler: Any | None = None,
+        precision: str = "fp32",
+        grad_clip_norm: float | None = None,
+        device: str | torch.device = "cpu",
+        callbacks: Iterable[Callback] = (),
+        count_items: Callable[[Any, Any], int | torch.Tensor] | None = None,
+        ignore_index: int = -100,
+        checkpoint_every: int | None = None,
+        checkpoint_dir: str | Path | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn if loss_fn is not None else torch.nn.CrossEntropyLoss(ignore_index=ignore_index)
+        check_loss_fn(self.loss_fn, ignore_index, custom_counter=count_items is not None)
+        self.schedule = AccumulationSchedule(accumulation_steps)
+        self.scheduler = scheduler
+        self.precision = Precision(precision, self.device)
+        if grad_clip_norm is not None and not grad_clip_norm > 0:
+            raise ValueError(f"grad_clip_norm must be > 0 or None, got {grad_clip_norm}")
+        self.grad_clip_norm = grad_clip_norm
+        self.callbacks = CallbackList(callbacks)
+        self.ignore_index = ignore_index
+        self.count_items = count_items or self._default_count
+        if checkpoint_every is not None and checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1 optimizer steps, got {checkpoint_every}")
+        if checkpoint_every is not None and checkpoint_dir is None:
+            raise ValueError("checkpoint_every needs checkpoint_dir: pass Trainer(checkpoint_dir=...)")
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self._stepper = WindowStepper(
+            self.model, optimizer, scheduler, self.precision, grad_clip_norm, self.device
+        )
+        self._runner = WindowRunner(
+            self.model, self.loss_fn, self.precision, self.device,
+            self.callbacks.should_stop if self.callbacks._stoppers else None,
+        )
+        # Progress, all of it at the last window boundary.
+        self.epoch = 0
+        self.batch_in_epoch = 0  # loaded batches of the current epoch already stepped on
+        self.global_step = 0
+        self.skipped_steps = 0
+        self.oom_split = 1  # each loaded batch runs as this many micro-batches (OOM back-off)
+        # RNG states at the last window boundary; None while the current states are those
+        # (capturing costs ~0.1 ms, so it is done only when a stop could leave a window).
+        self._rng_at_boundary: dict[str, Any] | None = None
+        self._pending_rng: dict[str, Any] | None = None
+        self._pending_sampler: dict[str, Any] | None = None
+        self._sampler_state: dict[str, Any] | None = None
+        self._last_checkpoint_step: int | None = None
+        self._last_eval_step: int | None = None
+        self._last_metrics: dict[str, float] = {}
+        self._history = FitHistory()
+
+    # ----------------------------------------------------------------------------- fit
+    def fit(
+        self,
+        train_loader: Iterable[Any],
+        epochs: int = 1,
+        val_loader: Iterable[Any] | None = None,
+        max_steps: int | None = None,
+        eval_every: int | None = None,
+    ) -> FitHistory:
+        """Train until ``epochs`` epochs (counted from 0, resumable) or ``max_steps`` steps.
+
+        Evaluates on ``val_loader`` after each epoch and every ``eval_every`` optimizer steps.
+        ``max_steps`` counts optimizer steps in total, including those before a resume.
+        """
+        if epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 or None, got {max_steps}")
+        if eval_every is not None and (eval_every < 1 or val_loader is None):
+            raise ValueError("eval_every needs val_loader and a value >= 1 (optimizer steps)")
+        history = self._history = FitHistory()
+        self.callbacks.on_fit_start(self)
+        if not self.model.training:
+            # Only a model left in eval mode as a whole is switched: submodules the user put
+            # in eval mode on purpose (a frozen BatchNorm) stay as they are.
+            self.model.train()
+        self._warn_batchnorm()
+        metrics.reset_peak_memory(self.device)
+        ended = "epochs"
+        while self.epoch < epochs:
+            if max_steps is not None and self.global_step >= max_steps:
+                ended = "max_steps"
+                break
+            ended = self._train_epoch(train_loader, val_loader, max_steps, eval_every)
+            if ended != "epoch":
+                break
+            if val_loader is not None:
+                self._evaluate(val_loader)
+            self.epoch += 1
+            self.batch_in_epoch = 0
+        history.stopped = ended == "stopped"
+        history.skipped_steps = self.skipped_steps
+        if not history.stopped:
+            if ended == "max_steps" and val_loader is not None and self._last_eval_step != self.global_step:
+                self._evaluate(val_loader)
+            if self.checkpoint_dir is not None and self._last_checkpoint_step != self.global_step:
+                self._write_checkpoint()
+        self.callbacks.on_fit_end(self, history)
+        return history
+
+    def _train_epoch(
+        self,
+        loader: Iterable[Any],
+        val_loader: Iterable[Any] | None,
+        max_steps: int | None,
+        eval_every: int | None,
+    ) -> str:
+        steps_per_window = self.schedule.at(self.epoch)
+        batches = self._epoch_batches(loader)
+        if self._pending_rng is not None:
+            # After the iterator exists: creating it may draw on the RNG, as it did before.
+            restore_rng_state(self._pending_rng)
+            self._pending_rng = None
+        self._rng_at_boundary = None
+        may_stop = bool(self.callbacks._stoppers)
+        while True:
+            started = time.perf_counter()
+            if may_stop:  # a stop inside the window leaves the RNGs past the boundary
+                self._rng_at_boundary = capture_rng_state()
+            window = list(itertools.islice(batches, steps_per_window))
+            if not window:
+                return "epoch"
+            result = self._run_window(window)
+            if result is None:
+                self.optimizer.zero_grad(set_to_none=True)
+                return "stopped"
+            self.batch_in_epoch += len(window)
+            step_metrics = self._step(result, started)
+            self._rng_at_boundary = None
+            self._history.steps.append(step_metrics)
+            self.callbacks.on_step(self, step_metrics)
+            if self.checkpoint_every and self.global_step % self.checkpoint_every == 0:
+                self._write_checkpoint()
+            if eval_every and val_loader is not None and self.global_step % eval_every == 0:
+                self._evaluate(val_loader)
+            if max_steps is not None and self.global_step >= max_steps:
+                return "max_steps"
+
+    def _epoch_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """The epoch's batches from the current position, in the (seed, epoch) order."""
+        batch_sampler: Any = getattr(loader, "batch_sampler", None)
+        sampler: Any = getattr(loader, "sampler", None)
+        if self._pending_sampler is not None and hasattr(batch_sampler, "load_state_dict"):
+            batch_sampler.load_state_dict(self._pending_sampler)
+        self._pending_sampler = None
+        if hasattr(batch_sampler, "set_epoch"):
+            batch_sampler.set_epoch(self.epoch)
+        elif hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epoch)  # e.g. DistributedSampler
+        self._sampler_state = (
+            batch_sampler.state_dict() if hasattr(batch_sampler, "state_dict") else None
+        )
+        skip = self.batch_in_epoch
+        if skip and hasattr(batch_sampler, "skip_batches"):
+            batch_sampler.skip_batches(skip)
+            return iter(loader)
+        # Any other loader: consume the batches already trained on (exact if its order is
+        # deterministic; use accumcore.data.make_loader to get that, and to skip for free).
+        batches = iter(loader)
+        for _ in range(skip):
+            next(batches, None)
+        return batches
+
+    def _run_window(self, window: list[Any]) -> WindowResult | None:
+        """Run the window, backing off on OOM: split every batch in two and start over."""
+        while True:
+            micro_batches = make_micro_batches(window, self.oom_split, self.count_items)
+            try:
+                return self._runner.run(micro_batches)
+            except OOM_ERRORS:
+                pass  # handled below, outside the except block, so the traceback is freed
+            self.optimizer.zero_grad(set_to_none=True)
+            largest = max(items.first_dim(mb.inputs) for mb in micro_batches)
+            del micro_batches
+            release_memory()
+            self.oom_split = next_split(self.oom_split, largest)
+            loaded = max(items.first_dim(items.unpack(b)[0]) for b in window)
+            data = {
+                "micro_batch_size": math.ceil(loaded / self.oom_split),
+                "accumulation_steps": self.schedule.at(self.epoch) * self.oom_split,
+                "split": self.oom_split,
+                "step": self.global_step,
+            }
+            self._emit(
+                "oom_backoff",
+                f"out of memory: micro-batch size now {data['micro_batch_size']}, "
+                f"{data['accumulation_steps']} micro-batches per step (same effective batch)",
+                data,
+            )
+
+    def _step(self, result: WindowResult, started: float) -> dict[str, float]:
+        outcome = self._stepper.step(result)
+        self.global_step += 1
+        if outcome.skipped:
+            self.skipped_steps += 1
+            self._emit(
+                "fp16_step_skipped",
+                "fp16 step skipped: inf/nan gradients; the loss scale was lowered",
+                {"step": self.global_step, "loss_scale": outcome.loss_scale or 0.0},
+            )
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        step_metrics = {
+            "step": float(self.global_step),
+            "epoch": float(self.epoch),
+            "loss": outcome.loss,
+            "lr": outcome.lr,
+            "grad_norm": outcome.grad_norm,
+            "samples_per_s": outcome.samples / elapsed,
+            "items_per_s": outcome.items / elapsed,
+            "step_time_s": elapsed,
+        }
+        peak = metrics.peak_memory_bytes(self.device)
+        if peak is not None:
+            step_metrics["peak_memory_bytes"] = peak
+        if outcome.loss_scale is not None:
+            step_metrics["loss_scale"] = outcome.loss_scale
+        self._last_metrics = step_metrics
+        return step_metrics
+
+    # --------------------------------------------------------------- eval, events, files
+    def _evaluate(self, val_loader: Iterable[Any]) -> dict[str, float]:
+        values = evaluate(
+            self.model, val_loader, self.loss_fn, self.precision, self.device,
+            self.count_items, self.ignore_index,
+        )
+        eval_metrics = {"step": float(self.global_step), "epoch": float(self.epoch), **values}
+        self._last_eval_step = self.global_step
+        self._history.evals.append(eval_metrics)
+        self.callbacks.on_eval(self, eval_metrics)
+        return eval_metrics
+
+    def _emit(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        self._history.events.append({"kind": kind, "message": message, "data": data})
+        self.callbacks.on_event(self, kind, message, data)
+
+    def _warn_batchnorm(self) -> None:
+        batchnorm = torch.nn.modules.batchnorm._BatchNorm
+        if self.schedule.max_steps > 1 and any(
+            isinstance(m, batchnorm) and m.training for m in self.model.modules()
+        ):
+            self._emit(
+                "batchnorm_warning",
+                "the model has BatchNorm layers: in train mode they normalise each micro-batch "
+                "on its own statistics, so accumulation is not exactly equivalent to the big batch",
+                {"accumulation_steps": self.schedule.max_steps},
+            )
+
+    def _write_checkpoint(self) -> CheckpointInfo | None:
+        assert self.checkpoint_dir is not None
+        self._last_checkpoint_step = self.global_step
+        if not distributed.is_main_process():
+            return None
+        info = save_checkpoint(
+            self.state_dict(), self.checkpoint_dir / f"{self.global_step}.pt",
+            metrics=self._last_metrics,
+        )
+        self._history.checkpoints.append(info)
+        self.callbacks.on_checkpoint(self, info)
+        return info
+
+    def _default_count(self, inputs: Any, targets: Any) -> int | torch.Tensor:
+        return items.count_items(targets, self.ignore_index)
+
+    # -------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed for exact resume, as of the last window boundary."""
+        return {
+            "format": STATE_FORMAT,
+            "model": distributed.unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.precision.state_dict(),
+            "rng": serialise_rng_state(self._rng_at_boundary or capture_rng_state()),
+            "progress": {
+                "epoch": self.epoch,
+                "batch_in_epoch": self.batch_in_epoch,
+                "step": self.global_step,
+                "skipped_steps": self.skipped_steps,
+            },
+            "sampler": self._sampler_state,
+            "accumulation": {"schedule": dict(self.schedule.schedule), "oom_split": self.oom_split},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()``; the next ``fit`` continues exactly where it stopped."""
+        check_state(state, self.schedule.schedule, has_scheduler=self.scheduler is not None)
+        distributed.unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state["scaler"])
+        self._stepper.reload_loss_scale()
+        progress = state["progress"]
+        self.epoch = int(progress["epoch"])
+        self.batch_in_epoch = int(progress["batch_in_epoch"])
+        self.global_step = int(progress["step"])
+        self.skipped_steps = int(progress["skipped_steps"])
+        self.oom_split = int(state["accumulation"]["oom_split"])
+        self._rng_at_boundary = state["rng"]
+        self._pending_rng = state["rng"]
+        self._pending_sampler = state["sampler"]
+        self._sampler_state = state["sampler"]
+        self._last_checkpoint_step = self.global_step
+        self._last_eval_step = None

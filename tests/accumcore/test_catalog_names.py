@@ -1,0 +1,145 @@
+"""The torch-free catalog: it imports without torch, matches torchvision's registry, and its
+compatibility rules, options and JSON listing say what the builders actually do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from accumcore.catalog import (
+    DATASETS,
+    MODELS,
+    catalog_as_dict,
+    check_compatible,
+    check_options,
+    compatible_datasets,
+    compatible_models,
+    configured_dataset,
+    require_dataset,
+    require_model,
+)
+from accumcore.catalog.names import BUILTIN_MODELS, DIGITS_TOTAL, TORCHVISION_MODELS
+
+
+def test_importing_the_catalog_does_not_import_torch_or_numpy() -> None:
+    code = (
+        "import sys, accumcore.catalog as c; c.catalog_as_dict(); c.check_compatible('mlp', 'text');"
+        "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn') if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_torchvision_models_match_torchvision_registry() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    registry = set(torchvision.models.list_models(module=torchvision.models))
+    assert set(TORCHVISION_MODELS) == registry
+    assert {n for n, info in MODELS.items() if info.source == "torchvision"} == registry
+    assert set(MODELS) == registry | {"mlp", "small_cnn", "tiny_transformer"}
+
+
+def test_every_entry_has_a_one_line_description() -> None:
+    for info in [*MODELS.values(), *DATASETS.values()]:
+        assert info.description.strip() and "\n" not in info.description, info.name
+        assert len(info.description) <= 160, info.name
+
+
+def test_digits_size_matches_scikit_learn() -> None:
+    datasets = pytest.importorskip("sklearn.datasets")
+    images, labels = datasets.load_digits(return_X_y=True)
+    assert len(labels) == DIGITS_TOTAL
+    from accumcore.catalog.datasets import load_digits_arrays  # reads sklearn's file directly
+
+    ours = load_digits_arrays()
+    assert (ours[0] == images).all() and (ours[1] == labels).all()
+    info = DATASETS["digits"]
+    assert info.train_size + info.val_size == DIGITS_TOTAL
+
+
+def test_compatible_exactly_when_tasks_match() -> None:
+    for model in MODELS:
+        for dataset in DATASETS:
+            reason = check_compatible(model, dataset)
+            same_task = MODELS[model].task == DATASETS[dataset].task
+            assert (reason is None) == same_task, (model, dataset)
+            assert (dataset in compatible_datasets(model)) == same_task, (model, dataset)
+            assert (model in compatible_models(dataset)) == same_task, (model, dataset)
+
+
+def test_incompatible_reason_names_what_would_work() -> None:
+    reason = check_compatible("tiny_transformer", "digits")
+    assert reason is not None
+    assert "text" in reason and "small_cnn" in reason and "torchvision" in reason
+    reason = check_compatible("resnet18", "text")
+    assert reason is not None and "tiny_transformer" in reason
+
+
+def test_the_demo_and_token_pairs_are_compatible() -> None:
+    assert check_compatible("small_cnn", "digits") is None
+    assert check_compatible("tiny_transformer", "text") is None
+    assert compatible_datasets("tiny_transformer") == ["text"]
+    assert compatible_models("text") == ["tiny_transformer"]
+
+
+@pytest.mark.parametrize(
+    ("call", "kind"),
+    [
+        (require_model, "model"),
+        (require_dataset, "dataset"),
+        (lambda n: check_compatible(n, "digits"), "model"),
+    ],
+)
+def test_unknown_names_raise_value_error_listing_the_allowed_names(call, kind: str) -> None:
+    with pytest.raises(ValueError, match=f"unknown {kind} 'resnet9000'") as excinfo:
+        call("resnet9000")
+    allowed = MODELS if kind == "model" else DATASETS
+    assert all(name in str(excinfo.value) for name in allowed)
+
+
+def test_check_options_lists_accepted_options() -> None:
+    assert check_options("model", "mlp", {"hidden": 64, "depth": 2}) is None
+    assert check_options("dataset", "fake", {"image_size": 16}) is None
+    reason = check_options("model", "mlp", {"hiden": 64})
+    assert reason is not None and "hiden" in reason and "hidden, depth" in reason
+    reason = check_options("model", "resnet18", {"weights": "IMAGENET1K_V1"})
+    assert reason is not None and "accepted options: none" in reason
+    with pytest.raises(ValueError, match="kind must be"):
+        check_options("optimizer", "sgd", {})
+
+
+def test_configured_dataset_applies_options_without_torch() -> None:
+    assert configured_dataset("digits") == DATASETS["digits"]
+    fake = configured_dataset("fake", {"size": 10, "image_size": 16, "num_classes": 4})
+    assert (fake.train_size, fake.val_size, fake.image_size, fake.num_classes) == (
+        10,
+        DATASETS["fake"].val_size,
+        16,
+        4,
+    )
+    short = configured_dataset("text", {"max_len": 16})
+    assert short.max_seq_len == 16 and short.train_size > DATASETS["text"].train_size
+    for bad in ({"size": 0}, {"size": "10"}, {"size": True}, {"num_classes": 1}):
+        with pytest.raises(ValueError, match="must be an integer >="):
+            configured_dataset("fake", bad)
+    with pytest.raises(ValueError, match="accepted options: max_len"):
+        configured_dataset("text", {"max_length": 16})
+
+
+def test_catalog_as_dict_is_json_and_lists_every_entry_with_compatibility() -> None:
+    listing = json.loads(json.dumps(catalog_as_dict()))
+    models = {item["name"]: item for item in listing["models"]}
+    datasets = {item["name"]: item for item in listing["datasets"]}
+    assert set(models) == set(MODELS) and set(datasets) == set(DATASETS)
+    assert models["tiny_transformer"]["compatible_datasets"] == ["text"]
+    assert "small_cnn" in datasets["digits"]["compatible_models"]
+    assert (
+        datasets["mnist"]["needs_data_root"] is True
+        and datasets["digits"]["needs_data_root"] is False
+    )
+    assert datasets["text"]["vocab_size"] == DATASETS["text"].vocab_size
+    for name, item in models.items():
+        assert item["description"] == MODELS[name].description
+    assert list(models)[: len(BUILTIN_MODELS)] == list(BUILTIN_MODELS)

@@ -1,0 +1,50 @@
+"""Checkpoint files are written atomically and report their size and sha256."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from accumcore import load_checkpoint, save_checkpoint
+from accumcore.checkpoint import atomic_write_bytes
+
+
+def test_save_reports_size_and_digest_and_loads_back(tmp_path) -> None:
+    state = {"progress": {"step": 7, "epoch": 2}, "w": torch.arange(5.0)}
+    info = save_checkpoint(state, tmp_path / "sub" / "7.pt", metrics={"loss": 0.5})
+    data = info.path.read_bytes()
+    assert (info.step, info.epoch, info.size_bytes) == (7, 2, len(data))
+    assert info.sha256 == hashlib.sha256(data).hexdigest() and info.metrics == {"loss": 0.5}
+    loaded = load_checkpoint(info.path)
+    assert torch.equal(loaded["w"], state["w"]) and loaded["progress"] == state["progress"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_no_temporary(tmp_path, monkeypatch) -> None:
+    target = tmp_path / "1.pt"
+    atomic_write_bytes(target, b"old")
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write_bytes(target, b"new")
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["1.pt"]
+
+
+def test_missing_checkpoint_error_says_what_to_pass(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="checkpoint_dir"):
+        load_checkpoint(tmp_path / "nope.pt")
+
+
+def test_importing_accumcore_does_not_import_torch() -> None:
+    """The API process imports accumcore.catalog; the package itself must stay torch-free."""
+    code = "import sys, accumcore, accumcore.callbacks; assert 'torch' not in sys.modules; print(accumcore.__all__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "Trainer" in result.stdout

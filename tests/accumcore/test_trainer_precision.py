@@ -1,0 +1,132 @@
+"""Mixed precision and clipping on the CPU: bf16 autocast, fp16 with a GradScaler, grad_norm.
+
+fp16: a window with inf gradients is skipped (no optimizer step, no scheduler step), counted
+and reported; the loss scale is a metric. Clipping uses the pre-clip norm, reported as
+``grad_norm``, after unscaling.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from trainer_reference import class_dataset, class_model, relative_diff
+
+from accumcore import Callback, Trainer
+from accumcore.data import make_loader
+
+
+def _fp16_autocast_on_cpu() -> str | None:
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = nn.Linear(2, 2)(torch.ones(1, 2))
+        torch.amp.GradScaler("cpu")
+    except (RuntimeError, AttributeError, TypeError) as error:
+        return f"this torch build has no fp16 autocast/GradScaler on the CPU: {error}"
+    return None if out.dtype == torch.float16 else "CPU autocast ignores float16 in this torch build"
+
+
+FP16_UNAVAILABLE = _fp16_autocast_on_cpu()
+
+
+class LinearDtypes(Callback):
+    def __init__(self, model: nn.Module) -> None:
+        self.dtypes: set[torch.dtype] = set()
+        model[0].register_forward_hook(lambda _m, _i, out: self.dtypes.add(out.dtype))
+
+
+def _fp32_reference(dataset, steps: int) -> nn.Module:
+    model = class_model(torch.float32)
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+            accumulation_steps=2).fit(make_loader(dataset, 3), epochs=steps)
+    return model
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_autocast_runs_low_precision_and_keeps_fp32_weights(precision: str) -> None:
+    if precision == "fp16" and FP16_UNAVAILABLE:
+        pytest.skip(FP16_UNAVAILABLE)
+    dataset = class_dataset(12, torch.float32)
+    model = class_model(torch.float32)
+    seen = LinearDtypes(model)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                      accumulation_steps=2, precision=precision)
+    history = trainer.fit(make_loader(dataset, 3), epochs=2)
+    expected = torch.bfloat16 if precision == "bf16" else torch.float16
+    assert seen.dtypes == {expected}
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    # Close to the fp32 run (low-precision matmuls), and every step taken.
+    assert relative_diff(model, _fp32_reference(dataset, 2)) < 2e-2
+    assert len(history.steps) == 4 and history.skipped_steps == 0
+    if precision == "fp16":
+        assert all(s["loss_scale"] == 65536.0 for s in history.steps)
+    else:
+        assert all("loss_scale" not in s for s in history.steps)
+
+
+class InfOnCall(nn.Module):
+    """A loss that is inf on one chosen call, as an fp16 overflow would be."""
+
+    reduction = "mean"
+
+    def __init__(self, bad_call: int) -> None:
+        super().__init__()
+        self.bad_call = bad_call
+        self.calls = 0
+
+    def forward(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        loss = nn.functional.cross_entropy(out, target)
+        return loss * float("inf") if self.calls == self.bad_call else loss
+
+
+class Snapshots(Callback):
+    def __init__(self) -> None:
+        self.params: list[list[torch.Tensor]] = []
+        self.events: list[str] = []
+
+    def on_step(self, trainer, metrics) -> None:
+        self.params.append([p.detach().clone() for p in trainer.model.parameters()])
+
+    def on_event(self, trainer, kind, message, data) -> None:
+        self.events.append(kind)
+
+
+@pytest.mark.skipif(FP16_UNAVAILABLE is not None, reason=FP16_UNAVAILABLE or "")
+def test_fp16_overflow_skips_the_step_and_the_scheduler() -> None:
+    model = class_model(torch.float32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    snapshots = Snapshots()
+    # 12 samples, m=3, N=2: two windows per epoch; the 3rd micro-batch is in window 2.
+    trainer = Trainer(model, optimizer, loss_fn=InfOnCall(bad_call=3), accumulation_steps=2,
+                      precision="fp16", scheduler=scheduler, callbacks=[snapshots])
+    history = trainer.fit(make_loader(class_dataset(12, torch.float32), 3), epochs=2)
+    assert history.skipped_steps == 1 and snapshots.events == ["fp16_step_skipped"]
+    assert all(torch.equal(a, b) for a, b in zip(snapshots.params[0], snapshots.params[1], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(snapshots.params[1], snapshots.params[2], strict=True))
+    scales = [s["loss_scale"] for s in history.steps]
+    assert scales[1] == scales[0] / 2  # the scaler backed off on the overflow
+    # Four windows, one skipped: the scheduler stepped three times.
+    assert scheduler.last_epoch == 3 and optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+    assert [s["lr"] for s in history.steps] == pytest.approx([0.1, 0.05, 0.05, 0.025])
+
+
+def test_clipping_uses_and_reports_the_pre_clip_norm() -> None:
+    dataset = class_dataset(8, torch.float64)
+    model = class_model(torch.float64)
+    reference = copy.deepcopy(model)
+    x, y = dataset.tensors
+    nn.functional.cross_entropy(reference(x), y).backward()
+    grads = [p.grad.clone() for p in reference.parameters()]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    max_norm = float(norm) / 4
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                      accumulation_steps=4, grad_clip_norm=max_norm)
+    history = trainer.fit(make_loader(dataset, 2, shuffle=False), epochs=1)
+    assert history.steps[0]["grad_norm"] == pytest.approx(float(norm), rel=1e-12)
+    for p, q, g in zip(model.parameters(), reference.parameters(), grads, strict=True):
+        expected = q.detach() - 0.1 * g * (max_norm / (float(norm) + 1e-6))
+        assert torch.allclose(p, expected, rtol=0, atol=1e-12)

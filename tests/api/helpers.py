@@ -1,0 +1,27 @@
+"""Small helpers shared by the API tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MINIMAL_SPEC: dict[str, Any] = {
+    "model": "mlp",
+    "dataset": "digits",
+    "micro_batch_size": 16,
+    "accumulation_steps": 4,
+    "epochs": 1,
+    "optimizer": {"name": "sgd", "lr": 0.1},
+}
+
+PROBLEM_JSON = "application/problem+json"
+
+
+def field_error(response: Any, loc: str) -> dict[str, Any]:
+    """The problem+json field error at dotted path `loc` (fails listing what was there)."""
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"].startswith(PROBLEM_JSON)
+    errors = response.json()["errors"]
+    for error in errors:
+        if error["loc"] == loc:
+            return dict(error)
+    raise AssertionError(f"no error at {loc!r}; errors: {errors}")

@@ -1,0 +1,97 @@
+"""Events over HTTP as a JSON list (the live SSE stream is tested against a real server in
+test_server.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.api import sse
+from services.client import parse_sse
+from services.store import events
+from services.store.models import Job
+
+
+def test_lifecycle_events_are_listed_oldest_first(
+    client: TestClient, alice: dict[str, str], submitted: dict[str, Any]
+) -> None:
+    job_id = submitted["id"]
+    client.post(f"/v1/jobs/{job_id}/cancel", headers=alice)
+    client.post(f"/v1/jobs/{job_id}/resume", headers=alice)
+
+    items = client.get(f"/v1/jobs/{job_id}/events", headers=alice).json()["items"]
+
+    assert [e["kind"] for e in items] == ["created", "cancelled", "resumed"]
+    assert [e["id"] for e in items] == sorted(e["id"] for e in items)
+    assert set(items[0]) >= {"id", "kind", "message", "data", "created_at"}
+
+
+def test_after_id_returns_only_newer_events(
+    client: TestClient,
+    alice: dict[str, str],
+    submitted: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    job_id = submitted["id"]
+    first = client.get(f"/v1/jobs/{job_id}/events", headers=alice).json()["items"][-1]["id"]
+    with session_factory.begin() as session:
+        events.add_event(session, job_id, "oom_backoff", "halved m", {"micro_batch_size": 8})
+
+    items = client.get(
+        f"/v1/jobs/{job_id}/events", params={"after_id": first}, headers=alice
+    ).json()["items"]
+
+    assert [(e["kind"], e["data"]) for e in items] == [("oom_backoff", {"micro_batch_size": 8})]
+
+
+def test_stream_of_a_finished_job_replays_its_events_then_ends(
+    client: TestClient, alice: dict[str, str], submitted: dict[str, Any]
+) -> None:
+    job_id = submitted["id"]
+    client.post(f"/v1/jobs/{job_id}/cancel", headers=alice)
+
+    response = client.get(
+        f"/v1/jobs/{job_id}/events", headers={**alice, "Accept": "text/event-stream"}
+    )
+    messages = list(parse_sse(iter(response.text.splitlines())))
+
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["cache-control"] == "no-cache"
+    assert [e for e, _ in messages] == ["status", "job_event", "job_event", "end"]
+    assert messages[0][1]["id"] == job_id and messages[0][1]["status"] == "cancelled"
+    assert [d["kind"] for e, d in messages if e == "job_event"] == ["created", "cancelled"]
+    assert messages[-1][1] == {"status": "cancelled"}
+
+
+def test_a_quiet_stream_sends_keep_alive_comments(
+    submitted: dict[str, Any], session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sse, "KEEP_ALIVE_S", 0.05)
+    monkeypatch.setattr(sse, "POLL_INTERVAL_S", 0.02)
+
+    async def first_chunks(count: int) -> list[bytes]:
+        with session_factory() as session:
+            state = sse.open_stream(session, session.get(Job, submitted["id"]))  # type: ignore[arg-type]
+        stream = sse.job_stream(session_factory, submitted["id"], state)
+        chunks = [chunk async for chunk, _ in zip_count(stream, count)]
+        await stream.aclose()  # type: ignore[attr-defined]
+        return chunks
+
+    chunks = anyio.run(first_chunks, 3)
+
+    assert chunks[0].startswith(b"event: status\n")
+    assert b"event: job_event\n" in chunks[0]
+    assert chunks[1:] == [sse.KEEP_ALIVE, sse.KEEP_ALIVE]
+
+
+async def zip_count(stream: Any, count: int) -> Any:
+    index = 0
+    async for chunk in stream:
+        yield chunk, index
+        index += 1
+        if index == count:
+            return

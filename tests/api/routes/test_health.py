@@ -1,0 +1,59 @@
+"""Health probes: /healthz always, /readyz only when the database and the broker answer
+(503 problem+json naming what is down)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from services.api.main import create_app
+from services.settings import Settings
+
+from ..helpers import PROBLEM_JSON
+
+# Nothing listens on port 1: connections are refused at once, as for a stopped service.
+DEAD_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:1/accum"
+DEAD_REDIS = "redis://127.0.0.1:1/0"
+
+
+def test_healthz_and_readyz_when_everything_is_up(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["status"] == "ready"
+
+
+def test_readyz_with_redis_broker_up(store_settings: Settings, redis_url: str) -> None:
+    settings = store_settings.model_copy(update={"broker_url": redis_url})
+    with TestClient(create_app(settings, run_reaper=False)) as client:
+        assert client.get("/readyz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("changes", "down", "up"),
+    [
+        ({"broker_url": DEAD_REDIS}, "broker", "database"),
+        ({"database_url": DEAD_POSTGRES}, "database", "broker"),
+    ],
+)
+def test_readyz_is_503_naming_what_is_down(
+    accum_home: Path, database_url: str, changes: dict[str, str], down: str, up: str
+) -> None:
+    settings = Settings(home=accum_home, database_url=database_url).model_copy(update=changes)
+    with TestClient(create_app(settings, run_reaper=False), raise_server_exceptions=False) as client:
+        start = time.monotonic()
+        response = client.get("/readyz")
+        elapsed = time.monotonic() - start
+        alive = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.headers["content-type"].startswith(PROBLEM_JSON)
+    assert f"{down} unreachable" in response.json()["detail"]
+    assert up not in response.json()["detail"]
+    assert list(response.json()["down"]) == [down]
+    assert elapsed < 5  # short timeouts: a probe must not hang
+    assert alive.status_code == 200  # alive, just not ready

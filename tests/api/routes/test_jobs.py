@@ -1,0 +1,237 @@
+"""Jobs over HTTP: submit (Location, enqueue after commit, idempotency), list with keyset
+pagination and status filter, read one, cancel and resume rules. Both store backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.api.main import create_app
+from services.settings import Settings
+from services.store import events, leases
+from services.store.models import Job
+
+from ..helpers import PROBLEM_JSON
+
+
+def test_submit_returns_201_location_and_the_normalised_job(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any], broker_messages: Any
+) -> None:
+    response = client.post("/v1/jobs", json=spec, headers=alice)
+
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert response.headers["Location"] == f"/v1/jobs/{job['id']}"
+    assert job["status"] == "queued" and job["attempts"] == 0 and job["error"] is None
+    assert job["name"] == "mlp-digits"
+    assert job["spec"]["model"]["name"] == "mlp"  # normalised: a name became {"name": ...}
+    assert job["spec"]["precision"] == "fp32"  # defaults filled
+    assert job["effective_batch_size"] == 16 * 4
+    # digits: 1437 training samples -> ceil(ceil(1437 / 16) / 4) optimizer steps per epoch
+    assert job["progress"] == {"epoch": 0, "optimizer_step": 0, "total_optimizer_steps": 23}
+    assert job["queue"] == "default" and job["worker"] is None
+    assert job["started_at"] is None and job["finished_at"] is None
+    assert broker_messages() == [job["id"]]  # enqueued once the row was committed
+
+
+def test_read_one_job_returns_what_was_submitted(
+    client: TestClient, alice: dict[str, str], submitted: dict[str, Any]
+) -> None:
+    response = client.get(f"/v1/jobs/{submitted['id']}", headers=alice)
+
+    assert response.status_code == 200
+    assert response.json() == submitted
+
+
+def test_unknown_job_is_404_problem(client: TestClient, alice: dict[str, str]) -> None:
+    response = client.get("/v1/jobs/nope", headers=alice)
+
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith(PROBLEM_JSON)
+    assert "nope" in response.json()["detail"]
+
+
+def test_same_idempotency_key_and_body_returns_the_same_job_once(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any], broker_messages: Any
+) -> None:
+    headers = {**alice, "Idempotency-Key": "run-42"}
+    first = client.post("/v1/jobs", json=spec, headers=headers)
+    # The same spec written differently (a default spelled out) is the same body.
+    again = client.post("/v1/jobs", json={**spec, "precision": "fp32"}, headers=headers)
+
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["Location"] == first.headers["Location"]
+    assert broker_messages() == [first.json()["id"]]  # the replay enqueues nothing
+
+
+def test_same_idempotency_key_with_another_body_is_409(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any]
+) -> None:
+    headers = {**alice, "Idempotency-Key": "run-42"}
+    first = client.post("/v1/jobs", json=spec, headers=headers)
+    other = client.post("/v1/jobs", json={**spec, "seed": 7}, headers=headers)
+
+    assert other.status_code == 409
+    assert other.headers["content-type"].startswith(PROBLEM_JSON)
+    assert first.json()["id"] in other.json()["detail"]
+
+
+def test_idempotency_keys_are_per_owner(
+    client: TestClient, alice: dict[str, str], bob: dict[str, str], spec: dict[str, Any]
+) -> None:
+    a = client.post("/v1/jobs", json=spec, headers={**alice, "Idempotency-Key": "k"})
+    b = client.post("/v1/jobs", json=spec, headers={**bob, "Idempotency-Key": "k"})
+
+    assert a.status_code == b.status_code == 201
+    assert a.json()["id"] != b.json()["id"]
+
+
+def test_list_pages_newest_first_with_keyset_cursor(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any]
+) -> None:
+    ids = [
+        client.post("/v1/jobs", json={**spec, "seed": i}, headers=alice).json()["id"]
+        for i in range(5)
+    ]
+    seen, cursor, pages = [], None, 0
+    while True:
+        params: dict[str, Any] = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = client.get("/v1/jobs", params=params, headers=alice).json()
+        seen += [j["id"] for j in page["items"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+
+    assert seen == ids[::-1]
+    assert pages == 3
+
+
+def test_list_filters_by_status(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any]
+) -> None:
+    kept = client.post("/v1/jobs", json=spec, headers=alice).json()["id"]
+    gone = client.post("/v1/jobs", json={**spec, "seed": 1}, headers=alice).json()["id"]
+    client.post(f"/v1/jobs/{gone}/cancel", headers=alice)
+
+    queued = client.get("/v1/jobs", params={"status": "queued"}, headers=alice).json()
+    cancelled = client.get("/v1/jobs", params={"status": "cancelled"}, headers=alice).json()
+
+    assert [j["id"] for j in queued["items"]] == [kept]
+    assert [j["id"] for j in cancelled["items"]] == [gone]
+
+
+def test_cancel_a_queued_job_is_immediate_and_final(
+    client: TestClient,
+    alice: dict[str, str],
+    submitted: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    job_id = submitted["id"]
+    response = client.post(f"/v1/jobs/{job_id}/cancel", headers=alice)
+
+    assert response.status_code == 202
+    assert response.json()["status"] == "cancelled"
+    assert response.json()["finished_at"] is not None
+    # A worker that receives the (already sent) message cannot claim it: the job never starts.
+    with session_factory.begin() as session:
+        assert leases.claim_job(session, job_id, worker_id="w1", host="h", gpu=None, lease_timeout_s=60) is None
+    assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["status"] == "cancelled"
+    again = client.post(f"/v1/jobs/{job_id}/cancel", headers=alice)
+    assert again.status_code == 409
+    assert "cancelled" in again.json()["detail"]
+
+
+def test_cancel_a_running_job_asks_its_worker(
+    client: TestClient,
+    alice: dict[str, str],
+    submitted: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    job_id = submitted["id"]
+    with session_factory.begin() as session:
+        assert leases.claim_job(session, job_id, worker_id="w1", host="gpu-node-1", gpu="H100", lease_timeout_s=60)
+
+    running = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    response = client.post(f"/v1/jobs/{job_id}/cancel", headers=alice)
+
+    assert running["status"] == "running" and running["attempts"] == 1
+    assert running["worker"] == {"host": "gpu-node-1", "gpu": "H100"}
+    assert running["started_at"] is not None
+    assert response.status_code == 202
+    assert response.json()["status"] == "cancelling"
+    with session_factory() as session:
+        kinds = [e.kind for e in events.list_events(session, job_id)]
+    assert kinds[-1] == "cancel_requested"
+
+
+def test_resume_requeues_a_cancelled_job_and_enqueues_it(
+    client: TestClient, alice: dict[str, str], submitted: dict[str, Any], broker_messages: Any
+) -> None:
+    job_id = submitted["id"]
+    client.post(f"/v1/jobs/{job_id}/cancel", headers=alice)
+
+    response = client.post(f"/v1/jobs/{job_id}/resume", headers=alice)
+
+    assert response.status_code == 202
+    assert response.json()["status"] == "queued"
+    assert response.json()["finished_at"] is None
+    assert broker_messages() == [job_id, job_id]
+
+
+def test_resume_of_a_queued_or_running_job_is_409(
+    client: TestClient,
+    alice: dict[str, str],
+    submitted: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    job_id = submitted["id"]
+    queued = client.post(f"/v1/jobs/{job_id}/resume", headers=alice)
+    with session_factory.begin() as session:
+        leases.claim_job(session, job_id, worker_id="w1", host="h", gpu=None, lease_timeout_s=60)
+    running = client.post(f"/v1/jobs/{job_id}/resume", headers=alice)
+
+    assert queued.status_code == running.status_code == 409
+    assert "failed or cancelled" in running.json()["detail"]
+    with session_factory() as session:
+        assert session.get(Job, job_id).status == "running"  # type: ignore[union-attr]
+
+
+def test_a_failed_job_shows_its_error_and_resume_clears_it(
+    client: TestClient,
+    alice: dict[str, str],
+    submitted: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    job_id = submitted["id"]
+    with session_factory.begin() as session:
+        leases.claim_job(session, job_id, worker_id="w1", host="h", gpu=None, lease_timeout_s=60)
+    with session_factory.begin() as session:
+        error = {"type": "DatasetUnavailable", "message": "no data under /data/cifar10"}
+        assert leases.finish_job(session, job_id, "w1", "failed", error=error)
+
+    failed = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    resumed = client.post(f"/v1/jobs/{job_id}/resume", headers=alice)
+
+    assert failed["status"] == "failed" and failed["finished_at"] is not None
+    assert failed["error"] == {"type": "DatasetUnavailable", "message": "no data under /data/cifar10"}
+    assert resumed.status_code == 202
+    assert resumed.json()["status"] == "queued" and resumed.json()["error"] is None
+
+
+def test_a_broker_outage_does_not_lose_the_submitted_job(
+    store_settings: Settings, alice: dict[str, str], spec: dict[str, Any]
+) -> None:
+    # The row is committed before the broker is tried: the job exists and stays queued
+    # (and /readyz reports the broker down) instead of the client getting a 500 for a job
+    # that was in fact created.
+    settings = store_settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+    with TestClient(create_app(settings, run_reaper=False), raise_server_exceptions=False) as client:
+        created = client.post("/v1/jobs", json=spec, headers=alice)
+        listed = client.get("/v1/jobs", headers=alice).json()["items"]
+
+    assert created.status_code == 201, created.text
+    assert [(j["id"], j["status"]) for j in listed] == [(created.json()["id"], "queued")]

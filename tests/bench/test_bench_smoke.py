@@ -1,0 +1,99 @@
+"""Every bench script runs in --quick mode and prints one valid JSON object describing the
+machine and its figure; the peers are never installed here (they report "peer not
+installed"); run_all renders the table from result rows and skips smoke rows.
+
+The scripts run in this process (importing torch once for all of them), except the DDP one,
+which spawns its own processes and so runs as a subprocess, as `make bench` runs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+IN_PROCESS = ["trainer_vs_loop", "trainer_vs_lightning", "exactness", "memory",
+              "accumulation_cost", "auto_micro_batch", "resnet50_h100"]
+PEERS_HERE = all(importlib.util.find_spec(name) for name in ("lightning", "accelerate"))
+
+
+def _run_in_process(name: str, argv: list[str], capsys: pytest.CaptureFixture[str],
+                    monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setattr(sys, "argv", [str(BENCH / f"{name}.py"), *argv])
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()  # drop anything printed while importing
+    module.main()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(lines) == 1, f"{name} must print exactly one JSON line, got {lines}"
+    return json.loads(lines[0])
+
+
+def _check_common(result: dict[str, Any], name: str) -> None:
+    assert result["bench"] == name and result["quick"] is True
+    machine = result["machine"]
+    assert machine["cores"] >= 1 and machine["cpu"] and machine["torch"] and machine["device"] in ("cpu", "cuda")
+    assert "figure" in result and "target" in result and "verdict" in result
+
+
+@pytest.mark.parametrize("name", IN_PROCESS)
+def test_bench_script_prints_valid_json_in_quick_mode(name: str, capsys, monkeypatch, tmp_path) -> None:
+    result = _run_in_process(name, ["--quick", "--out", str(tmp_path)], capsys, monkeypatch)
+    _check_common(result, name)
+    # --out appends the same object as one row.
+    rows = (tmp_path / f"{name}.jsonl").read_text().splitlines()
+    assert json.loads(rows[-1]) == result
+    if name in ("trainer_vs_lightning", "exactness") and not PEERS_HERE:
+        reason = result["peers_status"] if name == "trainer_vs_lightning" else result["errors"]["lightning"]["status"]
+        assert reason.startswith("peer not installed")
+    if name == "exactness":
+        # Even in quick mode the figure is real: ours is exact, the tutorial loop is not.
+        assert result["measured"] <= 1e-6
+        assert result["errors"]["tutorial_loop"]["short_last_window"] > 0.1
+    if name == "resnet50_h100" and result["machine"]["device"] == "cpu":
+        assert result["measured"] is None and result["skipped"].startswith("no GPU")
+
+
+def test_ddp_bench_runs_two_gloo_processes_in_quick_mode(tmp_path) -> None:
+    completed = subprocess.run(
+        [sys.executable, str(BENCH / "ddp_no_sync.py"), "--quick"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    _check_common(result, "ddp_no_sync")
+    assert result["step_s_no_sync"] > 0 and result["step_s_sync_every"] > 0
+
+
+def test_run_all_renders_the_latest_real_row_of_each_bench(tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import run_all
+
+    results = tmp_path / "results"
+    results.mkdir()
+    machine = {"cpu": "Test CPU", "cores": 2, "torch": "x", "device": "cpu"}
+    rows = [
+        {"bench": "memory", "quick": False, "when": "T1", "machine": machine, "target": 1.02,
+         "measured": 1.5, "verdict": "miss", "big_batch_ratio": 0.3},
+        {"bench": "memory", "quick": False, "when": "T2", "machine": machine, "target": 1.02,
+         "measured": 1.01, "verdict": "pass", "big_batch_ratio": 0.27},
+        {"bench": "memory", "quick": True, "when": "T3", "machine": machine, "target": 1.02,
+         "measured": 9.0, "verdict": "miss", "big_batch_ratio": 0.9},
+    ]
+    (results / "memory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(run_all, "RESULTS", results)
+    doc = tmp_path / "benchmarks.md"
+    run_all.write_doc(["memory", "exactness"], doc)
+    text = doc.read_text()
+    assert "| memory | peak(m,N) / peak(m,1), Trainer, small_cnn | <= 1.02 | 1.010 | pass | Test CPU x2 cores" in text
+    assert "T3" not in text and "T1" not in text  # smoke rows and older rows are not shown
+    assert "| exactness | - | - | - | not run yet |" in text

@@ -1,0 +1,58 @@
+"""Helpers for the CLI tests: run the installed `accum` script, free ports, readiness."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ACCUM = shutil.which("accum", path=str(Path(sys.executable).parent)) or "accum"
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    token: str
+    home: Path
+    env: dict[str, str]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def accum_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCUM_")}
+    env["ACCUM_HOME"] = str(home)
+    return env
+
+
+def run_accum(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ACCUM, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the API exited with code {process.returncode} before it was ready")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the API at {url} was not ready within {timeout} s")
+
+

@@ -1,0 +1,208 @@
+"""`accum` commands against a real API server: output, exit codes, one-line errors.
+
+Commands run in-process through `services.cli.main.main` (the console script's target);
+`test_console_script_*` run the installed `accum` executable once each.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.cli.main import main
+from services.client import AccumClient
+
+
+def accum(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_spec(tmp_path: Path, spec: dict[str, Any], suffix: str) -> Path:
+    path = tmp_path / f"spec{suffix}"
+    path.write_text(json.dumps(spec) if suffix == ".json" else yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_submit_then_status_and_jobs(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_spec: dict[str, Any],
+    suffix: str,
+) -> None:
+    spec = {**tiny_spec, "name": f"from-{suffix[1:]}"}
+    code, out, _ = accum(capsys, "submit", str(write_spec(tmp_path, spec, suffix)), "--json")
+    assert code == 0
+    job = json.loads(out)
+    assert job["name"] == spec["name"] and job["status"] == "queued"
+
+    code, out, _ = accum(capsys, "status", job["id"])
+    assert code == 0
+    fields = dict(line.split(None, 1) for line in out.splitlines() if line.startswith(("id", "status")))
+    assert fields == {"id": job["id"], "status": "queued"}
+
+    code, out, _ = accum(capsys, "jobs", "--limit", "50")
+    assert code == 0
+    row = next(line for line in out.splitlines() if line.startswith(job["id"]))
+    assert spec["name"] in row and "queued" in row
+
+
+def test_cancel_prints_the_new_status(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, tiny_spec: dict[str, Any]
+) -> None:
+    job = client.submit(tiny_spec)
+    code, out, _ = accum(capsys, "cancel", job["id"])
+    assert code == 0 and "cancelled" in out
+    assert client.job(job["id"])["status"] == "cancelled"
+    code, out, _ = accum(capsys, "watch", job["id"])
+    assert code == 4, "watch exits 4 for a cancelled job"
+
+
+def test_metrics_csv(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job = client.submit(tiny_spec)
+    seed.metrics(job["id"], steps=4, names=("loss", "lr"))
+    code, out, _ = accum(capsys, "metrics", job["id"], "--name", "loss", "--csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
+    assert {r["name"] for r in rows} == {"loss"}
+    assert float(rows[1]["value"]) == pytest.approx(0.5)
+
+
+def test_checkpoints_and_download(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any], tmp_path: Path,
+) -> None:
+    job = client.submit(tiny_spec)
+    content = b"weights" * 5000
+    seed.checkpoint(job["id"], 7, content)
+    code, out, _ = accum(capsys, "checkpoints", job["id"])
+    assert code == 0 and hashlib.sha256(content).hexdigest() in out
+    target = tmp_path / "model.pt"
+    code, out, _ = accum(capsys, "download", job["id"], "7", "-o", str(target))
+    assert code == 0 and "sha256 verified" in out
+    assert target.read_bytes() == content
+
+
+def test_download_of_a_corrupted_checkpoint_fails(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any], tmp_path: Path,
+) -> None:
+    job = client.submit(tiny_spec)
+    seed.checkpoint(job["id"], 3, b"bytes", sha256="f" * 64)
+    code, _, err = accum(capsys, "download", job["id"], "-o", str(tmp_path / "x.pt"))
+    assert code == 1 and "sha256" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_bad_spec_is_one_line_naming_the_field(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_spec: dict[str, Any]
+) -> None:
+    spec = write_spec(tmp_path, {**tiny_spec, "accumulation_steps": 0}, ".json")
+    code, out, err = accum(capsys, "submit", str(spec))
+    assert code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("accum submit: 422") and "accumulation_steps" in err
+
+
+def test_unknown_job_is_one_line_404(cli_env: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = accum(capsys, "status", "does-not-exist")
+    assert code == 1 and out == ""
+    assert err.startswith("accum status: 404") and len(err.strip().splitlines()) == 1
+
+
+def test_unreadable_spec_is_a_usage_error(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "spec.yaml"
+    bad.write_text("model: [unclosed\n")
+    code, _, err = accum(capsys, "submit", str(bad))
+    assert code == 2 and "not valid YAML" in err
+    code, _, err = accum(capsys, "submit", str(tmp_path / "spec.txt"))
+    assert code == 2 and ".yaml, .yml or .json" in err
+
+
+def test_url_and_token_resolution_order(
+    api_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ACCUM_URL / ACCUM_TOKEN first, then ACCUM_HOME/local.json (each value on its own)."""
+    from services.cli.config import resolve_client_config, write_local_config
+
+    home = tmp_path / "home"
+    for key in ("ACCUM_URL", "ACCUM_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("ACCUM_HOME", str(home))
+    assert resolve_client_config().url == "http://127.0.0.1:8000"  # nothing configured
+
+    path = write_local_config(api_server.url, api_server.token, home)
+    assert path.stat().st_mode & 0o777 == 0o600, "the token file is private"
+    assert accum(capsys, "jobs")[0] == 0  # works from local.json alone
+
+    monkeypatch.setenv("ACCUM_TOKEN", "not-a-token")
+    code, _, err = accum(capsys, "jobs")
+    assert code == 1 and "401" in err  # the environment wins over local.json
+    assert resolve_client_config().url == api_server.url  # ... for the token only
+
+    monkeypatch.setenv("ACCUM_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("ACCUM_TOKEN", api_server.token)
+    code, _, err = accum(capsys, "jobs")
+    assert code == 1 and "cannot reach" in err and "http://127.0.0.1:9" in err
+
+
+def test_console_script_usage_error_exits_2(api_server: Any) -> None:
+    accum_script = Path(sys.executable).parent / "accum"
+    result = subprocess.run(
+        [str(accum_script), "status"], env=api_server.env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+    assert result.returncode == 2 and "usage: accum status" in result.stderr
+
+
+def test_token_create_before_migration_says_what_to_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("ACCUM_DATABASE_URL", raising=False)
+    monkeypatch.setenv("ACCUM_HOME", str(tmp_path / "fresh"))
+    code, out, err = accum(capsys, "token", "create", "bob")
+    assert code == 1 and out == ""
+    assert "run `accum db upgrade` first" in err
+    assert accum(capsys, "db", "upgrade")[0] == 0
+    code, out, _ = accum(capsys, "token", "create", "bob")
+    assert code == 0 and out.startswith("accum_")
+
+
+def test_bad_configuration_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ACCUM_DATABASE_URL", "mysql://db/accum")
+    code, _, err = accum(capsys, "db", "upgrade")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "ACCUM_DATABASE_URL" in err and "postgresql+psycopg://" in err
+
+
+def test_up_refuses_a_port_in_use(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    monkeypatch.setenv("ACCUM_HOME", str(tmp_path / "home"))
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        code, _, err = accum(capsys, "up", "--port", str(port))
+    assert code == 1 and "choose another port with --port" in err
+    assert not (tmp_path / "home" / "local.json").exists()

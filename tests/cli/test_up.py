@@ -1,0 +1,95 @@
+"""End to end: `accum up` (real API + worker processes) runs a job that `accum watch` follows.
+
+A tiny job (MLP on digits, one epoch) goes through `accum submit`; `accum watch` must exit 0
+when it succeeds; SIGTERM to `accum up` must stop the API and the worker and exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cli_helpers import ACCUM, accum_env, free_port, run_accum
+
+UP_TIMEOUT_S = 90.0
+
+
+def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log.read_text(errors="replace"):
+            return
+        if process.poll() is not None:
+            pytest.fail(f"accum up exited with {process.returncode}:\n{log.read_text()}")
+        time.sleep(0.2)
+    pytest.fail(f"accum up did not print {text!r} within {timeout} s:\n{log.read_text()}")
+
+
+def children_of(up_pid: int) -> list[int]:
+    """The child processes of `accum up` (its API and worker), found through /proc."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            status = (proc / "status").read_text()
+        except OSError:
+            continue
+        ppid = next((line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), "")
+        if ppid == str(up_pid):
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow
+def test_up_runs_a_job_that_watch_follows_to_success(
+    tmp_path: Path, tiny_spec: dict[str, Any]
+) -> None:
+    home = tmp_path / "home"
+    env = accum_env(home)
+    port = free_port()
+    log = tmp_path / "up.log"
+    with log.open("wb") as out:
+        up = subprocess.Popen(
+            [ACCUM, "up", "--port", str(port), "--log-dir", str(home / "logs")],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for_line(log, "accum is up at", up, UP_TIMEOUT_S)
+        children = children_of(up.pid)
+        assert len(children) == 2, "one API and one worker process"
+        config_file = home / "local.json"
+        config = json.loads(config_file.read_text())
+        assert config["url"] == f"http://127.0.0.1:{port}"
+        assert config["token"] in log.read_text(), "up prints the token it wrote"
+        assert config_file.stat().st_mode & 0o777 == 0o600
+
+        spec = tmp_path / "tiny.json"
+        spec.write_text(json.dumps(tiny_spec))
+        submitted = run_accum("submit", str(spec), "--json", env=env)
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = json.loads(submitted.stdout)["id"]
+
+        watched = run_accum("watch", job_id, env=env, timeout=120)
+        assert watched.returncode == 0, watched.stdout + watched.stderr
+        assert f"job {job_id} succeeded" in watched.stdout
+        # Lifecycle events and the epoch-end evaluation came through the SSE stream.
+        assert "[started]" in watched.stdout and "val_accuracy" in watched.stdout
+
+        metrics = run_accum("metrics", job_id, "--name", "loss", "--csv", env=env)
+        steps = [int(line.split(",")[1]) for line in metrics.stdout.splitlines()[1:]]
+        assert steps == list(range(1, len(steps) + 1)) and steps, metrics.stdout
+    finally:
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(60)
+    assert code == 0, log.read_text()
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)

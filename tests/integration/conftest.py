@@ -1,0 +1,197 @@
+"""Real worker processes against real brokers and databases.
+
+``stack`` is one deployment: the embedded default (SQLite database + SQLite broker under a
+fresh ACCUM_HOME) or PostgreSQL + Redis (this machine's services; a fresh database and a
+queue name unique to this test session, so parallel runs do not take each other's jobs).
+Workers are started as ``python -m services.worker`` subprocesses, as in production.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.settings import Settings
+from services.spec import parse_spec, total_optimizer_steps
+from services.store import events, jobs, tokens
+from services.store.migrate import upgrade
+from services.store.models import FINISHED_STATUSES, Job, Owner
+from services.worker.db import session_factory
+from services.worker.enqueue import enqueue_job
+
+ROOT = Path(__file__).resolve().parents[2]
+# Short leases so a killed worker's job is reaped within seconds.
+TIMING = {"lease_timeout_s": 3.0, "heartbeat_interval_s": 1.0, "reaper_interval_s": 0.5}
+BASE_SPEC: dict[str, Any] = {
+    "model": "mlp",
+    "dataset": "digits",
+    "micro_batch_size": 16,
+    "accumulation_steps": 2,
+    "max_steps": 12,
+    "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+    "checkpoint_every": 4,
+    "keep_checkpoints": 2,
+    "seed": 7,
+    "gpus": 0,
+}
+
+
+@dataclass
+class Stack:
+    """One deployment under test, with helpers to submit jobs and run workers."""
+
+    name: str
+    settings: Settings
+    queue: str
+    logs: Path
+    owner: Owner | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    hostnames: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def sessions(self) -> Any:
+        return session_factory(self.settings)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            ACCUM_HOME=str(self.settings.home),
+            ACCUM_DATABASE_URL=self.settings.database_url,
+            ACCUM_BROKER_URL=self.settings.broker_url,
+            ACCUM_LEASE_TIMEOUT_S=str(self.settings.lease_timeout_s),
+            ACCUM_HEARTBEAT_INTERVAL_S=str(self.settings.heartbeat_interval_s),
+            ACCUM_REAPER_INTERVAL_S=str(self.settings.reaper_interval_s),
+            # Tiny models on a shared 2-core machine: one thread each is faster and the same
+            # in every worker, so results are bitwise comparable across workers.
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+        )
+        return env
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        index = len(self.workers)
+        hostname = f"test-{self.name}-{index}-{uuid.uuid4().hex[:6]}@localhost"
+        log = open(self.logs / f"worker-{index}.log", "wb")  # noqa: SIM115 - owned by the process
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.worker", "--queues", self.queue,
+             "--hostname", hostname, "--loglevel", "INFO"],
+            cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+        )
+        self.workers.append(process)
+        self.hostnames[hostname] = process
+        return process
+
+    def process_holding(self, job_id: str) -> subprocess.Popen[bytes]:
+        """The worker process that holds the job's lease (lease_owner starts with its name)."""
+        owner = self.job(job_id).lease_owner or ""
+        for hostname, process in self.hostnames.items():
+            if owner.startswith(hostname):
+                return process
+        raise AssertionError(f"no test worker holds job {job_id} (lease owner {owner!r})")
+
+    def stop_workers(self) -> None:
+        # SIGTERM is Celery's warm shutdown; past a short grace period just kill (teardown only).
+        for process in self.workers:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 3
+        for process in self.workers:
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def worker_logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in sorted(self.logs.glob("*.log"))
+        )
+
+    def create(self, enqueue: bool = True, **overrides: Any) -> str:
+        spec = parse_spec({**BASE_SPEC, **overrides, "queue": self.queue})
+        with self.sessions.begin() as session:
+            if self.owner is None:
+                self.owner, _ = tokens.create_owner_with_token(session, f"it-{uuid.uuid4().hex[:8]}")
+            job, _ = jobs.create_job(
+                session, owner=self.owner, spec=spec.normalised(), queue=self.queue,
+                total_optimizer_steps=total_optimizer_steps(spec),
+            )
+        if enqueue:
+            enqueue_job(self.settings, job.id, self.queue)
+        return job.id
+
+    def job(self, job_id: str) -> Job:
+        with self.sessions() as session:
+            job = jobs.load_job(session, job_id)
+            assert job is not None
+            return job
+
+    def event_kinds(self, job_id: str) -> list[str]:
+        with self.sessions() as session:
+            return [e.kind for e in events.list_events(session, job_id, limit=1000)]
+
+    def wait(self, job_id: str, statuses: tuple[str, ...] = FINISHED_STATUSES,
+             timeout: float = 90.0, check: Any = None) -> Job:
+        """Poll until the job is in one of ``statuses`` (and ``check(job)`` holds)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job.status in statuses and (check is None or check(job)):
+                return job
+            if any(p.poll() not in (None, 0, -9) for p in self.workers):
+                pytest.fail(f"a worker exited unexpectedly\n{self.worker_logs()}")
+            time.sleep(0.05)
+        pytest.fail(
+            f"job {job_id} still {self.job(job_id).status} after {timeout}s "
+            f"(waiting for {statuses})\n{self.worker_logs()}"
+        )
+
+    def cancel(self, job_id: str) -> str:
+        with self.sessions.begin() as session:
+            job = jobs.load_job(session, job_id)
+            assert job is not None
+            return jobs.request_cancel(session, job).status
+
+    def holder(self, job_id: str) -> str | None:
+        with self.sessions() as session:
+            return session.get(Job, job_id).lease_owner  # type: ignore[union-attr]
+
+
+def _make_stack(kind: str, tmp: Path, request: pytest.FixtureRequest) -> Stack:
+    home = tmp / "home"
+    queue = f"it-{uuid.uuid4().hex[:10]}"
+    if kind == "sqlite":
+        settings = Settings(home=home, **TIMING)  # the embedded default: SQLite + SQLite broker
+    else:
+        postgres_url = request.getfixturevalue("postgres_url")
+        redis_url = request.getfixturevalue("redis_url")
+        settings = Settings(home=home, database_url=postgres_url, broker_url=redis_url, **TIMING)
+    upgrade(settings.database_url)
+    logs = tmp / "logs"
+    logs.mkdir()
+    return Stack(kind, settings, queue, logs)
+
+
+@pytest.fixture(params=["sqlite", "postgres_redis"], scope="session")
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A deployment with one worker already running on its own queue.
+
+    Session-scoped because starting a worker (importing torch) is the slow part here; tests
+    that need more workers, or kill one, start them with ``stack.start_worker()``.
+    """
+    stack = _make_stack(request.param, tmp_path_factory.mktemp(request.param), request)
+    stack.start_worker()
+    try:
+        yield stack
+    finally:
+        stack.stop_workers()

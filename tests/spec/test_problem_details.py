@@ -1,0 +1,201 @@
+"""services.api.problems: every error answer is RFC 9457 problem+json, built on a tiny app.
+
+The app here has one route per kind of failure, plus the real `JobSpec` as a body, so the
+422 shape (dotted field path, allowed values) is checked end to end through FastAPI.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pytest
+from fastapi import FastAPI, HTTPException, Query
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from accumcore.catalog import DATASETS, MODELS
+from services.api.problems import PROBLEM_JSON, Problem, install_problem_handlers, invalid_body
+from services.spec import JobSpec, parse_spec
+
+MINIMAL: dict[str, Any] = {
+    "model": "mlp",
+    "dataset": "digits",
+    "micro_batch_size": 16,
+    "accumulation_steps": 4,
+    "epochs": 1,
+    "optimizer": {"name": "sgd", "lr": 0.1},
+}
+
+
+def make_app() -> FastAPI:
+    app = FastAPI()
+    install_problem_handlers(app)
+
+    @app.post("/jobs")
+    def submit(spec: JobSpec) -> dict[str, Any]:
+        return spec.normalised()
+
+    @app.post("/raw")
+    def submit_raw(body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return parse_spec(body).normalised()
+        except ValidationError as exc:
+            raise invalid_body(exc) from exc
+
+    @app.get("/items")
+    def items(
+        status: Literal["queued", "running"] = "queued", limit: int = Query(10, gt=0)
+    ) -> dict[str, Any]:
+        return {"status": status, "limit": limit}
+
+    @app.get("/secret")
+    def secret() -> None:
+        raise HTTPException(401, detail="missing Authorization header")
+
+    @app.get("/conflict")
+    def conflict() -> None:
+        raise Problem(409, "Conflict", "job is finished", job_id="abc")
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("database exploded with secret dsn")
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    # The server re-raises unexpected errors for logging; the client must still get a body.
+    return TestClient(make_app(), raise_server_exceptions=False)
+
+
+def assert_problem(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM_JSON
+    body = response.json()
+    assert body["status"] == status
+    assert body["title"] and body["type"] == "about:blank"
+    return body
+
+
+def test_valid_spec_passes_through(client: TestClient) -> None:
+    assert client.post("/jobs", json=MINIMAL).json()["name"] == "mlp-digits"
+
+
+def test_422_names_the_dotted_field_path(client: TestClient) -> None:
+    body = assert_problem(
+        client.post("/jobs", json={**MINIMAL, "optimizer": {"name": "sgd", "lr": -1}}), 422
+    )
+    assert [e["loc"] for e in body["errors"]] == ["body.optimizer.lr"]
+    assert "body.optimizer.lr" in body["detail"]
+    assert body["errors"][0]["msg"] and body["errors"][0]["type"]
+
+
+@pytest.mark.parametrize(
+    ("change", "loc", "names"),
+    [
+        ({"model": "nope"}, "body.model", sorted(MODELS)),
+        ({"dataset": {"name": "nope"}}, "body.dataset", sorted(DATASETS)),
+        ({"precision": "fp64"}, "body.precision", ["fp32", "bf16", "fp16"]),
+        ({"optimizer": {"name": "lamb", "lr": 1}}, "body.optimizer.name", ["sgd", "adamw"]),
+        ({"scheduler": "linear"}, "body.scheduler.name", ["none", "cosine", "step"]),
+    ],
+)
+def test_422_lists_allowed_values_for_closed_sets(
+    client: TestClient, change: dict[str, Any], loc: str, names: list[str]
+) -> None:
+    body = assert_problem(client.post("/jobs", json={**MINIMAL, **change}), 422)
+    (error,) = body["errors"]
+    assert error["loc"] == loc
+    assert error["allowed"] == names
+
+
+def test_422_reports_every_error_and_open_fields_have_no_allowed_list(client: TestClient) -> None:
+    body = assert_problem(
+        client.post("/jobs", json={**MINIMAL, "epochs": 0, "surprise": 1, "micro_batch_size": -2}),
+        422,
+    )
+    assert {e["loc"] for e in body["errors"]} == {
+        "body.epochs",
+        "body.surprise",
+        "body.micro_batch_size",
+    }
+    assert all("allowed" not in e for e in body["errors"])
+    assert body["detail"].startswith("3 invalid fields")
+
+
+def test_pydantic_literal_errors_outside_the_spec_get_allowed_too(client: TestClient) -> None:
+    body = assert_problem(client.get("/items", params={"status": "bogus"}), 422)
+    assert body["errors"] == [
+        {
+            "loc": "query.status",
+            "msg": body["errors"][0]["msg"],
+            "type": "literal_error",
+            "allowed": ["queued", "running"],
+        }
+    ]
+    assert (
+        assert_problem(client.get("/items", params={"limit": 0}), 422)["errors"][0]["loc"]
+        == "query.limit"
+    )
+
+
+def test_hand_validated_body_gives_the_same_shape(client: TestClient) -> None:
+    via_model = client.post("/jobs", json={**MINIMAL, "model": "nope"}).json()
+    by_hand = assert_problem(client.post("/raw", json={**MINIMAL, "model": "nope"}), 422)
+    assert by_hand["errors"] == via_model["errors"]
+
+
+@pytest.mark.parametrize("payload", [b"{not json", b'{"model": "mlp",}', b"[1, 2"])
+def test_malformed_json_is_400(client: TestClient, payload: bytes) -> None:
+    body = assert_problem(
+        client.post("/jobs", content=payload, headers={"content-type": "application/json"}), 400
+    )
+    assert "JSON" in body["detail"]
+
+
+def test_nan_literal_in_json_is_422_not_500(client: TestClient) -> None:
+    payload = b'{"model": "mlp", "dataset": "digits", "micro_batch_size": 16, "accumulation_steps": 4, "epochs": 1, "optimizer": {"name": "sgd", "lr": NaN}}'
+    body = assert_problem(
+        client.post("/jobs", content=payload, headers={"content-type": "application/json"}), 422
+    )
+    assert [e["loc"] for e in body["errors"]] == ["body.optimizer.lr"]
+
+
+def test_empty_body_is_422(client: TestClient) -> None:
+    assert assert_problem(client.post("/jobs"), 422)["errors"][0]["loc"] == "body"
+
+
+def test_404_and_405_are_problems(client: TestClient) -> None:
+    assert "GET /no/such/route" in assert_problem(client.get("/no/such/route"), 404)["detail"]
+    response = client.delete("/jobs")
+    assert "POST" in assert_problem(response, 405)["detail"]
+    assert response.headers["allow"] == "POST"
+
+
+def test_401_keeps_detail_and_bearer_challenge(client: TestClient) -> None:
+    response = client.get("/secret")
+    body = assert_problem(response, 401)
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert body["detail"] == "missing Authorization header"
+
+
+def test_raised_problem_carries_extension_members(client: TestClient) -> None:
+    body = assert_problem(client.get("/conflict"), 409)
+    assert body == {
+        "type": "about:blank",
+        "title": "Conflict",
+        "status": 409,
+        "detail": "job is finished",
+        "job_id": "abc",
+    }
+
+
+def test_unexpected_error_is_500_problem_with_an_id_and_no_internals(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("ERROR", logger="services.api.problems"):
+        body = assert_problem(client.get("/boom"), 500)
+    assert len(body["error_id"]) == 32 and body["error_id"] in body["detail"]
+    assert "secret" not in str(body)
+    assert any(body["error_id"] in record.getMessage() for record in caplog.records)

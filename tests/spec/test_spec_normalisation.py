@@ -1,0 +1,107 @@
+"""Normalisation fills every default, round-trips through parse_spec, and hashes stably."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from services.spec import JobSpec, parse_spec, spec_hash
+
+MINIMAL: dict[str, Any] = {
+    "model": "mlp",
+    "dataset": "digits",
+    "micro_batch_size": 16,
+    "accumulation_steps": 4,
+    "epochs": 1,
+    "optimizer": {"name": "sgd", "lr": 0.1},
+}
+
+
+def test_defaults_are_filled_and_names_become_objects() -> None:
+    normalised = parse_spec(MINIMAL).normalised()
+    assert set(normalised) == set(JobSpec.model_fields)
+    assert normalised["name"] == "mlp-digits"
+    assert normalised["model"] == {"name": "mlp"}
+    assert normalised["dataset"] == {"name": "digits", "data_root": None, "download": False}
+    assert normalised["optimizer"] == {
+        "name": "sgd",
+        "lr": 0.1,
+        "momentum": 0.0,
+        "weight_decay": 0.0,
+    }
+    assert normalised["scheduler"] == {"name": "none", "warmup_steps": 0}
+    assert normalised["precision"] == "fp32"
+    assert normalised["fast_path"] is True and normalised["compile"] is False
+    assert normalised["data_on_device"] is False
+    assert normalised["queue"] == "default"
+    assert normalised["effective_batch_size"] is None and normalised["max_steps"] is None
+    json.dumps(normalised, allow_nan=False)  # JSON-ready
+
+
+def test_adamw_and_step_scheduler_defaults() -> None:
+    normalised = parse_spec(
+        {
+            **MINIMAL,
+            "optimizer": {"name": "adamw", "lr": 1e-3},
+            "scheduler": {"name": "step", "step_size": 10},
+        }
+    ).normalised()
+    assert normalised["optimizer"] == {
+        "name": "adamw",
+        "lr": 1e-3,
+        "weight_decay": 0.0,
+        "betas": [0.9, 0.999],
+    }
+    assert set(normalised["scheduler"]) == {"name", "warmup_steps", "step_size", "gamma"}
+
+
+def test_normalised_spec_parses_back_to_the_same_spec() -> None:
+    for raw in (
+        MINIMAL,
+        {
+            **MINIMAL,
+            "accumulation_steps": None,
+            "effective_batch_size": 64,
+            "micro_batch_size": "auto",
+        },
+        {**MINIMAL, "accumulation_steps": {"0": 8, "2": 2}, "scheduler": "cosine", "name": "run 1"},
+        {
+            **MINIMAL,
+            "epochs": None,
+            "max_steps": 7,
+            "dataset": {"name": "digits", "data_root": "/data"},
+        },
+    ):
+        spec = parse_spec(raw)
+        again = parse_spec(spec.normalised())
+        assert again == spec
+        assert again.normalised() == spec.normalised()
+
+
+def test_hash_is_stable_under_key_order_and_shorthand() -> None:
+    reordered = dict(reversed(list(MINIMAL.items())))
+    spelled_out = {
+        **MINIMAL,
+        "model": {"name": "mlp"},
+        "precision": "fp32",
+        "optimizer": {"lr": 0.1, "name": "sgd", "momentum": 0},
+    }
+    hashes = {spec_hash(parse_spec(raw).normalised()) for raw in (MINIMAL, reordered, spelled_out)}
+    assert len(hashes) == 1
+    assert len(hashes.pop()) == 64
+
+
+def test_hash_changes_with_any_setting() -> None:
+    base = spec_hash(parse_spec(MINIMAL).normalised())
+    for change in (
+        {"seed": 1},
+        {"epochs": 2},
+        {"optimizer": {"name": "sgd", "lr": 0.2}},
+        {"name": "other"},
+    ):
+        assert spec_hash(parse_spec({**MINIMAL, **change}).normalised()) != base
+
+
+def test_hash_ignores_key_order_of_the_normalised_dict_itself() -> None:
+    normalised = parse_spec(MINIMAL).normalised()
+    assert spec_hash(dict(reversed(list(normalised.items())))) == spec_hash(normalised)

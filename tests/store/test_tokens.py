@@ -1,0 +1,57 @@
+"""Owners and tokens: hashed at rest, shown once, authenticated by hash."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.store import ApiToken, tokens
+
+
+def test_token_authenticates_its_owner_and_is_stored_hashed(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_factory.begin() as session:
+        alice, alice_token = tokens.create_owner_with_token(session, "alice")
+        bob, bob_token = tokens.create_owner_with_token(session, "bob", admin=True)
+    assert alice_token != bob_token and alice_token.startswith(tokens.TOKEN_PREFIX)
+    with session_factory() as session:
+        found = tokens.authenticate(session, alice_token)
+        assert found is not None and found.id == alice.id and not found.is_admin
+        admin = tokens.authenticate(session, bob_token)
+        assert admin is not None and admin.id == bob.id and admin.is_admin
+        rows = session.scalars(select(ApiToken)).all()
+    stored = {row.token_hash for row in rows} | {row.prefix for row in rows}
+    assert alice_token not in stored and bob_token not in stored
+    assert {row.token_hash for row in rows} == {
+        tokens.hash_token(alice_token),
+        tokens.hash_token(bob_token),
+    }
+    assert {row.prefix for row in rows} == {alice_token[:12], bob_token[:12]}
+
+
+@pytest.mark.parametrize("presented", ["", "accum_wrong", "Bearer x"])
+def test_unknown_tokens_are_refused(session_factory: sessionmaker[Session], presented: str) -> None:
+    with session_factory.begin() as session:
+        tokens.create_owner_with_token(session, "alice")
+    with session_factory() as session:
+        assert tokens.authenticate(session, presented) is None
+
+
+def test_same_name_gets_another_token_for_the_same_owner(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_factory.begin() as session:
+        first, token_1 = tokens.create_owner_with_token(session, "carol")
+        second, token_2 = tokens.create_owner_with_token(session, "carol", admin=True)
+    assert first.id == second.id and token_1 != token_2
+    with session_factory() as session:
+        for token in (token_1, token_2):
+            owner = tokens.authenticate(session, token)
+            assert owner is not None and owner.id == first.id and owner.is_admin
+
+
+def test_empty_owner_name_is_refused(session_factory: sessionmaker[Session]) -> None:
+    with session_factory.begin() as session, pytest.raises(ValueError, match="accum token create"):
+        tokens.create_owner_with_token(session, "  ")

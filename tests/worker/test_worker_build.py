@@ -1,0 +1,56 @@
+"""Spec -> run objects: LR schedule in optimizer steps, rank shards, micro-batch geometry."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from services.spec import parse_spec
+from services.worker.build import lr_lambda, micro_batch_and_steps, rank_shard
+
+BASE = {"model": "mlp", "dataset": "digits", "micro_batch_size": 8, "accumulation_steps": 2,
+        "max_steps": 10, "optimizer": {"name": "sgd", "lr": 0.1}, "gpus": 0}
+
+
+def test_no_schedule_means_no_scheduler() -> None:
+    assert lr_lambda(parse_spec(BASE), 10) is None
+
+
+def test_cosine_warms_up_then_decays_to_zero_over_the_optimizer_steps() -> None:
+    spec = parse_spec({**BASE, "scheduler": {"name": "cosine", "warmup_steps": 4}})
+    factor = lr_lambda(spec, total_steps=14)
+    assert factor is not None
+    warm = [factor(s) for s in range(4)]
+    assert warm == sorted(warm) and 0 < warm[0] < warm[-1] < 1
+    assert factor(4) == pytest.approx(1.0)
+    assert factor(9) == pytest.approx(0.5 * (1 + math.cos(math.pi * 5 / 10)))
+    assert factor(14) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_step_schedule_multiplies_by_gamma_every_step_size_after_warmup() -> None:
+    spec = parse_spec({**BASE, "scheduler": {"name": "step", "step_size": 3, "gamma": 0.5, "warmup_steps": 1}})
+    factor = lr_lambda(spec, total_steps=10)
+    assert factor is not None
+    assert [factor(s) for s in range(1, 8)] == [1, 1, 1, 0.5, 0.5, 0.5, 0.25]
+
+
+def test_accumulation_schedule_keys_become_epochs() -> None:
+    spec = parse_spec({**{k: v for k, v in BASE.items() if k != "max_steps"}, "epochs": 3,
+                       "accumulation_steps": {"0": 4, "2": 1}})
+    assert micro_batch_and_steps(spec) == (8, {0: 4, 2: 1})
+
+
+def test_auto_micro_batch_starts_with_the_whole_per_rank_batch() -> None:
+    spec = parse_spec({**{k: v for k, v in BASE.items() if k != "accumulation_steps"},
+                       "micro_batch_size": "auto", "effective_batch_size": 64})
+    assert micro_batch_and_steps(spec) == (64, 1)
+
+
+def test_rank_shards_are_equal_sized_and_cover_the_dataset() -> None:
+    data = list(range(11))
+    shards = [rank_shard(data, r, 3) for r in range(3)]  # type: ignore[arg-type]
+    assert [len(s) for s in shards] == [4, 4, 4]  # type: ignore[arg-type]
+    seen = {s[i] for s in shards for i in range(4)}  # type: ignore[index]
+    assert seen == set(data)
+    assert rank_shard(data, 0, 1) is data  # type: ignore[arg-type]

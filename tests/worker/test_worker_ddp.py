@@ -1,0 +1,36 @@
+"""gpus: 2 on CPU runs two gloo DDP ranks; rank 0 alone writes every step's metrics and the
+checkpoints; the effective batch is m x N x 2, so an epoch takes half the optimizer steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.settings import Settings
+from services.spec import parse_spec, total_optimizer_steps
+from services.store import checkpoints, jobs, metrics
+from services.worker.db import session_factory
+from services.worker.runner import run_job
+
+SPEC = {"model": "mlp", "dataset": "digits", "micro_batch_size": 64, "accumulation_steps": 2,
+        "epochs": 1, "optimizer": {"name": "sgd", "lr": 0.1}, "gpus": 2, "checkpoint_every": 10,
+        "keep_checkpoints": 1}
+
+
+def test_two_gloo_ranks_train_one_epoch_with_rank0_writing(
+    settings: Settings, make_job: Callable[..., str]
+) -> None:
+    single = total_optimizer_steps(parse_spec({**SPEC, "gpus": 1}))
+    expected = total_optimizer_steps(parse_spec(SPEC))
+    assert expected == -(-single // 2)  # half the steps: each step sees 2 x 32 x 2 samples
+    job_id = make_job(SPEC)
+    assert run_job(settings, job_id, "ddp-worker") == "succeeded"
+    with session_factory(settings)() as session:
+        job = jobs.load_job(session, job_id)
+        rows, _ = metrics.read_metrics(session, job_id, name="loss")
+        kept = checkpoints.list_checkpoints(session, job_id)
+    assert job is not None and job.status == "succeeded"
+    assert job.progress["optimizer_step"] == expected
+    assert [r.step for r in rows] == list(range(1, expected + 1))
+    assert [c.step for c in kept] == [expected]
+    files = list((settings.artifacts_path / job_id).glob("*.pt"))
+    assert [f.name for f in files] == [f"{expected}.pt"]

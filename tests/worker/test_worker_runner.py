@@ -1,0 +1,81 @@
+"""The runner in-process: what it records for dropped messages, failures and a normal run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from services.settings import Settings
+from services.store import events, jobs, metrics
+from services.worker import training
+from services.worker.db import session_factory
+from services.worker.runner import run_job
+
+TINY_SPEC: dict[str, Any] = {
+    "model": "mlp",
+    "dataset": "digits",
+    "micro_batch_size": 16,
+    "accumulation_steps": 2,
+    "max_steps": 3,
+    "optimizer": {"name": "sgd", "lr": 0.1},
+    "gpus": 0,
+}
+
+
+def load(settings: Settings, job_id: str) -> Any:
+    with session_factory(settings)() as session:
+        return jobs.load_job(session, job_id)
+
+
+def kinds(settings: Settings, job_id: str) -> list[str]:
+    with session_factory(settings)() as session:
+        return [e.kind for e in events.list_events(session, job_id)]
+
+
+def test_a_cancelled_job_is_not_claimed_and_the_message_is_dropped(settings: Settings, make_job: Callable[..., str]) -> None:
+    job_id = make_job()
+    with session_factory(settings).begin() as session:
+        jobs.request_cancel(session, jobs.load_job(session, job_id))
+    assert run_job(settings, job_id, "w") is None
+    job = load(settings, job_id)
+    assert job.status == "cancelled" and job.attempts == 0
+
+
+def test_an_invalid_stored_spec_fails_with_the_validation_error(settings: Settings, make_job: Callable[..., str]) -> None:
+    job_id = make_job({**TINY_SPEC, "micro_batch_size": 0})
+    assert run_job(settings, job_id, "w") == "failed"
+    job = load(settings, job_id)
+    assert job.status == "failed" and job.error["type"] == "ValidationError"
+    assert "micro_batch_size" in job.error["message"]
+    assert kinds(settings, job_id)[-2:] == ["traceback", "failed"]
+
+
+def test_an_exception_in_training_fails_the_job_once_with_its_traceback(
+    settings: Settings, make_job: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def explode(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("loss exploded at step 3")
+
+    monkeypatch.setattr(training, "build_run", explode)
+    job_id = make_job()
+    assert run_job(settings, job_id, "w") == "failed"
+    job = load(settings, job_id)
+    assert job.error == {"type": "RuntimeError", "message": "loss exploded at step 3"}
+    with session_factory(settings)() as session:
+        trace = [e for e in events.list_events(session, job_id) if e.kind == "traceback"]
+    assert len(trace) == 1 and "explode" in trace[0].data["traceback"]
+    assert run_job(settings, job_id, "w") is None  # a redelivery does not run it again
+
+
+def test_a_run_writes_progress_metrics_and_a_final_checkpoint(settings: Settings, make_job: Callable[..., str]) -> None:
+    job_id = make_job({**TINY_SPEC, "max_steps": 3})
+    assert run_job(settings, job_id, "worker-a") == "succeeded"
+    job = load(settings, job_id)
+    assert job.progress == {"epoch": 0, "optimizer_step": 3, "total_optimizer_steps": 3}
+    assert job.worker_host and job.worker_gpu == "cpu" and job.lease_owner is None
+    with session_factory(settings)() as session:
+        rows, _ = metrics.read_metrics(session, job_id, name="loss")
+    assert [r.step for r in rows] == [1, 2, 3]
+    assert (settings.artifacts_path / job_id / "3.pt").is_file()
