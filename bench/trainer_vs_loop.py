@@ -101,7 +101,7 @@ def main() -> None:
     _common.configure(args)
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
-    repeats = args.repeats or (1 if args.quick else 7)
+    repeats = args.repeats or (1 if args.quick else 9)
     warmup = _common.warmups(args)
     if args.quick:
         results = [
@@ -110,7 +110,7 @@ def main() -> None:
         ]
     else:
         results = [
-            _compare("mlp 784-256-256-10", w.mlp(), w.image_data(4096), 32, 4, repeats, device),
+            _compare("mlp 784-256-256-10", w.mlp(), w.image_data(16384), 32, 4, repeats, device),
             _compare("small_cnn 3x32x32", w.small_cnn(), w.image_data(1024, (3, 32, 32)), 32, 4, repeats, device),
         ]
     target = 1.0 if gpu else 0.99

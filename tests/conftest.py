@@ -35,7 +35,9 @@ def services_required() -> bool:
 def _reachable(url: str, default_port: int) -> bool:
     parts = urlsplit(url)
     try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), 2):
+        with socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or default_port), 2
+        ):
             return True
     except OSError:
         return False
@@ -116,7 +118,15 @@ if TYPE_CHECKING:  # imported lazily below: collecting unrelated tests stays fas
 
     from services.settings import Settings
 
-STORE_TABLES = ("metrics", "metric_blocks", "checkpoints", "job_events", "jobs", "api_tokens", "owners")
+STORE_TABLES = (
+    "metrics",
+    "metric_blocks",
+    "checkpoints",
+    "job_events",
+    "jobs",
+    "api_tokens",
+    "owners",
+)
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,15 @@
-"""Every compatible catalog model x dataset pair runs one forward+backward step.
+"""Every compatible catalog model x dataset pair runs a forward+backward step.
 
-Pairs are grouped by what they share, to stay within the test budget on two CPU cores:
-- image datasets by input shape (digits 1x8x8; mnist and fashion_mnist 1x28x28; cifar10 and
-  fake 3x32x32); data-root datasets use random tensors of their shape here (and real files
-  from a tiny data root in test_catalog_datasets.py);
-- a torchvision model's build depends only on (num_classes, fed side), so one build serves
-  every dataset with the same key: each group's batch goes through it and one backward of
-  the summed losses reaches every parameter.
+Pairs are grouped by the input the network sees, to stay within the test budget on two
+shared CPU cores (the torchvision part costs about 40 s of CPU to build all 80 models and
+35 s to step them; a step per dataset shape would triple the second figure):
+- datasets by input shape (digits 1x8x8; mnist and fashion_mnist 1x28x28; cifar10 and fake
+  3x32x32); data-root datasets use random tensors of their shape here (and real files from
+  a tiny data root in test_catalog_datasets.py);
+- a torchvision model's build depends only on (num_classes, fed side), and its input adapter
+  turns every group into the same (B, 3, side, side) batch: each group is checked through the
+  adapter, and the whole model steps once on the group needing the most adapting (grayscale,
+  smallest). Built-in models step on every dataset.
 Batch size 2, the smallest BatchNorm accepts in train mode.
 """
 
@@ -91,12 +94,19 @@ def test_torchvision_model_steps_on_every_image_dataset(name: str) -> None:
     by_key: dict[tuple[int, int], dict[tuple[int, ...], list[str]]] = defaultdict(dict)
     for shape, names in image_groups(name).items():
         by_key[build_key(name, names[0])][shape] = names
-    assert sum(len(g) for g in by_key.values()) == len(image_groups(name))
-    for groups in by_key.values():
+    for (_, side), groups in by_key.items():
         any_dataset = next(iter(groups.values()))[0]
         model = build_model(name, DATASETS[any_dataset])
         assert isinstance(model, AdaptedImageModel)
-        run_groups(model, groups)
+        # Every group's images reach the network as the same (B, 3, side, side) batch...
+        for shape in groups:
+            adapted = model.adapter(
+                synthetic_batch(shape, DATASETS[groups[shape][0]].num_classes)[0]
+            )
+            assert adapted.shape == (BATCH, 3, side, side), (name, shape)
+        # ...so the whole model steps once, on the group that needs the most adapting.
+        shape = min(groups, key=lambda s: (s[0], s[-1]))
+        run_groups(model, {shape: groups[shape]})
         del model
         gc.collect()
 
