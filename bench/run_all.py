@@ -84,6 +84,12 @@ def _machine(result: dict[str, Any]) -> str:
     return text
 
 
+def _not_measured(skipped: str | None) -> str:
+    if skipped and skipped.startswith("no GPU"):
+        return "not measured: no GPU was lent to this session"
+    return f"not measured: {skipped or '?'}"
+
+
 def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(figure, target, measured, verdict) lines for one bench's latest result."""
     def row(figure: str, target: str, measured: Any, verdict: str) -> tuple[str, str, str, str]:
@@ -95,7 +101,7 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             row("Trainer.fit / tutorial loop, fp32 (worst of mlp, small_cnn)",
                 f">= {r['target']}", r["measured"], r["verdict"]),
             row("fast path / tutorial loop, ResNet-50 224x224 m=64 (GPU)", ">= 1.5",
-                fast.get("ratio"), fast.get("verdict", f"not measured: {fast.get('skipped', '?')}")),
+                fast.get("ratio"), fast.get("verdict") or _not_measured(fast.get("skipped"))),
         ]
     if name == "trainer_vs_lightning":
         return [row(f"Trainer / {peer} {r.get('peers', {}).get(peer) or ''} throughput (worst of mlp, small_cnn)",
@@ -129,7 +135,7 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             row("auto search cost, in training steps", "<= 30", r["cost_steps"], r["cost_verdict"]),
         ]
     if name == "resnet50_h100":
-        verdict = r["verdict"] if r.get("measured") is not None else f"not measured: {r.get('skipped', '?')}"
+        verdict = r["verdict"] if r.get("measured") is not None else _not_measured(r.get("skipped"))
         return [row("ResNet-50 bf16 img/s via API -> worker -> accumcore", ">= 3000", r.get("measured"), verdict)]
     if name == "trainer_overhead":
         lines = []

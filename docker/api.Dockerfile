@@ -19,6 +19,7 @@ COPY pyproject.toml README.md ./
 COPY src ./src
 COPY services ./services
 COPY migrations ./migrations
+COPY alembic.ini ./
 COPY examples ./examples
 RUN pip install --no-deps -e . \
     && python -c "import sys, services.api.main; assert 'torch' not in sys.modules, 'the API imported torch'"

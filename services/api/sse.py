@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from pydantic_core import to_jsonable_python
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.schemas import EventPublic, JobPublic
@@ -37,10 +38,13 @@ EVENTS_PER_POLL = 500
 NAMES_REFRESH_S = 5.0
 
 
-def sse_message(event: str, data: Any) -> bytes:
-    """One SSE message: `event: <type>` and a single-line JSON `data:` field."""
-    payload = json.dumps(data, separators=(",", ":"), default=str)
-    return f"event: {event}\ndata: {payload}\n\n".encode()
+def sse_message(event: str, data: Any, event_id: int | None = None) -> bytes:
+    """One SSE message: `event: <type>` and a single-line JSON `data:` field (values encoded
+    as the REST answers encode them, e.g. timestamps). Job events carry their id, so a client
+    that reconnects with `Last-Event-ID` continues after the last one it saw."""
+    payload = json.dumps(to_jsonable_python(data), separators=(",", ":"))
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {payload}\n\n".encode()
 
 
 @dataclass
@@ -86,12 +90,12 @@ def poll(
         if snapshot != state.job_snapshot:
             state.job_snapshot = snapshot
             state.names_checked_at = 0.0  # progress moved: new metric names may have appeared
-            out.append(sse_message("status", JobPublic.from_row(job).model_dump(mode="json")))
+            out.append(sse_message("status", JobPublic.from_row(job)))
         for event in store_events.list_events(
             session, job_id, after_id=state.last_event_id, limit=EVENTS_PER_POLL
         ):
             state.last_event_id = event.id
-            out.append(sse_message("job_event", EventPublic.from_row(event).model_dump(mode="json")))
+            out.append(sse_message("job_event", EventPublic.from_row(event), event.id))
         out.extend(_new_metrics(session, job, state))
         finished = is_finished(job)
     if finished:
@@ -119,7 +123,7 @@ def _new_metrics(session: Session, job: Job, state: StreamState) -> list[bytes]:
     return [
         sse_message(
             "metric",
-            {"name": m.name, "step": m.step, "epoch": m.epoch, "value": m.value, "ts": m.ts.isoformat()},
+            {"name": m.name, "step": m.step, "epoch": m.epoch, "value": m.value, "ts": m.ts},
         )
         for m in rows
     ]

@@ -123,7 +123,8 @@ def watch_job(client: AccumClient, job_id: str, console: Console | None = None) 
         TextColumn(
             "{task.description} [{task.fields[status]}] epoch {task.fields[epoch]}", markup=False
         ),
-        BarColumn(bar_width=24),
+        # Logs and pipes get 80 columns: the numbers matter more there than the bar.
+        *([BarColumn(bar_width=24)] if console.is_terminal else []),
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}  {task.fields[sps]} samples/s", markup=False),
         TimeElapsedColumn(),

@@ -40,12 +40,14 @@ def read_events(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     accept: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[int | None, Header(ge=0, le=MAX_INT32)] = None,
 ) -> EventList | StreamingResponse:
     """Lifecycle events oldest first; streams them live, with metrics, for an SSE client."""
     job = job_or_404(session, job_id, owner)
     if accept and "text/event-stream" in accept:
         state = open_stream(session, job)
-        state.last_event_id = after_id
+        # A reconnecting EventSource sends the id of the last event it saw.
+        state.last_event_id = last_event_id if last_event_id is not None else after_id
         session.close()  # return the connection now: the stream polls with its own sessions
         stream = job_stream(request.app.state.session_factory, job_id, state)
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)

@@ -65,6 +65,16 @@ def test_stream_of_a_finished_job_replays_its_events_then_ends(
     assert messages[0][1]["id"] == job_id and messages[0][1]["status"] == "cancelled"
     assert [d["kind"] for e, d in messages if e == "job_event"] == ["created", "cancelled"]
     assert messages[-1][1] == {"status": "cancelled"}
+    created_id = messages[1][1]["id"]
+    assert f"id: {created_id}\nevent: job_event\n" in response.text
+
+    # An EventSource reconnecting after the first event gets only what followed it.
+    again = client.get(
+        f"/v1/jobs/{job_id}/events",
+        headers={**alice, "Accept": "text/event-stream", "Last-Event-ID": str(created_id)},
+    )
+    kinds = [d["kind"] for e, d in parse_sse(iter(again.text.splitlines())) if e == "job_event"]
+    assert kinds == ["cancelled"]
 
 
 def test_a_quiet_stream_sends_keep_alive_comments(
