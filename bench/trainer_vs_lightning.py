@@ -4,8 +4,11 @@
 Lightning and Accelerate are never project dependencies: without --quick the script builds
 bench/.venv-peers (see bench/_peers.py) and re-runs itself there; with --quick it reports
 "peer not installed" unless it already runs where they are. Each repeat is one whole `fit`
-of one epoch (what a user calls), interleaved across the three. Target: >= 1.1 on small
-models on CPU, >= 1.0 on GPU.
+of one epoch (what a user calls), interleaved across all of them. Target: >= 1.1 on small
+models on CPU, >= 1.0 on GPU. The figure uses the same DataLoader for everyone; `accum_fast`
+is also shown: accum with its own fast data path (`DeviceBatches`: the dataset held as
+tensors, one gather per micro-batch), same samples in the same order, against the peers on
+the DataLoader their docs use.
 
     .venv/bin/python bench/trainer_vs_lightning.py [--quick] [--out]
 """
@@ -25,6 +28,8 @@ import _common  # noqa: E402
 import _peers  # noqa: E402
 import _workloads as w  # noqa: E402
 
+from accumcore.device_data import DeviceBatches  # noqa: E402
+
 
 def _compare(name: str, model: nn.Module, data, m: int, n_acc: int, repeats: int, device: str,
              peers_ok: bool, warmup: int = 1) -> dict[str, Any]:
@@ -35,9 +40,13 @@ def _compare(name: str, model: nn.Module, data, m: int, n_acc: int, repeats: int
     def make_sgd(params: Any) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
-    models = {key: w.clone(model) for key in ("accum", "lightning", "accelerate", "tutorial_loop")}
+    models = {key: w.clone(model) for key in ("accum", "accum_fast", "lightning", "accelerate", "tutorial_loop")}
+    on_device = DeviceBatches(*data.tensors, m, shuffle=False, device=device)
     runners = {
         "accum": lambda: w.run_trainer(models["accum"], make_sgd(models["accum"].parameters()), loader, n_acc, loss_fn, device),
+        "accum_fast": lambda: w.run_trainer(
+            models["accum_fast"], make_sgd(models["accum_fast"].parameters()), on_device, n_acc, loss_fn, device
+        ),
         "tutorial_loop": lambda: w.tutorial_loop(
             models["tutorial_loop"].to(device), make_sgd(models["tutorial_loop"].parameters()), loader, n_acc, loss_fn, device
         ),
@@ -50,7 +59,9 @@ def _compare(name: str, model: nn.Module, data, m: int, n_acc: int, repeats: int
     rates = {key: (lambda run=run: samples / _common.timed(run)) for key, run in runners.items()}
     runs = _common.interleaved(rates, repeats, warmup)
     medians = {key: _common.median(values) for key, values in runs.items()}
-    ratios = {f"accum/{key}": medians["accum"] / medians[key] for key in medians if key != "accum"}
+    ratios = {f"accum/{key}": medians["accum"] / medians[key] for key in medians if not key.startswith("accum")}
+    ratios.update({f"accum_fast/{key}": medians["accum_fast"] / medians[key]
+                   for key in medians if not key.startswith("accum")})
     return {"workload": name, "m": m, "N": n_acc, "samples_per_epoch": samples,
             "samples_per_s": medians, "ratios": ratios, "runs": runs}
 
@@ -75,15 +86,19 @@ def main() -> None:
         ]
     target = 1.0 if device == "cuda" else 1.1
     measured: dict[str, float | None] = {}
+    fast_path: dict[str, float | None] = {}
     for peer in _peers.PEERS:
         values = [r["ratios"][f"accum/{peer}"] for r in results if f"accum/{peer}" in r["ratios"]]
         measured[peer] = min(values) if values else None
+        fast = [r["ratios"][f"accum_fast/{peer}"] for r in results if f"accum_fast/{peer}" in r["ratios"]]
+        fast_path[peer] = min(fast) if fast else None
     _common.emit("trainer_vs_lightning", {
         "machine": _common.machine(device),
         "figure": "Trainer throughput / peer throughput (worst workload)",
         "target": target,
         "measured": measured,
         "verdict": {peer: _common.verdict(value, target, True) for peer, value in measured.items()},
+        "with_accum_fast_data_path": fast_path,
         "peers": _peers.peer_versions(),
         "peers_status": peers_reason or "installed",
         "repeats": repeats, "results": results,

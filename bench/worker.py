@@ -173,6 +173,46 @@ def direct_step_rate(spec: dict[str, Any]) -> float:
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
+def callback_overhead(settings: Any, spec: dict[str, Any]) -> dict[str, float]:
+    """Share of ``Trainer.fit``'s wall time spent in the worker's StoreCallback (metric
+    batching, progress, flushes to the real store), measured inside one run: a figure that
+    load from other processes cannot skew the way it skews a ratio of two runs."""
+    from services.spec import parse_spec, total_optimizer_steps
+    from services.store import jobs, leases, tokens
+    from services.worker.build import build_run
+    from services.worker.callbacks import StoreCallback
+    from services.worker.db import session_factory
+
+    parsed = parse_spec(spec)
+    sessions = session_factory(settings)
+    with sessions.begin() as session:
+        owner, _ = tokens.create_owner_with_token(session, f"bench-{uuid.uuid4().hex[:6]}")
+        job, _ = jobs.create_job(session, owner=owner, spec=parsed.normalised())
+        leases.claim_job(session, job.id, "bench", "bench", "cpu", lease_timeout_s=3600)
+    spent = [0.0]
+
+    class Timed(StoreCallback):
+        def on_step(self, trainer: Any, metrics: dict[str, float]) -> None:
+            start = time.perf_counter()
+            super().on_step(trainer, metrics)
+            spent[0] += time.perf_counter() - start
+
+        def on_fit_end(self, trainer: Any, history: Any) -> None:
+            start = time.perf_counter()
+            super().on_fit_end(trainer, history)
+            spent[0] += time.perf_counter() - start
+
+    callback = Timed(sessions, job.id, 1, "bench", total_optimizer_steps(parsed), 3)
+    run = build_run(parsed, callbacks=[callback], checkpoint_dir=None)
+    run.fit_kwargs["val_loader"] = None  # time the training loop, not evaluation
+    run.fit_kwargs["eval_every"] = None
+    start = time.perf_counter()
+    run.trainer.fit(run.train_loader, **run.fit_kwargs)
+    total = time.perf_counter() - start
+    return {"fraction": spent[0] / total, "callback_s": spent[0], "fit_s": total,
+            "flushes": float(callback.flushes)}
+
+
 def main() -> None:
     parser = base_parser(__doc__ or "")
     parser.add_argument("--jobs", type=int, default=20)
@@ -189,6 +229,7 @@ def main() -> None:
     gpus = 1 if torch.cuda.is_available() else 0
     result: dict[str, Any] = {"machine": machine(), "torch_threads": threads}
     lat: dict[str, Any] = {}
+    overhead: dict[str, float] = {}
     ratio_runs: dict[str, list[float]] = {"worker": [], "direct": []}
     for kind in args.brokers.split(","):
         if kind == "redis" and not (reachable("127.0.0.1", 6379) and reachable("127.0.0.1", 5432)):
@@ -202,6 +243,7 @@ def main() -> None:
                 for _ in range(repeats):
                     ratio_runs["worker"].append(deployment.step_rate(deployment.wait(deployment.submit(spec)).id))
                     ratio_runs["direct"].append(direct_step_rate(spec))
+                overhead = callback_overhead(deployment.settings, spec)
         finally:
             deployment.close()
     p50s = [v["p50_ms"] for v in lat.values() if "p50_ms" in v]
@@ -216,6 +258,8 @@ def main() -> None:
         latency=lat,
         latency_verdict=verdict(max(p50s) if p50s else None, 100, higher_is_better=False),
         throughput_steps_per_s=ratio_runs,
+        store_callback_overhead=overhead,
+        store_callback_overhead_target="< 0.01 of fit time",
         throughput_spec=throughput_spec(steps, gpus),
     )
     emit("worker", result, args)

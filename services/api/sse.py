@@ -5,8 +5,9 @@ its status or progress changes), then `end` with the final status, and the strea
 
 The stream polls the database every `POLL_INTERVAL_S` with short sessions (no connection is
 held between polls, so a thousand watchers do not pin the pool) and remembers what it has sent:
-the last event id, and the metric frontier (the highest step sent plus the names sent at that
-step, since an eval for step s may land after the training metrics of s were sent).
+the last event id, and per metric name the highest step sent. A new attempt of the job (a
+restart from a checkpoint) lowers those steps to the checkpoint's, so its rewritten steps are
+sent again.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ def _new_metrics(session: Session, job: Job, state: StreamState) -> list[bytes]:
     names = set(state.metric_steps) | set(job.latest_metrics or {})
     now = time.monotonic()
     if now - state.names_checked_at >= NAMES_REFRESH_S:
-        # Names the job row does not mention (latest_metrics is the worker's choice): a
-        # DISTINCT over the job's rows, so only now and then.
+        # Names the job row does not mention (latest_metrics is the worker's choice): one
+        # lookup of the job's metric names, when progress moved or every few seconds.
         state.names_checked_at = now
         names |= set(store_metrics.metric_names(session, job.id))
     rows = []

@@ -1,17 +1,18 @@
 """Trainer callbacks that write a job's progress to the store.
 
-Metrics are buffered and written in one transaction per batch of steps or per second,
-whichever comes first (plus at checkpoints and at the end), so per-step logging costs well
-under 1% of a step. A checkpoint's row is written in the same transaction as every metric up
-to its step: a resumed attempt, which starts from the latest checkpoint row, never finds a
-hole in the metrics before it. Retention (last ``keep`` + best by val_loss) runs after each
-checkpoint and each evaluation.
+Metrics are buffered by the training thread (a list append per step) and written by a
+background writer thread in one transaction per batch of steps or per second, whichever
+comes first, so neither the cost of a transaction nor a slow database (a SQLite write lock
+held by the API, a PostgreSQL hiccup) ever stalls training. A checkpoint's row is written,
+synchronously, in the same transaction as every metric up to its step: a resumed attempt,
+which starts from the latest checkpoint row, never finds a hole in the metrics before it.
+Retention (last ``keep`` + best by val_loss) runs after each checkpoint and each evaluation.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -68,34 +69,48 @@ class StoreCallback(Callback):
         self.flush_every_steps, self.flush_every_s = flush_every_steps, flush_every_s
         self._rows: list[dict[str, Any]] = []
         self._steps_buffered = 0
-        self._last_flush = time.monotonic()
         self._progress: dict[str, Any] = {}
         self._latest: dict[str, Any] = {}
         self._last_eval: dict[str, float] = {}
+        # Held from taking the buffer until its transaction commits, by the writer thread and
+        # by synchronous writes (checkpoints) alike: metrics reach the database in step order.
+        self._write_lock = threading.Lock()
+        self._buffer_lock = threading.Lock()
+        self._inflight: tuple[list[dict[str, Any]], dict[str, Any]] = ([], {})
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._writer: threading.Thread | None = None
         self.flushes = 0
 
     # ------------------------------------------------------------------ trainer hooks
     def should_stop(self) -> bool:
         return self.heartbeat is not None and self.heartbeat.should_stop()
 
+    def on_fit_start(self, trainer: Any) -> None:
+        self._stopped.clear()
+        self._writer = threading.Thread(target=self._write_loop, name="accum-metrics", daemon=True)
+        self._writer.start()
+
     def on_step(self, trainer: Any, metrics: dict[str, float]) -> None:
         step, epoch = int(metrics["step"]), int(metrics["epoch"])
-        self._rows.extend(metric_rows(step, epoch, metrics))
-        self._steps_buffered += 1
-        self._progress = {"epoch": epoch, "optimizer_step": step, "total_optimizer_steps": self.total_steps}
-        self._latest.update({k: v for k, v in metrics.items() if k not in ("epoch",)})
-        if (
-            self._steps_buffered >= self.flush_every_steps
-            or time.monotonic() - self._last_flush >= self.flush_every_s
-        ):
-            self.flush()
+        rows = metric_rows(step, epoch, metrics)
+        progress = {"epoch": epoch, "optimizer_step": step, "total_optimizer_steps": self.total_steps}
+        with self._buffer_lock:  # uncontended but for the writer's swap: ~100 ns
+            self._rows.extend(rows)
+            self._progress = progress
+            self._latest.update({k: v for k, v in metrics.items() if k != "epoch"})
+            self._steps_buffered += 1
+            full = self._steps_buffered >= self.flush_every_steps
+        if full:
+            self._wake.set()
 
     def on_eval(self, trainer: Any, metrics: dict[str, float]) -> None:
         step, epoch = int(metrics["step"]), int(metrics["epoch"])
-        self._rows.extend(metric_rows(step, epoch, metrics))
+        with self._buffer_lock:
+            self._rows.extend(metric_rows(step, epoch, metrics))
+            self._latest.update({k: v for k, v in metrics.items() if k not in ("step", "epoch")})
         self._last_eval = dict(metrics)
-        self._latest.update({k: v for k, v in metrics.items() if k not in ("step", "epoch")})
-        with self.sessions.begin() as session:
+        with self._write_lock, self.sessions.begin() as session:
             self._write_buffer(session)
             # The checkpoint at this step (written just before the eval) now has its val_loss.
             checkpoint = get_checkpoint(session, self.job_id, step)
@@ -105,7 +120,7 @@ class StoreCallback(Callback):
                 self._prune(session)
 
     def on_checkpoint(self, trainer: Any, info: CheckpointInfo) -> None:
-        with self.sessions.begin() as session:
+        with self._write_lock, self.sessions.begin() as session:
             self._write_buffer(session)
             self._record_checkpoint(session, str(info.path), info.step, info.epoch,
                                     info.size_bytes, info.sha256, info.metrics)
@@ -119,25 +134,61 @@ class StoreCallback(Callback):
             add_event(session, self.job_id, kind, message, dict(data), attempt=self.attempt)
 
     def on_fit_end(self, trainer: Any, history: Any) -> None:
-        self.flush()
+        self.close()
 
     # ---------------------------------------------------------------------- writing
+    def close(self) -> None:
+        """Stop the writer thread and write what is left (also called if fit raises)."""
+        self._stopped.set()
+        self._wake.set()
+        if self._writer is not None and self._writer is not threading.current_thread():
+            self._writer.join(timeout=60)
+        self._writer = None
+        self.flush()
+
     def flush(self) -> None:
-        """Write buffered metrics and progress in one transaction."""
-        if not self._rows and not self._progress:
-            return
-        with self.sessions.begin() as session:
-            self._write_buffer(session)
+        """Write buffered metrics and progress in one transaction, now. On failure the rows
+        stay buffered for the next try."""
+        with self._write_lock:
+            try:
+                with self.sessions.begin() as session:
+                    self._write_buffer(session)
+            except Exception:
+                self._restore_inflight()
+                raise
+
+    def _write_loop(self) -> None:
+        while not self._stopped.is_set():
+            self._wake.wait(self.flush_every_s)
+            self._wake.clear()
+            if self._stopped.is_set():
+                return
+            try:
+                self.flush()
+            except Exception:  # keep the rows (they are put back) and try again next time
+                log.warning("writing metrics of job %s failed; retrying", self.job_id, exc_info=True)
 
     def _write_buffer(self, session: Session) -> None:
-        if self._rows:
-            write_metrics(session, self.job_id, self.attempt, self._rows)
-        if self._progress or self._latest:
-            update_progress(session, self.job_id, self._progress or None, self._latest or None,
+        """Take the buffer and write it in ``session``; callers hold ``_write_lock``."""
+        with self._buffer_lock:
+            rows, self._rows = self._rows, []
+            progress, self._progress = self._progress, {}
+            latest = dict(self._latest)
+            self._steps_buffered = 0
+        self._inflight = (rows, progress)
+        if rows:
+            write_metrics(session, self.job_id, self.attempt, rows)
+        if progress or latest:
+            update_progress(session, self.job_id, progress or None, latest or None,
                             worker_id=self.worker_id)
-        self._rows, self._steps_buffered = [], 0
-        self._last_flush = time.monotonic()
         self.flushes += 1
+
+    def _restore_inflight(self) -> None:
+        rows, progress = self._inflight
+        with self._buffer_lock:
+            self._rows[:0] = rows
+            self._progress = self._progress or progress
+        self._inflight = ([], {})
 
     def _record_checkpoint(self, session: Session, uri: str, step: int, epoch: int | None,
                            size_bytes: int, sha256: str, metrics: dict[str, Any]) -> None:

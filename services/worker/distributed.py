@@ -130,4 +130,6 @@ def _rank_main(
             run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=device))
         run.trainer.fit(run.train_loader, **run.fit_kwargs)
     finally:
+        if store_callback is not None:
+            store_callback.close()
         dist.destroy_process_group()

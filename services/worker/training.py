@@ -30,7 +30,10 @@ def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heart
     checkpoint = prepare_resume(sessions, attempt)
     if checkpoint is not None:
         run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=run.trainer.device))
-    history = run.trainer.fit(run.train_loader, **run.fit_kwargs)
+    try:
+        history = run.trainer.fit(run.train_loader, **run.fit_kwargs)
+    finally:
+        callback.close()  # on_fit_end did it, unless fit raised: stop the writer thread
     return outcome(history.stopped, heartbeat)
 
 

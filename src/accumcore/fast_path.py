@@ -2,10 +2,14 @@
 
 Each function is a no-op, or safe, on CPU, so callers apply them unconditionally:
 
-    from accumcore import fast_path
-    model, optimizer = fast_path.prepare(model, {"name": "adamw", "lr": 1e-3}, "cuda", "bf16")
-    loader = DataLoader(dataset, batch_size=64, **fast_path.loader_kwargs("cuda", num_workers=4))
-    trainer.fit(fast_path.CudaPrefetcher(loader, "cuda"), epochs=1)
+    from accumcore import Trainer, fast_path
+    from accumcore.device_data import fast_loader
+    model, optimizer = fast_path.prepare(model, {"name": "adamw", "lr": 1e-3}, "cuda", compile=False)
+    loader = fast_loader(dataset, 64, seed=0, device="cuda", name="cifar10", num_workers=4)
+    Trainer(model, optimizer, accumulation_steps=4, precision="bf16", device="cuda").fit(loader)
+
+`fast_loader` holds the small datasets on the device (`DeviceBatches`) and streams the rest
+with pinned memory, persistent workers and `CudaPrefetcher`; both keep `make_loader`'s order.
 
 What it does, and why each one keeps the math:
 - `channels_last` memory format for models with 2-D convolutions on CUDA: same values, a

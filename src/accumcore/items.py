@@ -46,6 +46,8 @@ def count_items(targets: Any, ignore_index: int) -> Count:
 
 def normalise_count(count: Any) -> int | float | torch.Tensor:
     """A count from ``count_items`` as a Python number, or a tensor when it lives on a device."""
+    if type(count) is int and count >= 0:
+        return count
     if isinstance(count, torch.Tensor):
         if count.device.type != "cpu":
             return count  # reading it would be a device sync per micro-batch

@@ -18,6 +18,16 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of all gradients together."""
+    first = grads[0]
+    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
+        # One fused kernel; get_total_norm's grouping by device and dtype costs more than the
+        # norm itself on small models.
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    return torch.nn.utils.get_total_norm(grads, 2.0)
+
+
 class Precision:
     def __init__(self, name: str, device: torch.device) -> None:
         if name not in PRECISIONS:
@@ -54,7 +64,7 @@ class Precision:
             return torch.zeros(())
         # Norm first, clip only when asked: clip_grad_norm_ with an infinite bound would still
         # rescale every gradient (a wasted pass over all of them per step).
-        total = torch.nn.utils.get_total_norm([p.grad for p in with_grads if p.grad is not None], 2.0)
+        total = total_norm([p.grad for p in with_grads if p.grad is not None])
         if max_norm is not None and not math.isinf(max_norm):
             torch.nn.utils.clip_grads_with_norm_(with_grads, max_norm, total)
         return total

@@ -51,7 +51,7 @@ class WindowStepper:
         lr = float(self.optimizer.param_groups[0]["lr"])
         grad_norm = self.precision.unscale_and_clip(self.optimizer, self.params, self.grad_clip_norm)
         self.precision.optimizer_step(self.optimizer)
-        loss_sum = result.loss_sum if result.loss_sum is not None else torch.zeros((), device=self.device)
+        loss_sum = result.loss_sum if result.loss_sum is not None else 0.0
         if distributed.ddp_wrapped(self.model):
             loss_sum = distributed.all_reduce_sum([loss_sum], distributed.comm_device(self.model))[0]
         values = metrics.to_floats(  # the window's one device sync

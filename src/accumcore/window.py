@@ -20,7 +20,7 @@ from accumcore.precision import Precision
 
 @dataclass
 class WindowResult:
-    loss_sum: torch.Tensor | None  # sum over local items of the per-item loss (on device)
+    loss_sum: float | torch.Tensor | None  # sum over local items of the per-item loss
     items: float | torch.Tensor  # W over all ranks
     samples: float | torch.Tensor  # samples over all ranks
     micro_batches: int
@@ -121,15 +121,16 @@ class WindowRunner:
         return WindowResult(_weighted_sum(losses, counts), total_items, total_samples, len(micro_batches))
 
 
-def _weighted_sum(losses: list[torch.Tensor], counts: list[int | float | torch.Tensor]) -> torch.Tensor | None:
+def _weighted_sum(
+    losses: list[torch.Tensor], counts: list[int | float | torch.Tensor]
+) -> float | torch.Tensor | None:
     """sum(loss_i * n_i), in a few ops per window rather than two per micro-batch."""
     if not losses:
         return None
     numbers = not any(isinstance(c, torch.Tensor) for c in counts)
     if losses[0].device.type == "cpu" and numbers:
         # On the CPU reading a value is no device sync, and cheaper than tensor ops.
-        return torch.tensor(sum(loss.item() * count for loss, count in zip(losses, counts, strict=True)),
-                            dtype=torch.float64)
+        return sum(loss.item() * count for loss, count in zip(losses, counts, strict=True))
     if numbers:
         scalars = [float(c) for c in counts]
         return torch.stack(torch._foreach_mul(losses, scalars)).sum()

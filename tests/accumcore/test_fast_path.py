@@ -237,3 +237,15 @@ def test_trainer_on_device_batches_resumes_bitwise() -> None:
     resumed = _fit_on_device_batches(2)  # 6 batches per epoch, N=2: mid-epoch of epoch 0
     for a, b in zip(uninterrupted, resumed, strict=True):
         assert torch.equal(a, b)
+
+
+def test_fast_loader_gives_make_loaders_batches_on_either_path() -> None:
+    from accumcore.device_data import fast_loader
+
+    dataset = _dataset()
+    expected = _targets(make_loader(dataset, 5, seed=3))
+    held = fast_loader(dataset, 5, seed=3, name="digits")
+    streamed = fast_loader(dataset, 5, seed=3, name="text")
+    assert isinstance(held, DeviceBatches)
+    assert isinstance(streamed, fast_path.CudaPrefetcher)
+    assert _targets(held) == _targets(streamed) == expected

@@ -26,7 +26,10 @@ from .helpers import MINIMAL_SPEC
 
 @pytest.fixture
 def api_settings(store_settings: Settings) -> Settings:
-    return store_settings
+    """The store's settings with the embedded broker in the test's home, whatever
+    ACCUM_BROKER_URL the environment has (tests count the messages in it)."""
+    broker = Path(store_settings.home) / "broker.sqlite"
+    return store_settings.model_copy(update={"broker_url": f"sqlite:///{broker}"})
 
 
 @pytest.fixture
@@ -82,7 +85,7 @@ def broker_messages(api_settings: Settings) -> Any:
     """`broker_messages()` -> job ids the API put on the embedded broker, in order."""
 
     def read() -> list[str]:
-        path = Path(api_settings.home) / "broker.sqlite"
+        path = Path(api_settings.broker_url.removeprefix("sqlite:///"))
         if not path.exists():
             return []
         with sqlite3.connect(path) as conn:

@@ -8,12 +8,19 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.main import create_app
 from services.settings import Settings
+from services.store import jobs, leases, tokens
+from services.store.models import Job
+from services.store.types import utcnow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,14 +46,37 @@ def test_importing_and_building_the_app_never_imports_torch(accum_home: Path) ->
     assert probe["title"] == "accum"  # `app` was built from the ACCUM_* environment on demand
 
 
-def test_lifespan_starts_and_stops_the_lease_reaper(store_settings: Settings) -> None:
+def test_lifespan_starts_and_stops_the_lease_reaper(api_settings: Settings) -> None:
     def reapers() -> int:
         return sum(t.name == "accum-lease-reaper" and t.is_alive() for t in threading.enumerate())
 
     before = reapers()
-    with TestClient(create_app(store_settings)):
+    with TestClient(create_app(api_settings)):
         assert reapers() == before + 1
     assert reapers() == before
+
+
+def test_the_api_process_requeues_jobs_whose_worker_died(
+    api_settings: Settings, session_factory: sessionmaker[Session], broker_messages: Any
+) -> None:
+    with session_factory.begin() as session:
+        owner, _ = tokens.create_owner_with_token(session, "alice")
+        job, _ = jobs.create_job(session, owner=owner, spec={"model": "mlp"})
+    with session_factory.begin() as session:
+        # Claimed two minutes ago with a 60 s lease that nobody renewed: the worker is gone.
+        long_ago = utcnow() - timedelta(seconds=120)
+        leases.claim_job(session, job.id, "dead-worker", "h", None, lease_timeout_s=60, now=long_ago)
+    settings = api_settings.model_copy(update={"reaper_interval_s": 0.1})
+
+    with TestClient(create_app(settings)):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and job.id not in broker_messages():
+            time.sleep(0.05)
+
+    with session_factory() as session:
+        reaped = session.get(Job, job.id)
+        assert reaped is not None and reaped.status == "queued" and reaped.restarts == 1
+    assert broker_messages() == [job.id]
 
 
 def test_openapi_and_docs_are_served(client: TestClient) -> None:

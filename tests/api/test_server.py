@@ -34,13 +34,14 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def server(store_settings: Settings) -> Iterator[str]:
+def server(api_settings: Settings) -> Iterator[str]:
     """`uvicorn services.api.main:app` with the test's store; yields its base URL."""
     port = free_port()
     env = {
         **os.environ,
-        "ACCUM_HOME": str(store_settings.home),
-        "ACCUM_DATABASE_URL": store_settings.database_url,
+        "ACCUM_HOME": str(api_settings.home),
+        "ACCUM_DATABASE_URL": api_settings.database_url,
+        "ACCUM_BROKER_URL": api_settings.broker_url,
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "services.api.main:app", "--port", str(port), "--log-level", "warning"],

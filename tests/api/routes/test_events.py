@@ -3,6 +3,8 @@ test_server.py)."""
 
 from __future__ import annotations
 
+import json
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -12,8 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.api import sse
 from services.client import parse_sse
-from services.store import events
+from services.store import checkpoints, events, leases, metrics
 from services.store.models import Job
+from services.store.types import utcnow
 
 
 def test_lifecycle_events_are_listed_oldest_first(
@@ -105,3 +108,28 @@ async def zip_count(stream: Any, count: int) -> Any:
         index += 1
         if index == count:
             return
+
+
+def test_stream_resends_the_steps_a_restarted_attempt_rewrites(
+    submitted: dict[str, Any], session_factory: sessionmaker[Session]
+) -> None:
+    job_id, start = submitted["id"], utcnow()
+    with session_factory.begin() as session:
+        leases.claim_job(session, job_id, "w1", "h", None, lease_timeout_s=60, now=start)
+        metrics.write_metrics(session, job_id, 1, [{"name": "loss", "step": s, "value": 1.0 / s} for s in range(1, 6)])
+        checkpoints.add_checkpoint(session, job_id, 2, "/nowhere/2.pt", 1, "0" * 64)
+    with session_factory() as session:
+        state = sse.open_stream(session, session.get(Job, job_id))  # type: ignore[arg-type]
+    first, _ = sse.poll(session_factory, job_id, state)
+    # w1 dies; w2 takes the job over from checkpoint step 2 and logs steps 3 and 4 again.
+    with session_factory.begin() as session:
+        later = start + timedelta(seconds=120)
+        assert leases.claim_job(session, job_id, "w2", "h", None, lease_timeout_s=60, now=later)
+        metrics.delete_metrics_after(session, job_id, 2)
+        metrics.write_metrics(session, job_id, 2, [{"name": "loss", "step": s, "value": 9.0} for s in (3, 4)])
+    second, _ = sse.poll(session_factory, job_id, state)
+
+    assert not any(m.startswith(b"event: metric") for m in first)  # history is not replayed
+    resent = [m for m in second if m.startswith(b"event: metric")]
+    assert [json.loads(m.split(b"data: ")[1])["step"] for m in resent] == [3, 4]
+    assert all(json.loads(m.split(b"data: ")[1])["value"] == 9.0 for m in resent)

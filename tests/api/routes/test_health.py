@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -41,9 +40,9 @@ def test_readyz_with_redis_broker_up(store_settings: Settings, redis_url: str) -
     ],
 )
 def test_readyz_is_503_naming_what_is_down(
-    accum_home: Path, database_url: str, changes: dict[str, str], down: str, up: str
+    api_settings: Settings, changes: dict[str, str], down: str, up: str
 ) -> None:
-    settings = Settings(home=accum_home, database_url=database_url).model_copy(update=changes)
+    settings = api_settings.model_copy(update=changes)
     with TestClient(create_app(settings, run_reaper=False), raise_server_exceptions=False) as client:
         start = time.monotonic()
         response = client.get("/readyz")

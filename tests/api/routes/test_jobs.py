@@ -223,12 +223,12 @@ def test_a_failed_job_shows_its_error_and_resume_clears_it(
 
 
 def test_a_broker_outage_does_not_lose_the_submitted_job(
-    store_settings: Settings, alice: dict[str, str], spec: dict[str, Any]
+    api_settings: Settings, alice: dict[str, str], spec: dict[str, Any]
 ) -> None:
     # The row is committed before the broker is tried: the job exists and stays queued
     # (and /readyz reports the broker down) instead of the client getting a 500 for a job
     # that was in fact created.
-    settings = store_settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+    settings = api_settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
     with TestClient(create_app(settings, run_reaper=False), raise_server_exceptions=False) as client:
         created = client.post("/v1/jobs", json=spec, headers=alice)
         listed = client.get("/v1/jobs", headers=alice).json()["items"]
