@@ -65,6 +65,15 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
+def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
+    """Median of the per-round ratios a_i / b_i of two interleaved series.
+
+    Robust to load that drifts during the run (each round's two runs saw about the same
+    load), unlike the ratio of the two medians.
+    """
+    return median([a / b for a, b in zip(numerators, denominators, strict=True)])
+
+
 def timed(fn: Callable[[], Any]) -> float:
     """Seconds one call takes on the configured clock; synchronises CUDA so queued kernels count.
 
@@ -95,19 +104,21 @@ def _cuda_sync() -> Callable[[], None]:
 def interleaved(
     runners: dict[str, Callable[[], float]], repeats: int, warmup: int = 1
 ) -> dict[str, list[float]]:
-    """Run each runner `warmup` times, then `repeats` rounds A, B, A, B, ...
+    """Run each runner `warmup` times, then `repeats` rounds in alternating order: A B, B A, ...
 
     Interleaving matters on a shared machine: a burst of load from another process then hits
-    both sides of a ratio instead of one. Each runner returns its own measure (seconds or a
+    both sides of a ratio instead of one; alternating the order cancels any advantage of
+    running first or second in a round. Each runner returns its own measure (seconds or a
     rate); the lists of measures are returned per name.
     """
     for _ in range(warmup):
         for run in runners.values():
             run()
     samples: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            samples[name].append(run())
+    names = list(runners)
+    for round_index in range(repeats):
+        for name in names if round_index % 2 == 0 else reversed(names):
+            samples[name].append(runners[name]())
     return samples
 
 

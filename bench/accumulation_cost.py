@@ -51,7 +51,7 @@ def main() -> None:
         }, repeats, _common.warmups(args))
         rate_acc, rate_big = _common.median(runs["accumulated"]), _common.median(runs["big_batch"])
         rows.append({"m": m, "N": n_acc, "samples_per_s_m_N": rate_acc, "samples_per_s_mN_1": rate_big,
-                     "ratio": rate_acc / rate_big, "runs": runs})
+                     "ratio": _common.paired_ratio(runs["accumulated"], runs["big_batch"]), "runs": runs})
     measured = rows[-1]["ratio"]
     _common.emit("accumulation_cost", {
         "machine": _common.machine(device),

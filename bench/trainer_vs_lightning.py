@@ -59,9 +59,9 @@ def _compare(name: str, model: nn.Module, data, m: int, n_acc: int, repeats: int
     rates = {key: (lambda run=run: samples / _common.timed(run)) for key, run in runners.items()}
     runs = _common.interleaved(rates, repeats, warmup)
     medians = {key: _common.median(values) for key, values in runs.items()}
-    ratios = {f"accum/{key}": medians["accum"] / medians[key] for key in medians if not key.startswith("accum")}
-    ratios.update({f"accum_fast/{key}": medians["accum_fast"] / medians[key]
-                   for key in medians if not key.startswith("accum")})
+    # Median of per-round ratios: robust to load drifting during the run.
+    ratios = {f"{ours}/{key}": _common.paired_ratio(runs[ours], runs[key])
+              for ours in ("accum", "accum_fast") for key in medians if not key.startswith("accum")}
     return {"workload": name, "m": m, "N": n_acc, "samples_per_epoch": samples,
             "samples_per_s": medians, "ratios": ratios, "runs": runs}
 

@@ -8,6 +8,7 @@ checkpoint into these objects continues the run exactly.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset
 
-from accumcore import Callback, Trainer
+from accumcore import Callback, Trainer, fast_path
 from accumcore.catalog.build import DatasetBundle, build_dataset, build_loss, build_model
 from accumcore.data import make_loader
 from services.spec import JobSpec, accumulation_at, effective_batch_size, world_size
@@ -80,6 +81,30 @@ def probe_micro_batch(
     micro = find_micro_batch_size(model, sample, per_rank, device, loss_fn=loss_fn,
                                   precision=spec.precision)
     return micro, accumulation_for(per_rank, micro)
+
+
+def make_train_loader(
+    spec: JobSpec, train: Dataset[Any], bundle: DatasetBundle, micro: int, device: str
+) -> Any:
+    """The training batches, in the (seed, epoch) order that makes resume exact.
+
+    ``data_on_device``: the whole (small) dataset lives on the device, each micro-batch is one
+    indexing kernel. Otherwise a DataLoader; on CUDA with the fast path, with pinned memory,
+    worker processes and a prefetcher that copies the next batch while this one computes.
+    """
+    from accumcore.device_data import DeviceBatches
+
+    if spec.data_on_device and bundle.collate_fn is None:
+        return DeviceBatches.from_dataset(train, micro, device=device, seed=spec.seed, shuffle=True)
+    cuda = device.startswith("cuda")
+    extra = fast_path.loader_kwargs(device, num_workers=loader_workers()) if cuda and spec.fast_path else {}
+    loader = make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn, **extra)
+    return fast_path.CudaPrefetcher(loader, device) if cuda and spec.fast_path else loader
+
+
+def loader_workers() -> int:
+    """DataLoader workers for a GPU job: enough to keep the GPU fed, leaving cores to the rest."""
+    return max(0, min(8, (os.cpu_count() or 2) // 2))
 
 
 def rank_shard(dataset: Dataset[Any], rank: int, world: int) -> Dataset[Any]:
@@ -158,6 +183,10 @@ def build_run(
     bundle = build_data(spec, data_root_default)
     torch.manual_seed(spec.seed)  # the same seed gives the same initial weights on resume
     model = build_model(spec.model.name, bundle, **spec.model.options).to(device)
+    if spec.fast_path:
+        model = fast_path.use_channels_last(model, device)  # same values, faster conv layout
+    if spec.compile:
+        model = fast_path.maybe_compile(model, True).model  # forward only; state_dict unchanged
     optimizer = build_optimizer(spec, model.parameters(), device)
     if wrap_model is not None:
         model = wrap_model(model)
@@ -166,7 +195,7 @@ def build_run(
     loss_fn = build_loss(bundle)
     if spec.micro_batch_size == "auto" and device.startswith("cuda"):
         micro, steps = probe_micro_batch(spec, model, train, bundle, loss_fn, device)
-    train_loader = make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn)
+    train_loader = make_train_loader(spec, train, bundle, micro, device)
     val_loader = make_loader(bundle.val, micro, shuffle=False, collate_fn=bundle.collate_fn)
     total = spec_total_steps(spec, train_size=len(bundle.train))
     factor = lr_lambda(spec, total)

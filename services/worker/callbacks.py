@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 FLUSH_EVERY_STEPS = 200
 FLUSH_EVERY_S = 1.0
-STEP_KEYS = ("loss", "lr", "grad_norm", "samples_per_s", "items_per_s", "step_time_s")
 
 
 class StoreCallback(Callback):

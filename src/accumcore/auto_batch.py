@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from accumcore import items
+from accumcore import distributed, items
 from accumcore.oom import OOM_ERRORS, release_memory
 from accumcore.precision import Precision
 
@@ -70,6 +70,9 @@ def find_micro_batch_size(
         raise ValueError(f"effective_batch_size must be >= 1, got {effective_batch_size}")
     device = torch.device(device)
     loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
+    # Probe the bare module: DDP would all-reduce every probe's gradients, and ranks probing
+    # different sizes would wait on each other forever.
+    model = distributed.unwrap(model)
     candidates = [
         d for d in divisors(effective_batch_size)
         if max_micro_batch_size is None or d <= max_micro_batch_size

@@ -51,7 +51,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     if isinstance(np_state, dict):
         np_state = (
             np_state["name"],
-            np_state["keys"].numpy().astype(np.uint32),
+            np_state["keys"].cpu().numpy().astype(np.uint32),
             np_state["pos"],
             np_state["has_gauss"],
             np_state["cached_gaussian"],

@@ -200,6 +200,8 @@ def test_cuda_choices_channels_last_and_fused_kernels_keep_the_values() -> None:
     for a, b in zip(before, converted.parameters(), strict=True):
         assert torch.equal(a, b)
     assert fast_path.use_channels_last(nn.Linear(2, 2), "cuda").weight.is_contiguous()
+    opted_in = fast_path.use_channels_last(nn.Sequential(nn.Conv2d(3, 4, 3)), "cpu", on_cpu=True)
+    assert opted_in[0].weight.is_contiguous(memory_format=torch.channels_last)
     optimizer = fast_path.make_optimizer("adamw", converted.parameters(), 1e-3, device="cuda")
     assert optimizer.defaults["fused"] is True
     plain = fast_path.make_optimizer("adamw", converted.parameters(), 1e-3, device="cuda", fast=False)

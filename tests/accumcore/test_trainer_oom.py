@@ -121,3 +121,26 @@ def test_accumulation_for_refuses_non_divisors() -> None:
     assert accumulation_for(32, 8) == 4
     with pytest.raises(ValueError, match=r"pick one of \[1, 2, 4, 8, 16, 32\]"):
         accumulation_for(32, 6)
+
+
+def test_the_backed_off_split_is_resumed_exactly() -> None:
+    """After an OOM back-off, a resumed run keeps the smaller micro-batches (no new OOM) and
+    ends bitwise equal to the uninterrupted run."""
+    full_trainer, full_model, _, _, _ = _run(limit=2)
+    base = class_model(torch.float64)
+    dataset = class_dataset(10, torch.float64)
+
+    def fresh(events: Events) -> Trainer:
+        model = InjectedOOM(copy.deepcopy(base), limit=2)
+        return Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
+                       loss_fn=nn.CrossEntropyLoss(), accumulation_steps=2, callbacks=[events])
+
+    first_events, resumed_events = Events(), Events()
+    first = fresh(first_events)
+    first.fit(make_loader(dataset, 4, seed=3), epochs=2, max_steps=1)
+    resumed = fresh(resumed_events)
+    resumed.load_state_dict(first.state_dict())
+    resumed.fit(make_loader(dataset, 4, seed=3), epochs=2)
+    assert [kind for kind, _ in first_events.events] == ["oom_backoff"] and resumed_events.events == []
+    for p, q in zip(resumed.model.parameters(), full_model.parameters(), strict=True):
+        assert torch.equal(p, q)

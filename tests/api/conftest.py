@@ -89,7 +89,10 @@ def broker_messages(api_settings: Settings) -> Any:
         if not path.exists():
             return []
         with sqlite3.connect(path) as conn:
-            rows = conn.execute("SELECT payload FROM broker_messages ORDER BY id").fetchall()
+            try:
+                rows = conn.execute("SELECT payload FROM broker_messages ORDER BY id").fetchall()
+            except sqlite3.OperationalError:  # the transport is creating its table right now
+                return []
         return [_job_id_of(payload) for (payload,) in rows]
 
     return read

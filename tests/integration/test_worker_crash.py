@@ -14,7 +14,7 @@ import torch
 
 from services.store import checkpoints, metrics
 
-SPEC = {"max_steps": 80, "checkpoint_every": 5, "keep_checkpoints": 3, "micro_batch_size": 32,
+SPEC = {"max_steps": 200, "checkpoint_every": 5, "keep_checkpoints": 3, "micro_batch_size": 32,
         "accumulation_steps": 2}
 
 
@@ -32,7 +32,7 @@ def wait_for_first_checkpoint(stack: Any, job_id: str, timeout: float = 90.0) ->
             latest = checkpoints.latest_checkpoint(session, job_id)
         if latest is not None:
             return latest.step
-        time.sleep(0.01)
+        time.sleep(0.005)
     raise AssertionError(f"no checkpoint after {timeout}s\n{stack.worker_logs()}")
 
 

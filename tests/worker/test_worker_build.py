@@ -54,3 +54,21 @@ def test_rank_shards_are_equal_sized_and_cover_the_dataset() -> None:
     seen = {s[i] for s in shards for i in range(4)}  # type: ignore[index]
     assert seen == set(data)
     assert rank_shard(data, 0, 1) is data  # type: ignore[arg-type]
+
+
+def _final_weights(spec_overrides: dict[str, object]) -> dict[str, object]:
+    from services.worker.build import build_run
+
+    spec = parse_spec({**BASE, "max_steps": 5, **spec_overrides})
+    run = build_run(spec, callbacks=[], checkpoint_dir=None)
+    run.fit_kwargs["val_loader"] = None
+    run.trainer.fit(run.train_loader, **run.fit_kwargs)
+    return {k: v.clone() for k, v in run.trainer.model.state_dict().items()}
+
+
+def test_data_on_device_trains_in_the_same_order_as_the_loader() -> None:
+    import torch
+
+    loader, on_device = _final_weights({}), _final_weights({"data_on_device": True})
+    assert loader.keys() == on_device.keys()
+    assert all(torch.equal(loader[k], on_device[k]) for k in loader)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
 from services.api.deps import SessionDep
@@ -15,10 +16,6 @@ router = APIRouter(tags=["monitoring"])
 @router.get("/metrics", response_class=Response, include_in_schema=False)
 def prometheus_metrics(*, session: SessionDep, request: Request) -> Response:
     """Prometheus exposition; the job gauges are read from the store at scrape time."""
-    # Imported here: prometheus_client.exposition pulls in wsgiref and friends, start-up
-    # time that only scrapers should pay for.
-    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-
     telemetry = request.app.state.telemetry
     counts = session.execute(
         select(Job.status, Job.queue, func.count()).group_by(Job.status, Job.queue)
