@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -219,7 +220,7 @@ def torch_loaded(pid: int) -> bool:
     return "libtorch" in maps.read_text() if maps.exists() else False
 
 
-def seed_metrics(database_url: str, job_id: str) -> None:
+def seed_metrics(database_url: str, job_id: str, points: int) -> None:
     from sqlalchemy import text
 
     from services.store import make_engine, make_session_factory, metrics
@@ -228,7 +229,7 @@ def seed_metrics(database_url: str, job_id: str) -> None:
     factory = make_session_factory(engine)
     rows = [
         {"name": "loss", "step": s, "epoch": s // 1000, "value": 2.0 / (1 + s / 1000) + (s % 7) * 1e-3}
-        for s in range(1, METRIC_POINTS + 1)
+        for s in range(1, points + 1)
     ]
     for start in range(0, len(rows), 10_000):
         with factory.begin() as session:
@@ -272,8 +273,10 @@ def main() -> None:
     parser = _common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each load phase")
     args = parser.parse_args()
-    seconds = 2.0 if args.quick else args.seconds
-    repeats = 5 if args.quick else 30
+    # --quick: a smoke run (tests/api/test_bench.py) that exercises every phase briefly.
+    seconds = 0.5 if args.quick else args.seconds
+    repeats = 3 if args.quick else 30
+    points = 3000 if args.quick else METRIC_POINTS
 
     import httpx
     import redis
@@ -322,10 +325,10 @@ def main() -> None:
             content=SPEC_TEMPLATE.format(seed=10**9),
             headers={**headers, "Content-Type": "application/json"},
         ).json()
-        seed_metrics(database_url, job["id"])
+        seed_metrics(database_url, job["id"], points)
         metrics_url = f"{base}/v1/jobs/{job['id']}/metrics?name=loss"
         first_page = time_gets(metrics_url, headers, repeats, process.pid)
-        middle = httpx.get(f"{metrics_url}&since_step={METRIC_POINTS // 2}", headers=headers).json()
+        middle = httpx.get(f"{metrics_url}&since_step={points // 2}", headers=headers).json()
         middle_page = time_gets(
             f"{metrics_url}&cursor={middle['next_cursor']}", headers, repeats, process.pid
         )
@@ -338,6 +341,7 @@ def main() -> None:
             process.wait(timeout=20)
         drop_database(handle)
         redis.Redis.from_url(REDIS_URL).flushdb()
+        shutil.rmtree(home, ignore_errors=True)
 
     page_ms = max(first_page["p50_ms"], middle_page["p50_ms"])
     result = {
@@ -348,6 +352,7 @@ def main() -> None:
             "uvicorn_workers": 1,
             "clients": CONCURRENCY,
             "seconds_per_phase": seconds,
+            "metric_points": points,
             "messages_enqueued": redis_depth,
         },
         "submit_closed_loop": closed,

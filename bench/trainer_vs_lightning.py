@@ -71,7 +71,7 @@ def main() -> None:
     peers_reason = _peers.reexec_in_peers_env(args.quick)
     _common.configure(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    repeats = args.repeats or (1 if args.quick else 5)
+    repeats = args.repeats or (1 if args.quick else 7)
     peers_ok = peers_reason is None
     if args.quick:
         warmup = _common.warmups(args)

@@ -13,10 +13,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.api.main import create_app
+from services.api.main import ROUTE_THREADS, create_app
 from services.settings import Settings
 from services.store import jobs, leases, tokens
 from services.store.models import Job
@@ -46,13 +47,18 @@ def test_importing_and_building_the_app_never_imports_torch(accum_home: Path) ->
     assert probe["title"] == "accum"  # `app` was built from the ACCUM_* environment on demand
 
 
-def test_lifespan_starts_and_stops_the_lease_reaper(api_settings: Settings) -> None:
+def test_lifespan_sizes_the_thread_pool_and_runs_the_lease_reaper(api_settings: Settings) -> None:
     def reapers() -> int:
         return sum(t.name == "accum-lease-reaper" and t.is_alive() for t in threading.enumerate())
 
+    def route_threads() -> int:
+        return int(anyio.to_thread.current_default_thread_limiter().total_tokens)
+
     before = reapers()
-    with TestClient(create_app(api_settings)):
+    with TestClient(create_app(api_settings)) as client:
         assert reapers() == before + 1
+        assert client.portal is not None
+        assert client.portal.call(route_threads) == ROUTE_THREADS
     assert reapers() == before
 
 
