@@ -71,6 +71,7 @@ class StoreCallback(Callback):
         self._progress: dict[str, Any] = {}
         self._latest: dict[str, Any] = {}
         self._last_eval: dict[str, float] = {}
+        self._checkpoint_steps: set[int] = set()
         # Held from taking the buffer until its transaction commits, by the writer thread and
         # by synchronous writes (checkpoints) alike: metrics reach the database in step order.
         self._write_lock = threading.Lock()
@@ -109,6 +110,8 @@ class StoreCallback(Callback):
             self._rows.extend(metric_rows(step, epoch, metrics))
             self._latest.update({k: v for k, v in metrics.items() if k not in ("step", "epoch")})
         self._last_eval = dict(metrics)
+        if step not in self._checkpoint_steps:
+            return  # the writer thread takes the rows with the next batch
         with self._write_lock, self.sessions.begin() as session:
             self._write_buffer(session)
             # The checkpoint at this step (written just before the eval) now has its val_loss.
@@ -119,6 +122,7 @@ class StoreCallback(Callback):
                 self._prune(session)
 
     def on_checkpoint(self, trainer: Any, info: CheckpointInfo) -> None:
+        self._checkpoint_steps.add(info.step)
         with self._write_lock, self.sessions.begin() as session:
             self._write_buffer(session)
             self._record_checkpoint(session, str(info.path), info.step, info.epoch,

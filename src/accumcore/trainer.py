@@ -3,8 +3,9 @@
     trainer = Trainer(model, optimizer, loss_fn=torch.nn.CrossEntropyLoss(), accumulation_steps=4)
     history = trainer.fit(make_loader(train_set, batch_size=32), epochs=2, val_loader=val_loader)
 
-Each epoch is read window by window: the window's N micro-batches are loaded first (so the
-item total W is known), run by ``WindowRunner``, then one optimizer step and one scheduler
+Each epoch is read window by window: the window's item total W is counted first (from the
+targets alone where the loader allows it, see ``window_source``; otherwise by loading the
+window's N micro-batches ahead), the window is run by ``WindowRunner``, then one optimizer step and one scheduler
 step close the window. Checkpoints, ``state_dict`` and ``should_stop`` act only at window
 boundaries, which is what makes resume bitwise exact.
 """
@@ -33,6 +34,7 @@ from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
 from accumcore.stepper import WindowStepper
 from accumcore.window import WindowResult, WindowRunner, make_micro_batches
+from accumcore.window_source import PendingBatch, target_source
 
 
 @dataclass
@@ -100,6 +102,7 @@ class Trainer:
         self.callbacks = CallbackList(callbacks)
         self.ignore_index = ignore_index
         self.count_items = count_items or self._default_count
+        self._custom_counter = count_items is not None
         if checkpoint_every is not None and checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1 optimizer steps, got {checkpoint_every}")
         if checkpoint_every is not None and checkpoint_dir is None:
@@ -207,6 +210,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 return "stopped"
             self.batch_in_epoch += len(window)
+            window = []  # free this window's batches before the next window is read
             step_metrics = self._step(result, started)
             self._rng_at_boundary = None
             self._history.steps.append(step_metrics)
@@ -233,6 +237,10 @@ class Trainer:
             batch_sampler.state_dict() if hasattr(batch_sampler, "state_dict") else None
         )
         skip = self.batch_in_epoch
+        source = target_source(loader, self._custom_counter, self.ignore_index)
+        if source is not None:
+            # W from the targets; each micro-batch's inputs loaded just before its forward.
+            return source.batches(skip)
         if skip and hasattr(batch_sampler, "skip_batches"):
             batch_sampler.skip_batches(skip)
             return iter(loader)
@@ -252,11 +260,11 @@ class Trainer:
             except OOM_ERRORS:
                 pass  # handled below, outside the except block, so the traceback is freed
             self.optimizer.zero_grad(set_to_none=True)
-            largest = max(items.first_dim(mb.inputs) for mb in micro_batches)
+            largest = max(mb.samples for mb in micro_batches)
             del micro_batches
             release_memory()
             self.oom_split = next_split(self.oom_split, largest)
-            loaded = max(items.first_dim(items.unpack(b)[0]) for b in window)
+            loaded = max(_batch_samples(b) for b in window)
             data = {
                 "micro_batch_size": math.ceil(loaded / self.oom_split),
                 "accumulation_steps": self.schedule.at(self.epoch) * self.oom_split,
@@ -384,3 +392,9 @@ class Trainer:
         self._sampler_state = state["sampler"]
         self._last_checkpoint_step = self.global_step
         self._last_eval_step = None
+
+
+def _batch_samples(batch: Any) -> int:
+    if isinstance(batch, PendingBatch):
+        return len(batch.indices)
+    return items.first_dim(items.unpack(batch)[0])

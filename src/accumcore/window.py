@@ -1,7 +1,8 @@
 """One window: the forward/backward passes between two optimizer steps.
 
-The window's micro-batches have already been read (rule 2 of ACCUMULATION.md), so their item
-counts n_i and the window total W are known before the first backward. Micro-batch i is
+The window's micro-batches have already been read (rule 2 of ACCUMULATION.md), or at least
+their targets (``window_source``: the inputs are then loaded one micro-batch at a time), so
+their item counts n_i and the window total W are known before the first backward. Micro-batch i is
 backpropagated with weight n_i / W, which makes the summed gradient exactly the gradient of
 the window's mean loss, whatever the sizes and padding of the micro-batches (rule 1).
 """
@@ -16,6 +17,7 @@ import torch
 
 from accumcore import distributed, items
 from accumcore.precision import Precision
+from accumcore.window_source import PendingBatch, split_indices
 
 
 @dataclass
@@ -28,9 +30,32 @@ class WindowResult:
 
 @dataclass
 class MicroBatch:
-    inputs: Any
+    inputs: Any  # None while ``pending`` is set: loaded just before the forward
     targets: Any
     items: int | float | torch.Tensor
+    samples: int
+    pending: PendingBatch | None = None
+
+    def load(self) -> tuple[Any, Any]:
+        """(inputs, targets) of this micro-batch, loading them now if they are pending."""
+        if self.pending is None:
+            return self.inputs, self.targets
+        inputs, targets = items.unpack(self.pending.source.load(self.pending.indices))
+        if self.pending.source.verify:
+            loaded = items.normalise_count(items.count_items(targets, self.pending.source.ignore_index))
+            if not _same_count(loaded, self.items):
+                raise RuntimeError(
+                    f"the window was weighted with {self.items} items for this micro-batch, but its "
+                    f"loaded targets hold {loaded}: the loader's targets_for / the dataset's "
+                    "targets attribute must return the targets the loader yields"
+                )
+        return inputs, targets
+
+
+def _same_count(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return True  # device counts: checking would be a sync per micro-batch
+    return bool(a == b)
 
 
 def make_micro_batches(
@@ -39,6 +64,9 @@ def make_micro_batches(
     """Unpack loaded batches, split each into ``split`` chunks (OOM back-off), count items."""
     result = []
     for batch in window:
+        if isinstance(batch, PendingBatch):
+            result += _pending_micro_batches(batch, split, counter)
+            continue
         inputs, targets = items.unpack(batch)
         if split == 1:
             pieces = [(inputs, targets)]
@@ -48,7 +76,23 @@ def make_micro_batches(
             if items.first_dim(chunk_inputs) == 0:
                 continue  # a batch smaller than the split leaves empty chunks
             count = items.normalise_count(counter(chunk_inputs, chunk_targets))
-            result.append(MicroBatch(chunk_inputs, chunk_targets, count))
+            result.append(MicroBatch(chunk_inputs, chunk_targets, count, items.first_dim(chunk_inputs)))
+    return result
+
+
+def _pending_micro_batches(
+    batch: PendingBatch, split: int, counter: Callable[[Any, Any], int | torch.Tensor]
+) -> list[MicroBatch]:
+    """Micro-batches counted from targets alone; each loads its own indices when it runs."""
+    index_chunks = split_indices(batch.indices, split)
+    target_chunks = [batch.targets] if split == 1 else items.split(batch.targets, split)
+    result = []
+    for indices, targets in zip(index_chunks, target_chunks, strict=True):
+        if not indices:
+            continue
+        count = items.normalise_count(counter(None, targets))
+        pending = PendingBatch(indices, targets, batch.source)
+        result.append(MicroBatch(None, None, count, len(indices), pending))
     return result
 
 
@@ -73,7 +117,7 @@ class WindowRunner:
     def run(self, micro_batches: list[MicroBatch]) -> WindowResult | None:
         """Forward+backward every micro-batch; None when ``should_stop`` asked to stop."""
         local_items: float | torch.Tensor = sum(mb.items for mb in micro_batches)
-        local_samples = sum(items.first_dim(mb.inputs) for mb in micro_batches)
+        local_samples = sum(mb.samples for mb in micro_batches)
         total_items: float | torch.Tensor = local_items
         total_samples: int | torch.Tensor = local_samples
         weight_factor = 1
@@ -95,11 +139,19 @@ class WindowRunner:
         losses: list[torch.Tensor] = []
         counts: list[int | float | torch.Tensor] = []
         last = len(micro_batches) - 1
+        inputs: Any = None
+        targets: Any = None
+        outputs: Any = None
+        loss: Any = None
         for index, mb in enumerate(micro_batches):
+            # Drop the previous micro-batch's tensors before loading the next, so that only
+            # the current micro-batch's inputs are alive (on the device, on CUDA).
+            pass
             if self.should_stop is not None and self.should_stop():
                 return None
-            inputs = items.to_device(mb.inputs, self.device)
-            targets = items.to_device(mb.targets, self.device)
+            inputs, targets = mb.load()
+            inputs = items.to_device(inputs, self.device)
+            targets = items.to_device(targets, self.device)
             with distributed.no_sync(self.model, self.ddp and index < last):
                 with self.precision.autocast():
                     outputs = self.model(inputs)

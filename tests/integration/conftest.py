@@ -30,8 +30,9 @@ from services.worker.db import session_factory
 from services.worker.enqueue import enqueue_job
 
 ROOT = Path(__file__).resolve().parents[2]
-# Short leases so a killed worker's job is reaped within seconds.
-TIMING = {"lease_timeout_s": 3.0, "heartbeat_interval_s": 1.0, "reaper_interval_s": 0.5}
+# Short leases so a killed worker's job is reaped within seconds (5 s leaves a loaded
+# machine 4 missed heartbeats of slack before a live job would be taken over).
+TIMING = {"lease_timeout_s": 5.0, "heartbeat_interval_s": 1.0, "reaper_interval_s": 0.5}
 BASE_SPEC: dict[str, Any] = {
     "model": "mlp",
     "dataset": "digits",

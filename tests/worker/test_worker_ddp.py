@@ -34,3 +34,34 @@ def test_two_gloo_ranks_train_one_epoch_with_rank0_writing(
     assert [c.step for c in kept] == [expected]
     files = list((settings.artifacts_path / job_id).glob("*.pt"))
     assert [f.name for f in files] == [f"{expected}.pt"]
+
+
+def test_cancel_stops_every_rank_without_a_checkpoint(
+    settings: Settings, make_job: Callable[..., str]
+) -> None:
+    import multiprocessing
+    import threading
+    import time
+
+    job_id = make_job({**SPEC, "epochs": None, "max_steps": 100_000, "checkpoint_every": 100_000})
+    outcome: list[str | None] = []
+    runner = threading.Thread(target=lambda: outcome.append(run_job(settings, job_id, "ddp-worker")))
+    runner.start()
+    sessions = session_factory(settings)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with sessions() as session:
+            job = jobs.load_job(session, job_id)
+            assert job is not None
+            if job.status == "running" and job.progress.get("optimizer_step", 0) > 0:
+                break
+        time.sleep(0.05)
+    with sessions.begin() as session:
+        assert jobs.request_cancel(session, jobs.load_job(session, job_id)).status == "cancelling"
+    runner.join(timeout=60)
+    assert outcome == ["cancelled"]
+    assert multiprocessing.active_children() == []  # both ranks are gone
+    with sessions() as session:
+        assert checkpoints.list_checkpoints(session, job_id) == []
+        assert jobs.load_job(session, job_id).status == "cancelled"  # type: ignore[union-attr]
+    assert list((settings.artifacts_path / job_id).glob("*.pt")) == []

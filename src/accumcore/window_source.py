@@ -1,0 +1,117 @@
+"""Counting a window's items from its targets alone, and loading its inputs just in time.
+
+Rule 2 of ACCUMULATION.md: the window's item total W must be known before its first
+backward. Loading the window's N micro-batches ahead gives W, but holds N micro-batches of
+inputs at once (the whole memory cost of accumulation on the host). When the loader is a
+single-process ``DataLoader`` (e.g. ``accumcore.data.make_loader``) over a dataset whose
+targets can be read without its inputs, the trainer instead reads the window's index
+batches, counts items from their targets, and loads each micro-batch's inputs right before
+its forward: one micro-batch of inputs alive at a time. Targets are read from, in order:
+
+- ``loader.targets_for(indices)``: a hook set on the loader (any collate function);
+- a ``TensorDataset`` of (inputs, targets) with the default collate function;
+- a ``targets`` tensor/list attribute of the dataset, with the default collate function and
+  no ``target_transform``.
+
+The counts of the hook and the ``targets`` attribute are checked against the loaded batch
+(a mismatch is a clear error, never a silently wrong weight). Any other loader keeps the
+read-ahead, which is exact for any data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset, default_collate
+
+TargetsFor = Callable[[list[int]], Any]
+
+
+@dataclass
+class PendingBatch:
+    """A loader batch known by its indices and targets; its inputs are loaded on demand."""
+
+    indices: list[int]
+    targets: Any
+    source: TargetSource
+
+
+class TargetSource:
+    """Reads targets by index, and loads whole batches, the way the DataLoader would."""
+
+    def __init__(self, loader: DataLoader[Any], targets_for: TargetsFor, verify: bool, ignore_index: int) -> None:
+        self.loader = loader
+        self.ignore_index = ignore_index  # to check the loaded batch's count when ``verify``
+        self.targets_for = targets_for
+        self.verify = verify  # False only where the targets are the collated ones by construction
+
+    def batches(self, skip: int) -> Iterator[PendingBatch]:
+        """The epoch's batches from batch ``skip`` on, without loading any inputs."""
+        # Creating the DataLoader's iterator draws its base seed (from the global RNG when
+        # the loader has no generator); doing the same keeps every RNG draw where it was.
+        iter(self.loader)
+        batch_sampler: Any = self.loader.batch_sampler
+        if skip and hasattr(batch_sampler, "skip_batches"):
+            batch_sampler.skip_batches(skip)
+            skip = 0
+        index_batches = iter(batch_sampler)
+        for _ in range(skip):
+            next(index_batches, None)  # indices only: nothing is loaded
+        for indices in index_batches:
+            indices = list(indices)
+            yield PendingBatch(indices, self.targets_for(indices), self)
+
+    def load(self, indices: list[int]) -> Any:
+        """Fetch and collate exactly as the single-process DataLoader does."""
+        dataset: Any = self.loader.dataset
+        fetch_many = getattr(dataset, "__getitems__", None)
+        data = fetch_many(indices) if fetch_many else [dataset[i] for i in indices]
+        return self.loader.collate_fn(data)
+
+
+def target_source(loader: Any, custom_counter: bool, ignore_index: int = -100) -> TargetSource | None:
+    """A ``TargetSource`` when the window can be counted from targets alone, else None."""
+    if custom_counter:
+        return None  # a user's count_items(inputs, targets) may need the inputs
+    if not isinstance(loader, DataLoader) or type(loader).__iter__ is not DataLoader.__iter__:
+        return None
+    if loader.num_workers != 0 or loader.pin_memory or loader.batch_sampler is None:
+        return None  # worker processes and pinning stay with the DataLoader's own iterator
+    dataset: Any = loader.dataset
+    if isinstance(dataset, IterableDataset):
+        return None
+    hook = getattr(loader, "targets_for", None)
+    if callable(hook):
+        return TargetSource(loader, hook, verify=True, ignore_index=ignore_index)
+    if loader.collate_fn is not default_collate:
+        return None
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        targets = dataset.tensors[1]
+        return TargetSource(loader, lambda indices: targets[indices], verify=False, ignore_index=ignore_index)
+    stored = getattr(dataset, "targets", None)
+    if stored is None or getattr(dataset, "target_transform", None) is not None:
+        return None
+    if isinstance(stored, torch.Tensor):
+        return TargetSource(loader, lambda indices: stored[indices], verify=True, ignore_index=ignore_index)
+    if isinstance(stored, list | tuple):
+        return TargetSource(loader, lambda indices: torch.as_tensor([stored[i] for i in indices]), verify=True, ignore_index=ignore_index)
+    return None
+
+
+def reads_window_ahead(loader: Any, count_items: Callable[..., Any] | None = None) -> bool:
+    """True when the Trainer must load a window's N micro-batches ahead (see module doc)."""
+    return target_source(loader, custom_counter=count_items is not None) is None
+
+
+def split_indices(indices: list[int], parts: int) -> list[list[int]]:
+    """The partition ``torch.tensor_split`` makes of a batch of len(indices) (OOM back-off)."""
+    size, extra = divmod(len(indices), parts)
+    pieces, start = [], 0
+    for part in range(parts):
+        stop = start + size + (1 if part < extra else 0)
+        pieces.append(indices[start:stop])
+        start = stop
+    return pieces
