@@ -16,12 +16,12 @@ outright), search time <= 30 training steps at the chosen m.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
@@ -30,6 +30,7 @@ from memory import peak_bytes  # noqa: E402
 
 from accumcore.auto_batch import divisors, find_micro_batch_size, measure_footprint  # noqa: E402
 from accumcore.device_data import DeviceBatches  # noqa: E402
+from accumcore.window_source import reads_window_ahead  # noqa: E402
 
 
 def _step_seconds(model: nn.Module, data, m: int, n_acc: int, device: str, repeats: int) -> float:
@@ -56,7 +57,10 @@ def main() -> None:
     true_peaks = {m: peak_bytes(make_model, data, m, effective // m, "accum", device) for m in candidates}
     # What the auto search believes each m needs (its probe), to explain a wrong pick.
     probe_model = make_model().to(device)
-    believed = {m: measure_footprint(probe_model, lambda k: (data.tensors[0][:k].clone(), data.tensors[1][:k].clone()), m, device)
+    reads_ahead = reads_window_ahead(DataLoader(data, batch_size=effective))
+    believed = {m: measure_footprint(probe_model, lambda k: (data.tensors[0][:k].clone(), data.tensors[1][:k].clone()), m,
+                                     device, optimizer=torch.optim.Adam, accumulation_steps=effective // m,
+                                     read_ahead=reads_ahead)
                 for m in candidates}
     # Caps between the peaks of consecutive divisors, so every cap has a unique true answer.
     caps = [int((true_peaks[a] + true_peaks[b]) / 2) for a, b in zip(candidates[1:], candidates[2:], strict=False)]
@@ -67,12 +71,17 @@ def main() -> None:
         truth = max(m for m in candidates if true_peaks[m] <= cap)
         torch.manual_seed(0)
         model = make_model().to(device)
-        started = time.perf_counter()
-        chosen = find_micro_batch_size(
-            model, lambda m: (data.tensors[0][:m].clone(), data.tensors[1][:m].clone()), effective, device,
-            memory_limit_bytes=cap,
-        )
-        search_s = time.perf_counter() - started
+        chosen = 0
+
+        def search(cap: int = cap, model: nn.Module = model) -> None:
+            nonlocal chosen
+            chosen = find_micro_batch_size(
+                model, lambda k: (data.tensors[0][:k].clone(), data.tensors[1][:k].clone()), effective, device,
+                memory_limit_bytes=cap, optimizer=torch.optim.Adam,
+                read_ahead=reads_window_ahead(DataLoader(data, batch_size=effective)),
+            )
+
+        search_s = _common.timed(search)  # the same clock as the training steps it is compared to
         step_s = _step_seconds(model, data, chosen, effective // chosen, device, 1 if args.quick else 3)
         rows.append({
             "cap_bytes": cap, "m_auto": chosen, "m_true": truth, "ratio": chosen / truth,
@@ -90,6 +99,7 @@ def main() -> None:
         "target": 0.9, "measured": worst, "verdict": verdict,
         "cost_target_steps": 30, "cost_steps": cost, "cost_verdict": _common.verdict(cost, 30, False),
         "effective_batch": effective, "workload": f"small_cnn {'x'.join(map(str, shape))}, Adam",
+        "trainer_reads_ahead": reads_ahead,
         "true_peak_bytes": {str(m): p for m, p in true_peaks.items()},
         "probe_footprint_bytes": {str(m): b for m, b in believed.items()},
         "results": rows,

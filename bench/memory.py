@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 import _workloads as w  # noqa: E402
 
+from accumcore.window_source import reads_window_ahead  # noqa: E402
+
 
 def _alive_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     tensors = list(model.parameters()) + list(model.buffers())
@@ -100,11 +102,13 @@ def _workload(name: str, make_model: Callable[[], nn.Module], shape: tuple[int, 
         }
     params = sum(p.numel() for p in make_model().parameters())
     inputs, targets = data.tensors
-    # The trainer reads a window's N micro-batches before running them (it must know the
-    # window's item count first): N - 1 loaded micro-batches more than the loop holds.
-    read_ahead = (n_acc - 1) * m * (inputs[0].nbytes + targets[0].nbytes)
+    # The trainer must know a window's item count before its first backward. Where it cannot
+    # count it from the targets alone (accumcore.window_source), it reads the window's N
+    # micro-batches ahead: N - 1 loaded micro-batches more than the loop holds.
+    reads_ahead = reads_window_ahead(DataLoader(data, batch_size=m, shuffle=False))
+    read_ahead = (n_acc - 1) * m * (inputs[0].nbytes + targets[0].nbytes) if reads_ahead else 0
     return {"workload": name, "m": m, "N": n_acc, "parameters": params,
-            "read_ahead_bytes": read_ahead, **rows}
+            "trainer_reads_ahead": reads_ahead, "read_ahead_bytes": read_ahead, **rows}
 
 
 def main() -> None:

@@ -2,28 +2,41 @@
 
 Rule 11 of ACCUMULATION.md: m must divide B so that m x N == B exactly (no floor division
 that silently shrinks the effective batch). Memory grows with m, so the divisors of B are
-binary-searched, each probe being one forward+backward on ``sample_batch_fn(m)``:
+binary-searched, each probe being a real ``Trainer`` window on batches from
+``sample_batch_fn(m)``: forwards, backwards (two micro-batches, so the gradient accumulation's
+transients show) and an optimizer step (of the trainer's optimizer type, on a probe optimizer
+whose state is allocated before the window, as it is in a long run); parameters and buffers
+are restored afterwards:
 
     m = find_micro_batch_size(model, lambda m: (torch.randn(m, 3, 32, 32), torch.zeros(m, dtype=torch.long)),
-                              effective_batch_size=256, device="cuda")
+                              effective_batch_size=256, device="cuda", optimizer=optimizer,
+                              read_ahead=reads_window_ahead(loader))
     n = accumulation_for(256, m)
 
-On CUDA a probe fails on a real out-of-memory error (or above ``memory_limit_bytes``). On the
-CPU, where nothing runs out, ``memory_limit_bytes`` is compared with the probe's footprint
-(parameters, gradients, and the tensors autograd saves for backward), which lets tests and
+A probe's peak is measured the way the memory benchmarks judge "fits": on CUDA
+``max_memory_allocated`` after a reset (a real out-of-memory error also means "does not
+fit"); on the CPU, where nothing runs out, the live state (parameters, buffers, optimizer
+state) plus the profiler's allocator peak of the window (``accumcore.peak_memory``), plus
+what the window's further micro-batches hold: their targets, and their inputs too when the
+trainer reads the window ahead (see ``accumcore.window_source``). ``memory_limit_bytes`` caps the peak, which lets tests and
 capacity planning inject a limit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from accumcore import distributed, items
-from accumcore.oom import OOM_ERRORS, release_memory
-from accumcore.precision import Precision
+from accumcore.callbacks import Callback
+from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, release_memory
+from accumcore.peak_memory import cpu_peak_added, tensor_bytes
+from accumcore.trainer import Trainer
+
+OptimizerSpec = torch.optim.Optimizer | type[torch.optim.Optimizer] | None
 
 
 def divisors(number: int) -> list[int]:
@@ -50,18 +63,27 @@ def find_micro_batch_size(
     precision: str = "fp32",
     memory_limit_bytes: int | None = None,
     max_micro_batch_size: int | None = None,
+    optimizer: OptimizerSpec = None,
+    read_ahead: bool = True,
 ) -> int:
-    """The largest divisor m of ``effective_batch_size`` whose forward+backward fits.
+    """The largest divisor m of ``effective_batch_size`` whose training step fits.
 
     Args:
-        model: the model to probe (gradients and buffers are restored afterwards).
-        sample_batch_fn: ``fn(m) -> (inputs, targets)``, a representative batch of m samples.
+        model: the model to probe (parameters, gradients and buffers are restored afterwards).
+        sample_batch_fn: ``fn(m) -> (inputs, targets)``, a fresh representative batch of m
+            samples (as a loader would build it).
         effective_batch_size: B, samples per optimizer step (per rank).
         device: where to probe.
         loss_fn: defaults to cross-entropy.
         precision: as in ``Trainer``; autocast changes the memory a probe needs.
-        memory_limit_bytes: treat a probe above this footprint as out of memory.
+        memory_limit_bytes: treat a probe whose peak is above this as out of memory.
         max_micro_batch_size: never return more than this.
+        optimizer: the training optimizer (its type and settings are used on a probe copy of
+            the state; its own state is not touched) or an optimizer class; None probes
+            with Adam (two state tensors per parameter, more than SGD or RMSprop keep).
+        read_ahead: whether the trainer will load a window's N micro-batches ahead
+            (``accumcore.window_source.reads_window_ahead(loader)``); on the CPU their
+            bytes count. On CUDA read-ahead batches stay on the host.
 
     Raises:
         RuntimeError: when even m=1 does not fit.
@@ -84,8 +106,13 @@ def find_micro_batch_size(
     try:
         while low <= high:
             middle = (low + high) // 2
-            if _fits(model, sample_batch_fn, candidates[middle], device, loss_fn, precision, memory_limit_bytes):
-                best = candidates[middle]
+            size = candidates[middle]
+            used = measure_footprint(
+                model, sample_batch_fn, size, device, loss_fn=loss_fn, precision=precision,
+                optimizer=optimizer, accumulation_steps=effective_batch_size // size, read_ahead=read_ahead,
+            )
+            if used is not None and (memory_limit_bytes is None or used <= memory_limit_bytes):
+                best = size
                 low = middle + 1
             else:
                 high = middle - 1
@@ -100,19 +127,6 @@ def find_micro_batch_size(
     return best
 
 
-def _fits(
-    model: torch.nn.Module,
-    sample_batch_fn: Callable[[int], Any],
-    size: int,
-    device: torch.device,
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    precision: str,
-    limit: int | None,
-) -> bool:
-    used = measure_footprint(model, sample_batch_fn, size, device, loss_fn=loss_fn, precision=precision)
-    return used is not None and (limit is None or used <= limit)
-
-
 def measure_footprint(
     model: torch.nn.Module,
     sample_batch_fn: Callable[[int], Any],
@@ -121,60 +135,147 @@ def measure_footprint(
     *,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     precision: str = "fp32",
+    optimizer: OptimizerSpec = None,
+    accumulation_steps: int = 1,
+    read_ahead: bool = False,
 ) -> int | None:
-    """Bytes one forward+backward of ``size`` samples needs; None when it ran out of memory.
+    """Peak bytes of a training window of ``accumulation_steps`` micro-batches of ``size``
+    samples; None when it ran out of memory.
 
-    CUDA: the peak allocated memory. CPU: parameters, gradients and saved activations.
-    Gradients are cleared and buffers (BatchNorm statistics) restored afterwards.
+    Measured on a real ``Trainer`` window of min(N, 2) micro-batches (the second one shows the
+    gradient accumulation's transients), with the optimizer state already allocated (see
+    ``find_micro_batch_size`` for ``optimizer``). What the N - 2 further micro-batches of a
+    window add is counted from their sizes: their targets (read ahead to count W), and with
+    ``read_ahead`` their inputs too. CUDA: max allocated memory; CPU: parameters, buffers
+    and optimizer state, plus the allocator peak of the window. Parameters, gradients and
+    buffers (BatchNorm statistics) are restored afterwards.
     """
+    if accumulation_steps < 1:
+        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
     device = torch.device(device)
     loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
-    inputs, targets = items.unpack(sample_batch_fn(size))
-    inputs, targets = items.to_device(inputs, device), items.to_device(targets, device)
-    footprint = _Footprint()
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    model = distributed.unwrap(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Kept on the host: on CUDA a copy on the device would count against the probe.
+    saved_params = [p.detach().to("cpu", copy=True) for p in params]
+    saved_buffers = [(b, b.detach().to("cpu", copy=True)) for b in model.buffers()]
+    probe_optimizer: torch.optim.Optimizer | None = None
+    probed = min(accumulation_steps, 2)
+    loader = _ProbeLoader(sample_batch_fn, size, probed, lazy=not read_ahead)
+
+    def window() -> None:
+        # A real Trainer window: the trainer's own allocations count too.
+        assert probe_optimizer is not None
+        trainer = Trainer(model, probe_optimizer, loss_fn=loss_fn, accumulation_steps=probed,
+                          precision=precision, device=device, callbacks=[_NoBackOff()])
+        trainer.fit(loader.loader, epochs=1)  # ends with zero_grad: freed inside the measurement
+
     used: int | None = None
     try:
+        probe_optimizer = _probe_optimizer(optimizer, params)
+        _allocate_state(probe_optimizer, params)
         if device.type == "cuda":
+            torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        with (
-            torch.autograd.graph.saved_tensors_hooks(footprint.pack, footprint.unpack),
-            Precision(precision, device).autocast(),
-        ):
-            loss = loss_fn(model(inputs), targets)
-        loss.backward()
-        if device.type == "cuda":
+            window()
             torch.cuda.synchronize(device)
             used = int(torch.cuda.max_memory_allocated(device))
         else:
-            used = footprint.saved + sum(
-                p.numel() * p.element_size() * (2 if p.grad is not None else 1) for p in model.parameters()
-            )
-    except OOM_ERRORS:
+            alive = tensor_bytes(list(model.parameters()) + list(model.buffers()))
+            alive += tensor_bytes(list(probe_optimizer.state.values()))
+            peak = cpu_peak_added(window)  # first: it records the sizes of the loaded batches
+            per_micro_batch = loader.targets_bytes + _BOOKKEEPING_BYTES
+            if read_ahead:
+                per_micro_batch += loader.inputs_bytes
+            used = alive + peak + (accumulation_steps - probed) * per_micro_batch
+    except _NOT_FITTING:
         used = None
     finally:
         model.zero_grad(set_to_none=True)
+        probe_optimizer = None
         with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)  # a probe must not move BatchNorm statistics
+            for param, saved in zip(params, saved_params, strict=True):
+                param.copy_(saved)  # the probe's optimizer steps must not train the model
+            for buffer, saved in saved_buffers:
+                buffer.copy_(saved)  # nor move BatchNorm statistics
     if used is None:
         release_memory()
     return used
 
 
-class _Footprint:
-    """Sums the bytes of distinct storages autograd saves for backward."""
+class _ProbeOutOfMemory(Exception):
+    """The probe ran out of memory (the trainer would have backed off to a smaller m)."""
 
-    def __init__(self) -> None:
-        self.saved = 0
-        self._seen: set[int] = set()
 
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in self._seen:
-            self._seen.add(storage.data_ptr())
-            self.saved += storage.nbytes()
-        return tensor
+class _NoBackOff(Callback):
+    """In a probe, running out of memory means "does not fit", not "split and go on"."""
 
-    def unpack(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
+    def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
+        if kind == "oom_backoff":
+            raise _ProbeOutOfMemory(message)
+
+
+_NOT_FITTING: tuple[type[BaseException], ...] = (*OOM_ERRORS, _ProbeOutOfMemory, MicroBatchTooSmall)
+
+# What a window keeps per micro-batch besides its targets (a detached loss, a count), rounded up.
+_BOOKKEEPING_BYTES = 64
+
+
+class _ProbeLoader:
+    """The probe window's batches, loaded inside the measurement as a training loader would.
+
+    ``lazy``: a DataLoader over one sampled (inputs, targets) batch, so the trainer counts W
+    from the targets and loads each micro-batch just in time, as it does for such loaders;
+    otherwise (or when the batch is not two tensors) fresh batches from ``sample_batch_fn``,
+    which the trainer reads ahead.
+    """
+
+    def __init__(self, sample_batch_fn: Callable[[int], Any], size: int, count: int, lazy: bool) -> None:
+        self.sample_batch_fn = sample_batch_fn
+        self.size = size
+        self.count = count
+        self.inputs_bytes = 0
+        self.targets_bytes = 0
+        self.loader: Any = self
+        if lazy:
+            inputs, targets = items.unpack(sample_batch_fn(size))
+            self._record(inputs, targets)
+            if isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor):
+                dataset = TensorDataset(inputs.cpu(), targets.cpu())
+                self.loader = DataLoader(dataset, batch_sampler=[list(range(len(dataset)))] * count)
+
+    def _record(self, inputs: Any, targets: Any) -> None:
+        self.inputs_bytes, self.targets_bytes = tensor_bytes(inputs), tensor_bytes(targets)
+
+    def __iter__(self) -> Iterator[Any]:
+        for _ in range(self.count):
+            batch = self.sample_batch_fn(self.size)
+            self._record(*items.unpack(batch))
+            yield batch
+
+
+def _probe_optimizer(optimizer: OptimizerSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """A fresh optimizer of the training optimizer's type and settings, on ``params``."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        kind: Any = type(optimizer)
+        try:
+            return kind(params, **optimizer.defaults)
+        except (TypeError, ValueError):  # defaults that are not constructor arguments
+            return kind(params, lr=optimizer.defaults.get("lr", 1e-3))
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        optimizer_class: Any = optimizer  # its subclasses take their own defaults
+        return optimizer_class(params)
+    if optimizer is not None:
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, an Optimizer class or None, got {type(optimizer).__name__}"
+        )
+    return torch.optim.Adam(params)
+
+
+def _allocate_state(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> None:
+    """Create the optimizer state, as after the first step of a run (zero gradients)."""
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    for param in params:
+        param.grad = None

@@ -146,7 +146,7 @@ class WindowRunner:
         for index, mb in enumerate(micro_batches):
             # Drop the previous micro-batch's tensors before loading the next, so that only
             # the current micro-batch's inputs are alive (on the device, on CUDA).
-            pass
+            inputs = targets = outputs = loss = None
             if self.should_stop is not None and self.should_stop():
                 return None
             inputs, targets = mb.load()

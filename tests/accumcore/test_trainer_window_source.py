@@ -201,3 +201,28 @@ def test_a_targets_for_hook_that_disagrees_with_the_data_is_a_clear_error() -> N
     model = nn.Linear(4, 3)
     with pytest.raises(RuntimeError, match="targets_for"):
         Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=2).fit(loader)
+
+
+@pytest.mark.parametrize("hook", [True, False], ids=["targets_for", "read_ahead"])
+def test_only_the_current_micro_batch_is_moved_to_the_device(hook: bool, monkeypatch) -> None:
+    # On CUDA each micro-batch is copied to the device just before its forward; read-ahead
+    # batches stay on the host. Stand in for the copy with a clone and count live copies.
+    copies = LiveInputs()
+
+    def to_device(value, device):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            copy_ = value.clone()
+            copies.live += 1
+            copies.most = max(copies.most, copies.live)
+            weakref.finalize(copy_, copies._freed)
+            return copy_
+        return value
+
+    monkeypatch.setattr("accumcore.window.items.to_device", to_device)
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    loader = make_loader(TensorDataset(x, y), 2, seed=0, collate_fn=lambda batch: default_collate(batch))
+    if hook:
+        loader.targets_for = lambda indices: y[indices]  # type: ignore[attr-defined]
+    model = nn.Linear(4, 3)
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=4).fit(loader)
+    assert copies.most == 1
