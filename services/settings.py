@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     lease_timeout_s: float = Field(default=60.0, gt=0)
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
     reaper_interval_s: float = Field(default=10.0, gt=0)
+    # A queued job whose broker message was sent longer ago than this gets another one from
+    # the reaper (the first may be lost: broker down at submit time, a worker killed between
+    # taking the message and claiming the job). Long enough that a job merely waiting for a
+    # busy worker gets at most one duplicate (harmless: the claim drops it) per period.
+    requeue_after_s: float = Field(default=300.0, gt=0)
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     sqlite_busy_timeout_s: float = Field(default=30.0, gt=0)
 

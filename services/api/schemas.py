@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from services.store.models import Checkpoint, Job, JobEvent
 
@@ -112,10 +112,13 @@ class EventList(BaseModel):
     items: list[EventPublic]
 
 
+EPOCH_DOC = "0-based index of the epoch the optimizer step belongs to (the first epoch is 0)"
+
+
 class MetricPoint(BaseModel):
     name: str
     step: int
-    epoch: int | None
+    epoch: int | None = Field(description=EPOCH_DOC)
     value: float | None
     ts: datetime
 
@@ -127,7 +130,7 @@ class MetricPage(BaseModel):
 
 class CheckpointPublic(BaseModel):
     step: int
-    epoch: int | None
+    epoch: int | None = Field(description=EPOCH_DOC)
     size_bytes: int
     sha256: str
     created_at: datetime

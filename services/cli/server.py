@@ -89,7 +89,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from celery.utils.nodenames import host_format
 
     from services.settings import get_settings
-    from services.worker.start import start_worker
+    from services.worker.start import exit_worker_process, start_worker
 
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     start_worker(
@@ -101,4 +101,5 @@ def cmd_worker(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         loglevel=args.loglevel,
     )
-    return 0
+    exit_worker_process(0)
+    return 0  # not reached: the process ends above

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from services.store.cursors import decode_cursor, encode_cursor
 from services.store.dialect import insert_for
@@ -24,9 +24,15 @@ from services.store.models import (
     JOB_STATUSES,
     Checkpoint,
     Job,
+    JobEvent,
     Owner,
 )
 from services.store.types import new_id, utcnow
+
+# Core statements on the tables, built once: values come as parameters, so each call skips
+# the ORM's statement construction and hits the compiled-statement cache.
+_INSERT_JOB = insert(cast(Table, Job.__table__))
+_INSERT_EVENT = insert(cast(Table, JobEvent.__table__))
 
 
 def spec_hash(spec: dict[str, Any]) -> str:
@@ -58,6 +64,7 @@ def create_job(
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     digest = spec_hash(spec)
+    now = utcnow()
     values: dict[str, Any] = dict(
         id=new_id(),
         owner_id=owner.id,
@@ -67,15 +74,34 @@ def create_job(
         idempotency_key=idempotency_key,
         status="queued",
         queue=queue,
+        attempts=0,
+        restarts=0,
         max_restarts=max_restarts,
         effective_batch_size=effective_batch_size,
         progress={"epoch": 0, "optimizer_step": 0, "total_optimizer_steps": total_optimizer_steps},
         latest_metrics={},
+        error=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        heartbeat_at=None,
+        worker_host=None,
+        worker_gpu=None,
+        resume_step=None,
+        # The caller enqueues right after the commit; if that send is lost, the reaper
+        # re-sends once this is older than ACCUM_REQUEUE_AFTER_S.
+        enqueued_at=now,
+        created_at=now,
+        started_at=None,
+        finished_at=None,
+        updated_at=now,
     )
     if idempotency_key is None:
+        # One Core INSERT instead of an ORM flush (the submit hot path), then the row object
+        # is attached to the session as if loaded, without a SELECT.
+        session.connection().execute(_INSERT_JOB, values)
         job = Job(**values)
+        make_transient_to_detached(job)
         session.add(job)
-        session.flush()
         created = True
     else:
         inserted = session.execute(
@@ -90,7 +116,17 @@ def create_job(
         if not created and job.spec_hash != digest:
             raise IdempotencyConflict(idempotency_key, job.id)
     if created:
-        add_event(session, job.id, "created", f"job {job.id} queued on {queue!r}", {"queue": queue})
+        session.connection().execute(
+            _INSERT_EVENT,
+            dict(
+                job_id=job.id,
+                attempt=0,
+                kind="created",
+                message=f"job {job.id} queued on {queue!r}",
+                data={"queue": queue},
+                created_at=now,
+            ),
+        )
     return job, created
 
 
@@ -187,6 +223,7 @@ def request_resume(session: Session, job: Job) -> Job:
         finished_at=None,
         lease_owner=None,
         lease_expires_at=None,
+        enqueued_at=utcnow(),  # the caller enqueues after the commit
     ):
         raise JobStateError(job.id, job.status, "resume", ("failed", "cancelled"))
     add_event(

@@ -227,6 +227,7 @@ def reap_expired_leases(
                 "status": "queued",
                 "restarts": Job.restarts + 1,
                 "resume_step": _latest_checkpoint_step(),
+                "enqueued_at": now,  # the reaper enqueues it right after the commit
             }
         else:
             target = {
@@ -291,23 +292,25 @@ def reap_expired_leases(
 def stale_queued_jobs(
     session: Session, older_than: datetime, limit: int = 100, now: datetime | None = None
 ) -> list[tuple[str, str]]:
-    """``(id, queue)`` of jobs ``queued`` and untouched since before ``older_than``, whose broker
-    message may be lost (e.g. the API stopped between its commit and the enqueue): enqueue them
-    again. Each returned job's ``updated_at`` is set to ``now``, so the next call skips it until
-    it is stale again (no pile-up of messages for a job that merely waits for a free worker;
-    a duplicate message is harmless anyway: the claim drops it). Does not commit.
+    """``(id, queue)`` of jobs ``queued`` whose broker message was last sent before
+    ``older_than`` (``enqueued_at``; never sent counts as stale): the message may be lost (the
+    broker was down at submit time, or a worker died between taking it and claiming the job),
+    so enqueue them again. Each returned job's ``enqueued_at`` is set to ``now``, so the next
+    call skips it until it is stale again: at most one extra message per period for a job that
+    merely waits for a free worker (a duplicate is harmless: the claim drops it).
+    Safe with many reapers at once: the staleness test is repeated on the row being updated,
+    so only one of them gets each job. Does not commit.
     """
     now = now or utcnow()
-    stale = (
-        select(Job.id)
-        .where(Job.status == "queued", Job.updated_at < older_than)
-        .order_by(Job.id)
-        .limit(limit)
+    is_stale = and_(
+        Job.status == "queued",
+        (Job.enqueued_at.is_(None)) | (Job.enqueued_at < older_than),
     )
+    stale = select(Job.id).where(is_stale).order_by(Job.id).limit(limit)
     rows = session.execute(
         update(Job)
-        .where(Job.id.in_(stale.scalar_subquery()), Job.status == "queued")
-        .values(updated_at=now)
+        .where(Job.id.in_(stale.scalar_subquery()), is_stale)
+        .values(enqueued_at=now)
         .returning(Job.id, Job.queue)
         .execution_options(synchronize_session=False)
     ).all()

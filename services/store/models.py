@@ -107,6 +107,10 @@ class Job(Base):
     worker_host: Mapped[str | None] = mapped_column(String(200))
     worker_gpu: Mapped[str | None] = mapped_column(String(200))
     resume_step: Mapped[int | None] = mapped_column(Integer)
+    # When a broker message for this job was last sent (or attempted) while it was queued:
+    # the reaper re-sends a queued job's message once this is older than
+    # ACCUM_REQUEUE_AFTER_S, in case the first one was lost (broker down at submit time).
+    enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from services.settings import get_settings
-from services.worker.start import start_worker
+from services.worker.start import exit_worker_process, start_worker
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         gpus=args.gpus,
         loglevel=args.loglevel,
     )
+    exit_worker_process(0)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def micro_batch_and_steps(spec: JobSpec) -> tuple[int, int | dict[int, int]]:
 
 def probe_micro_batch(
     spec: JobSpec, model: torch.nn.Module, train: Dataset[Any], bundle: DatasetBundle,
-    loss_fn: Any, device: str,
+    loss_fn: Any, device: str, optimizer: torch.optim.Optimizer | None = None,
 ) -> tuple[int, int]:
     """The largest m dividing the per-rank effective batch that fits on the GPU (m x N == B)."""
     from accumcore.auto_batch import accumulation_for, find_micro_batch_size
@@ -78,8 +78,10 @@ def probe_micro_batch(
     def sample(m: int) -> Any:
         return next(iter(make_loader(train, m, shuffle=False, collate_fn=bundle.collate_fn)))
 
+    # The job's own optimizer type sizes the optimizer state in the probe; read-ahead is
+    # assumed (the conservative side) because the loader depends on the m being chosen.
     micro = find_micro_batch_size(model, sample, per_rank, device, loss_fn=loss_fn,
-                                  precision=spec.precision)
+                                  precision=spec.precision, optimizer=optimizer)
     return micro, accumulation_for(per_rank, micro)
 
 
@@ -151,7 +153,7 @@ def build_optimizer(spec: JobSpec, params: Any, device: str) -> torch.optim.Opti
         opt.lr,
         momentum=opt.momentum or 0.0,
         weight_decay=opt.weight_decay,
-        betas=tuple(opt.betas) if opt.betas else (0.9, 0.999),
+        betas=(float(opt.betas[0]), float(opt.betas[1])) if opt.betas else (0.9, 0.999),
         device=device,
         fast=spec.fast_path,
     )
@@ -194,10 +196,10 @@ def build_run(
     train = rank_shard(bundle.train, rank, world)
     loss_fn = build_loss(bundle)
     if spec.micro_batch_size == "auto" and device.startswith("cuda"):
-        micro, steps = probe_micro_batch(spec, model, train, bundle, loss_fn, device)
+        micro, steps = probe_micro_batch(spec, model, train, bundle, loss_fn, device, optimizer)
     train_loader = make_train_loader(spec, train, bundle, micro, device)
     val_loader = make_loader(bundle.val, micro, shuffle=False, collate_fn=bundle.collate_fn)
-    total = spec_total_steps(spec, train_size=len(bundle.train))
+    total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized
     factor = lr_lambda(spec, total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if factor else None
     trainer = Trainer(

@@ -81,6 +81,11 @@ class StoreCallback(Callback):
         self._stopped = threading.Event()
         self._writer: threading.Thread | None = None
         self.flushes = 0
+        # (step, epoch) of the latest optimizer step: a checkpoint's row gets the 0-based epoch
+        # its step belongs to, as metrics do. The trainer's own progress counter has already
+        # moved on to the next epoch when it saves at an epoch's end (that is where a resume
+        # starts, and what the file keeps).
+        self._last_step_epoch: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ trainer hooks
     def should_stop(self) -> bool:
@@ -93,6 +98,7 @@ class StoreCallback(Callback):
 
     def on_step(self, trainer: Any, metrics: dict[str, float]) -> None:
         step, epoch = int(metrics["step"]), int(metrics["epoch"])
+        self._last_step_epoch = (step, epoch)
         rows = metric_rows(step, epoch, metrics)
         progress = {"epoch": epoch, "optimizer_step": step, "total_optimizer_steps": self.total_steps}
         with self._buffer_lock:  # uncontended but for the writer's swap: ~100 ns
@@ -125,12 +131,18 @@ class StoreCallback(Callback):
         self._checkpoint_steps.add(info.step)
         with self._write_lock, self.sessions.begin() as session:
             self._write_buffer(session)
-            self._record_checkpoint(session, str(info.path), info.step, info.epoch,
+            self._record_checkpoint(session, str(info.path), info.step, self._epoch_of(info),
                                     info.size_bytes, info.sha256, info.metrics)
             add_event(session, self.job_id, "checkpoint", f"checkpoint at step {info.step}",
                       {"step": info.step, "size_bytes": info.size_bytes, "sha256": info.sha256},
                       attempt=self.attempt)
             self._prune(session)
+
+    def _epoch_of(self, info: CheckpointInfo) -> int:
+        """The 0-based epoch of the checkpoint's step (the epoch its metrics carry)."""
+        if self._last_step_epoch is not None and self._last_step_epoch[0] == info.step:
+            return self._last_step_epoch[1]
+        return info.epoch
 
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
         with self.sessions.begin() as session:

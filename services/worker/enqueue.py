@@ -1,8 +1,9 @@
 """Send a job's nudge to the workers: ``enqueue_job(settings, job_id, queue)``.
 
 Called by the API after the transaction that created (or re-queued) the job has committed,
-and by the lease reaper. Torch-free and cheap: one Celery app (and its producer pool) per
-broker configuration, reused across calls.
+and by the lease reaper. Torch-free and cheap: one Celery app per broker configuration,
+reused across calls; on Redis, messages go out through one shared, thread-safe client
+(``redis_publish``) instead of Celery's per-publish client, the API's hot path.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from services.worker.app import (
     declare_queue,
     make_celery,
 )
+from services.worker.redis_publish import RedisPublisher, is_redis_url
 
 _apps: dict[str, Celery] = {}
+_publishers: dict[str, RedisPublisher] = {}
 _lock = threading.Lock()
 
 
@@ -42,14 +45,34 @@ def enqueue_job(settings: Any, job_id: str, queue: str | None = None) -> None:
     The queue is declared explicitly here, so a job routed to a GPU class with no worker yet
     waits in its queue until a worker started with ``--queues <name>`` comes up.
     """
-    app = celery_app_for(settings)
     name = queue or DEFAULT_QUEUE
+    url = broker_url(settings)
+    if is_redis_url(url):
+        publisher_for(settings).publish(TASK_NAME, [str(job_id)], name)
+        return
+    app = celery_app_for(settings)
     app.send_task(TASK_NAME, args=[str(job_id)], queue=declare_queue(name), routing_key=name)
+
+
+def publisher_for(settings: Any) -> RedisPublisher:
+    """The cached Redis publisher for these settings' broker URL."""
+    key = broker_url(settings)
+    publisher = _publishers.get(key)
+    if publisher is None:
+        app = celery_app_for(settings)
+        with _lock:
+            publisher = _publishers.get(key)
+            if publisher is None:
+                publisher = _publishers[key] = RedisPublisher(app, key)
+    return publisher
 
 
 def reset_enqueue_cache() -> None:
     """Close cached broker connections (tests, and processes that fork after enqueueing)."""
     with _lock:
+        for publisher in _publishers.values():
+            publisher.close()
+        _publishers.clear()
         for app in _apps.values():
             app.close()
         _apps.clear()

@@ -1,9 +1,13 @@
-"""The lease reaper: re-queues jobs whose worker stopped renewing its lease.
+"""The lease reaper: re-queues jobs whose worker stopped renewing its lease, and re-sends
+the broker message of queued jobs whose message may be lost.
 
 It runs as a thread in every worker and in the API process, so a job whose worker died
 (kill -9, lost node) is recovered as long as any accum process is up. Reaping is one atomic
 UPDATE per job in the store (``reap_expired_leases``), so several reapers at once are safe;
 each re-queued job gets a fresh broker message (the old one died with its worker).
+A job still ``queued`` whose last message is older than ``ACCUM_REQUEUE_AFTER_S``
+(``stale_queued_jobs``: the broker was down when the API submitted it, or a worker died
+between taking its message and claiming it) is enqueued again, at most once per period.
 
     reaper = LeaseReaper(settings).start()
     ...
@@ -14,13 +18,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.store.leases import reap_expired_leases
+from services.store.leases import reap_expired_leases, stale_queued_jobs
 from services.store.models import Job
+from services.store.types import utcnow
 from services.worker.app import DEFAULT_QUEUE
 from services.worker.db import session_factory
 from services.worker.enqueue import enqueue_job
@@ -45,8 +51,22 @@ def reap_once(settings: Any) -> list[str]:
     return [job_id for job_id, _ in requeued]
 
 
+def resend_stale_once(settings: Any) -> list[str]:
+    """Enqueue again every queued job whose last message is older than
+    ``settings.requeue_after_s``; returns their ids. A failed send leaves ``enqueued_at`` set,
+    so it is retried one period later, not on every pass."""
+    older_than = utcnow() - timedelta(seconds=float(settings.requeue_after_s))
+    with session_factory(settings).begin() as session:
+        stale = stale_queued_jobs(session, older_than=older_than)
+    for job_id, queue in stale:
+        enqueue_job(settings, job_id, queue)
+        log.warning("job %s was queued with no recent message; enqueued again on %s", job_id, queue)
+    return [job_id for job_id, _ in stale]
+
+
 class LeaseReaper:
-    """A daemon thread calling ``reap_once`` every ``interval_s`` (``ACCUM_REAPER_INTERVAL_S``)."""
+    """A daemon thread calling ``reap_once`` and ``resend_stale_once`` every ``interval_s``
+    (``ACCUM_REAPER_INTERVAL_S``)."""
 
     def __init__(self, settings: Any, interval_s: float | None = None) -> None:
         self.settings = settings
@@ -65,7 +85,9 @@ class LeaseReaper:
 
     def _run(self) -> None:
         while not self._stopped.wait(self.interval_s):
-            try:
-                reap_once(self.settings)
-            except Exception:  # keep reaping after a database or broker blip
-                log.exception("lease reaper pass failed; retrying in %.1fs", self.interval_s)
+            for step in (reap_once, resend_stale_once):
+                try:
+                    step(self.settings)
+                except Exception:  # keep reaping after a database or broker blip
+                    log.exception("reaper step %s failed; retrying in %.1fs", step.__name__,
+                                  self.interval_s)

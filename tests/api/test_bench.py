@@ -38,3 +38,21 @@ def test_api_bench_quick_run_reports_every_figure(
     assert result["startup"]["torch_imported"] is False
     assert set(result["targets"].values()) <= {"pass", "miss"}
     assert json.loads((tmp_path / "api.jsonl").read_text().splitlines()[-1]) == result
+    # Open loop: every request was offered on schedule, at the target rate.
+    assert result["submit_at_300_rps"]["offered_req_per_s"] == 300
+    assert result["submit_at_300_rps"]["connections"] >= 32
+
+    # The docs table shows its figures (value, target, verdict), not a pointer to the file.
+    sys.path.insert(0, str(ROOT / "bench"))
+    import run_all
+
+    rows = run_all.api_rows(result)
+    assert len(rows) == len(result["targets"]) + 1  # + the CPU per POST, shown
+    p99_row = rows[0]
+    assert p99_row[1:] == (
+        "<= 25",
+        run_all._fmt(result["submit_at_300_rps"]["p99_ms"]),
+        result["targets"]["submit_p99_ms_at_300_rps<=25"],
+    )
+    assert not any("see bench/results" in cell for row in rows for cell in row)
+    assert rows[-1][2] == "no"  # torch not imported

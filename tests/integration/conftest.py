@@ -32,7 +32,14 @@ from services.worker.enqueue import enqueue_job
 ROOT = Path(__file__).resolve().parents[2]
 # Short leases so a killed worker's job is reaped within seconds (5 s leaves a loaded
 # machine 4 missed heartbeats of slack before a live job would be taken over).
-TIMING = {"lease_timeout_s": 5.0, "heartbeat_interval_s": 1.0, "reaper_interval_s": 0.5}
+# A queued job with no message gets another one after 3 s (the lost-message rescue), short
+# enough for a test, long enough that jobs queued behind others rarely get a duplicate.
+TIMING = {
+    "lease_timeout_s": 5.0,
+    "heartbeat_interval_s": 1.0,
+    "reaper_interval_s": 0.5,
+    "requeue_after_s": 3.0,
+}
 BASE_SPEC: dict[str, Any] = {
     "model": "mlp",
     "dataset": "digits",
@@ -72,6 +79,7 @@ class Stack:
             ACCUM_LEASE_TIMEOUT_S=str(self.settings.lease_timeout_s),
             ACCUM_HEARTBEAT_INTERVAL_S=str(self.settings.heartbeat_interval_s),
             ACCUM_REAPER_INTERVAL_S=str(self.settings.reaper_interval_s),
+            ACCUM_REQUEUE_AFTER_S=str(self.settings.requeue_after_s),
             # Tiny models on a shared 2-core machine: one thread each is faster and the same
             # in every worker, so results are bitwise comparable across workers.
             OMP_NUM_THREADS="1",

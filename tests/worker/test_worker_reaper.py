@@ -11,7 +11,7 @@ from services.settings import Settings
 from services.store import jobs, leases
 from services.worker.app import TASK_NAME, make_celery
 from services.worker.db import session_factory
-from services.worker.reaper import LeaseReaper, reap_once
+from services.worker.reaper import LeaseReaper, reap_once, resend_stale_once
 
 
 def claim_with_short_lease(settings: Settings, job_id: str) -> None:
@@ -61,3 +61,38 @@ def test_reaper_thread_reaps_periodically(settings: Settings, make_job: Callable
     finally:
         reaper.stop()
     assert queued_job_ids(settings, "default") == [job_id]
+
+
+def test_queued_job_with_a_lost_message_is_enqueued_again_once_per_period(
+    settings: Settings, make_job: Callable[..., str]
+) -> None:
+    """A job left queued with no broker message (the API could not reach the broker) gets one
+    from the reaper once its last enqueue is older than ACCUM_REQUEUE_AFTER_S, and not again
+    before another period has passed (no pile-up on a queue no worker listens to)."""
+    settings = settings.model_copy(update={"requeue_after_s": 0.5})
+    lost_id = make_job(queue="a100")  # created, never enqueued
+    running_id = make_job(queue="a100")
+    with session_factory(settings).begin() as session:
+        assert leases.claim_job(session, running_id, "live", "host", "cpu", lease_timeout_s=600)
+    assert resend_stale_once(settings) == []  # just submitted: its message may well be on its way
+    time.sleep(0.6)
+    assert resend_stale_once(settings) == [lost_id]
+    assert resend_stale_once(settings) == []  # re-sent just now
+    assert queued_job_ids(settings, "a100") == [lost_id]
+    time.sleep(0.6)
+    assert resend_stale_once(settings) == [lost_id]  # still queued a period later: once more
+
+
+def test_reaper_thread_resends_lost_messages(settings: Settings, make_job: Callable[..., str]) -> None:
+    settings = settings.model_copy(update={"requeue_after_s": 0.2})
+    job_id = make_job()
+    reaper = LeaseReaper(settings, interval_s=0.05).start()
+    try:
+        deadline = time.monotonic() + 10
+        found: list[str] = []
+        while time.monotonic() < deadline and not found:
+            time.sleep(0.1)
+            found = queued_job_ids(settings, "default")
+    finally:
+        reaper.stop()
+    assert found[:1] == [job_id]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from services.settings import Settings
-from services.store import events, jobs, metrics
+from services.store import checkpoints, events, jobs, metrics
 from services.worker import training
 from services.worker.db import session_factory
 from services.worker.runner import run_job
@@ -79,3 +79,21 @@ def test_a_run_writes_progress_metrics_and_a_final_checkpoint(settings: Settings
         rows, _ = metrics.read_metrics(session, job_id, name="loss")
     assert [r.step for r in rows] == [1, 2, 3]
     assert (settings.artifacts_path / job_id / "3.pt").is_file()
+
+
+def test_checkpoint_epoch_is_the_0_based_epoch_of_its_step_like_metrics(
+    settings: Settings, make_job: Callable[..., str]
+) -> None:
+    """The final checkpoint of a one-epoch run is in epoch 0, the epoch its step's metrics
+    carry (the trainer's counter has moved on to epoch 1 when it saves at the epoch's end)."""
+    spec = {**TINY_SPEC, "micro_batch_size": 64, "accumulation_steps": 8, "epochs": 1}
+    del spec["max_steps"]
+    job_id = make_job(spec)
+    assert run_job(settings, job_id, "worker-a") == "succeeded"
+    with session_factory(settings)() as session:
+        rows, _ = metrics.read_metrics(session, job_id, name="loss", limit=10_000)
+        saved = checkpoints.list_checkpoints(session, job_id)
+    last = rows[-1]
+    final = max(saved, key=lambda c: c.step)
+    assert {r.epoch for r in rows} == {0}
+    assert (final.step, final.epoch) == (last.step, last.epoch) == (last.step, 0)
