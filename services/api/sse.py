@@ -39,6 +39,9 @@ EVENTS_PER_POLL = 500
 NAMES_REFRESH_S = 5.0
 
 
+TERMINAL_EVENT_KINDS = frozenset({"succeeded", "failed", "cancelled"})
+
+
 def sse_message(event: str, data: Any, event_id: int | None = None) -> bytes:
     """One SSE message: `event: <type>` and a single-line JSON `data:` field (values encoded
     as the REST answers encode them, e.g. timestamps). Job events carry their id, so a client
@@ -92,12 +95,17 @@ def poll(
             state.job_snapshot = snapshot
             state.names_checked_at = 0.0  # progress moved: new metric names may have appeared
             out.append(sse_message("status", JobPublic.from_row(job)))
+        endings: list[bytes] = []
         for event in store_events.list_events(
             session, job_id, after_id=state.last_event_id, limit=EVENTS_PER_POLL
         ):
             state.last_event_id = event.id
-            out.append(sse_message("job_event", EventPublic.from_row(event), event.id))
+            message = sse_message("job_event", EventPublic.from_row(event), event.id)
+            # A final outcome goes after the metrics read in the same poll: the job's last
+            # evaluation was written before it finished, and a watcher should see it so.
+            (endings if event.kind in TERMINAL_EVENT_KINDS else out).append(message)
         out.extend(_new_metrics(session, job, state))
+        out.extend(endings)
         finished = is_finished(job)
     if finished:
         out.append(sse_message("end", {"status": job.status}))

@@ -133,3 +133,24 @@ def test_stream_resends_the_steps_a_restarted_attempt_rewrites(
     resent = [m for m in second if m.startswith(b"event: metric")]
     assert [json.loads(m.split(b"data: ")[1])["step"] for m in resent] == [3, 4]
     assert all(json.loads(m.split(b"data: ")[1])["value"] == 9.0 for m in resent)
+
+
+def test_a_poll_sends_the_final_outcome_after_the_metrics_written_before_it(
+    submitted: dict[str, Any], session_factory: sessionmaker[Session]
+) -> None:
+    job_id = submitted["id"]
+    with session_factory() as session:
+        state = sse.open_stream(session, session.get(Job, job_id))  # type: ignore[arg-type]
+    with session_factory.begin() as session:
+        leases.claim_job(session, job_id, "w1", "h", None, lease_timeout_s=60, now=utcnow())
+        metrics.write_metrics(session, job_id, 1, [{"name": "val_accuracy", "step": 7, "value": 0.9}])
+        leases.finish_job(session, job_id, "w1", "succeeded")
+    messages, finished = sse.poll(session_factory, job_id, state)
+
+    kinds = [
+        "metric" if m.startswith(b"event: metric") else json.loads(m.split(b"data: ")[1]).get("kind", "")
+        for m in messages
+        if m.startswith((b"event: metric", b"id:", b"event: job_event"))
+    ]
+    assert finished and "metric" in kinds and "succeeded" in kinds
+    assert kinds.index("metric") < kinds.index("succeeded")
