@@ -16,3 +16,11 @@ def test_constraints_pin_torch_and_package_keeps_a_range() -> None:
     assert "torch==" in pins and "torchvision==" in pins
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"torch>=' in pyproject and "torch==" not in pyproject
+
+
+def test_readme_gives_the_commands_ci_and_the_makefile_run() -> None:
+    readme = (ROOT / "README.md").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    for command in ("make demo", "make test"):
+        assert command in readme
+        assert f"\n{command.split()[1]}:" in makefile
