@@ -16,10 +16,7 @@ That is the CPU analogue of CUDA max allocated (not RSS, which glibc caching blu
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 import _workloads as w  # noqa: E402
 
+from accumcore.peak_memory import memory_events  # noqa: E402
 from accumcore.window_source import reads_window_ahead  # noqa: E402
 
 
@@ -45,18 +43,7 @@ def _alive_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 
 def _profiled_peak(run: Callable[[], None]) -> int:
     """Max of the CPU allocator's running total while `run` executes (bytes)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    handle, path = tempfile.mkstemp(suffix=".json")
-    os.close(handle)
-    try:
-        prof.export_chrome_trace(path)
-        events = json.loads(Path(path).read_text())["traceEvents"]
-    finally:
-        os.unlink(path)
-    totals = [e["args"].get("Total Allocated", 0) for e in events if e.get("name") == "[memory]"]
+    totals = [e["args"].get("Total Allocated", 0) for e in memory_events(run)]
     if not totals:
         raise RuntimeError("the profiler recorded no CPU memory events; cannot measure the peak")
     return int(max(totals))

@@ -33,6 +33,7 @@ from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+import _workloads as w  # noqa: E402
 
 from accumcore import Trainer  # noqa: E402
 from accumcore.data import make_loader  # noqa: E402
@@ -63,19 +64,12 @@ def build(workload: str, samples: int, seed: int = 0) -> tuple[nn.Module, Tensor
 
 
 def tutorial_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader, n_acc: int, device: torch.device) -> None:
-    """The recipe of the PyTorch/HF tutorials: loss / N, step every N micro-batches."""
-    loss_fn = nn.CrossEntropyLoss()
-    last = len(loader) - 1
-    for i, (x, y) in enumerate(loader):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        (loss_fn(model(x), y) / n_acc).backward()
-        if (i + 1) % n_acc == 0 or i == last:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    """The recipe of the PyTorch/HF tutorials: loss / N, step every N micro-batches (and the short last window)."""
+    w.tutorial_loop(model, optimizer, loader, n_acc, nn.CrossEntropyLoss(), device, flush_last=True)
 
 
 def trainer_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader, n_acc: int, device: torch.device) -> None:
-    Trainer(model, optimizer, loss_fn=nn.CrossEntropyLoss(), accumulation_steps=n_acc, device=device).fit(loader, epochs=1)
+    w.run_trainer(model, optimizer, loader, n_acc, nn.CrossEntropyLoss(), device)
 
 
 def throughput(args: Any, workload: str, device: torch.device) -> dict[str, Any]:

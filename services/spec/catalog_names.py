@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from accumcore import catalog
-from accumcore.catalog.text_corpus import corpus_stats
 
 
 def model_names() -> list[str]:
@@ -44,13 +43,7 @@ def option_problem(kind: str, name: str, options: Mapping[str, Any]) -> str | No
 def train_size(dataset: str, options: Mapping[str, Any] | None = None) -> int:
     """Samples in the dataset's training split (one epoch) with these options.
 
-    `DATASETS[...].train_size` is the size under default options; the two options that change
-    it are applied the way `accumcore.catalog.datasets` applies them (tests/spec check this
-    against `build_dataset`).
+    `catalog.configured_dataset` applies the options as `build_dataset` does, without torch;
+    raises ValueError for options it rejects.
     """
-    options = options or {}
-    if dataset == "fake" and "size" in options:
-        return int(options["size"])
-    if dataset == "text" and "max_len" in options:
-        return corpus_stats(int(options["max_len"])).train_size
-    return catalog.DATASETS[dataset].train_size
+    return catalog.configured_dataset(dataset, options).train_size

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, model_validator
 
+from accumcore import catalog
 from services.spec import catalog_names
 from services.spec.errors import not_allowed, spec_error
 from services.spec.fields import Bool
@@ -16,7 +17,7 @@ from services.spec.fields import Bool
 _REF_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
-# Every catalog option is a size or a count; an MLP may have no hidden layer (a linear model).
+# Every model option is a size or a count; an MLP may have no hidden layer (a linear model).
 OPTION_MINIMUM = {"depth": 0}
 
 
@@ -25,6 +26,13 @@ def _check_options(kind: str, name: str, options: Mapping[str, Any]) -> None:
         return
     if reason := catalog_names.option_problem(kind, name, options):
         raise spec_error("unknown_option", reason, catalog_names.declared_options(kind, name))
+    if kind == "dataset":
+        # The catalog owns dataset option ranges (the same check `build_dataset` makes).
+        try:
+            catalog.configured_dataset(name, options)
+        except ValueError as exc:
+            raise spec_error("option_value", str(exc)) from None
+        return
     for key, value in options.items():
         minimum = OPTION_MINIMUM.get(key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:

@@ -8,13 +8,13 @@ Transitions write their lifecycle event in the same transaction.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, cast
 
 from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.orm import Session, make_transient_to_detached
 
+# The one hash of a normalised spec (also re-exported here as jobs.spec_hash).
+from services.spec.hashing import spec_hash as spec_hash
 from services.store.cursors import decode_cursor, encode_cursor
 from services.store.dialect import insert_for
 from services.store.errors import IdempotencyConflict, JobStateError
@@ -33,12 +33,6 @@ from services.store.types import new_id, utcnow
 # the ORM's statement construction and hits the compiled-statement cache.
 _INSERT_JOB = insert(cast(Table, Job.__table__))
 _INSERT_EVENT = insert(cast(Table, JobEvent.__table__))
-
-
-def spec_hash(spec: dict[str, Any]) -> str:
-    """sha256 of the spec's canonical JSON: equal specs hash equal whatever their key order."""
-    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def create_job(
@@ -96,24 +90,28 @@ def create_job(
         updated_at=now,
     )
     if idempotency_key is None:
-        # One Core INSERT instead of an ORM flush (the submit hot path), then the row object
-        # is attached to the session as if loaded, without a SELECT.
+        # One Core INSERT instead of an ORM flush (the submit hot path).
         session.connection().execute(_INSERT_JOB, values)
-        job = Job(**values)
-        make_transient_to_detached(job)
-        session.add(job)
         created = True
     else:
         inserted = session.execute(
             insert_for(session, Job).values(**values).on_conflict_do_nothing().returning(Job.id)
         ).scalar()
+        created = inserted is not None
+    if created:
+        # The row is exactly `values`: attach it to the session as if loaded, without a SELECT.
+        job = Job(**values)
+        make_transient_to_detached(job)
+        session.add(job)
+    else:
+        # Another request with this key won: read its job.
+        assert idempotency_key is not None  # only a keyed insert can find the row taken
         job = session.scalars(
             select(Job)
             .where(Job.owner_id == owner.id, Job.idempotency_key == idempotency_key)
             .execution_options(populate_existing=True)
         ).one()
-        created = inserted is not None
-        if not created and job.spec_hash != digest:
+        if job.spec_hash != digest:
             raise IdempotencyConflict(idempotency_key, job.id)
     if created:
         session.connection().execute(

@@ -29,6 +29,11 @@ VISIBILITY_TIMEOUT_S = 7 * 24 * 3600
 sqlite_transport.register()
 
 
+def is_embedded_broker(url: str) -> bool:
+    """The embedded SQLite broker: polled, no fanout exchanges, no worker heartbeats."""
+    return url.startswith(f"{sqlite_transport.SCHEME}://")
+
+
 def broker_url(settings: Any) -> str:
     """``ACCUM_BROKER_URL`` (Settings fills in the embedded SQLite broker under ACCUM_HOME)."""
     url = getattr(settings, "broker_url", "")
@@ -50,7 +55,7 @@ def make_celery(settings: Any, queues: Sequence[str] = (DEFAULT_QUEUE,)) -> Cele
             class (``default``, ``a100``, ...). The spec's ``queue`` routes a job to one.
     """
     url = broker_url(settings)
-    embedded = url.startswith(f"{sqlite_transport.SCHEME}://")
+    embedded = is_embedded_broker(url)
     names = list(dict.fromkeys(queues)) or [DEFAULT_QUEUE]
     app = Celery("accum", broker=url, set_as_current=False)
     app.conf.update(

@@ -144,10 +144,8 @@ def lr_lambda(spec: JobSpec, total_steps: int) -> Callable[[int], float] | None:
 
 
 def build_optimizer(spec: JobSpec, params: Any, device: str) -> torch.optim.Optimizer:
-    from accumcore.fast_path import make_optimizer
-
     opt = spec.optimizer
-    return make_optimizer(
+    return fast_path.make_optimizer(
         opt.name,
         params,
         opt.lr,

@@ -22,6 +22,7 @@ from services.settings import Settings
 from services.spec import JobSpec, parse_spec
 from services.worker.heartbeat import Heartbeat
 from services.worker.runner import Attempt, prepare_resume
+from services.worker.training import outcome
 
 POLL_S = 0.1
 
@@ -57,7 +58,7 @@ def train_distributed(
         while not context.join(timeout=POLL_S):
             if heartbeat.should_stop():
                 _terminate(context)
-                return None if heartbeat.lease_lost else "cancelled"
+                return outcome(True, heartbeat)
     except mp.ProcessRaisedException as exc:
         _terminate(context)
         # The rank's traceback is the message; keep its last line as the error.

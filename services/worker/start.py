@@ -17,7 +17,7 @@ from typing import Any, Literal
 from celery import signals
 
 from services.worker import sqlite_transport
-from services.worker.app import DEFAULT_QUEUE, broker_url, make_celery
+from services.worker.app import DEFAULT_QUEUE, broker_url, is_embedded_broker, make_celery
 from services.worker.reaper import LeaseReaper
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def start_worker(
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     names = list(queues or [DEFAULT_QUEUE])
     app = make_celery(settings, queues=names)
-    embedded = not broker_url(settings).startswith(("redis", "rediss", "amqp"))
+    embedded = is_embedded_broker(broker_url(settings))
     if preload:
         # Import torch and the runner now, in this idle parent, so the first job does not pay
         # for it (queue-to-running latency). Importing torch does not initialise CUDA, so a

@@ -41,6 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from accumcore import items
+
 log = logging.getLogger(__name__)
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -135,17 +137,6 @@ def loader_kwargs(device: str | torch.device, num_workers: int = 0) -> dict[str,
     return kwargs
 
 
-def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
-    """Move a (nested) batch of tensors to `device`."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, tuple | list):
-        return type(batch)(to_device(item, device, non_blocking) for item in batch)
-    if isinstance(batch, Mapping):
-        return {key: to_device(value, device, non_blocking) for key, value in batch.items()}
-    return batch
-
-
 def _record_stream(batch: Any, stream: torch.cuda.Stream) -> None:
     """Tell the caching allocator the tensors are used on `stream` (so it will not reuse them)."""
     if isinstance(batch, torch.Tensor):
@@ -192,7 +183,7 @@ class CudaPrefetcher:
             except StopIteration:
                 return _END
             with torch.cuda.stream(stream):
-                return to_device(batch, self.device, non_blocking=True)
+                return items.to_device(batch, self.device)  # non-blocking
 
         upcoming = load_next()
         while upcoming is not _END:

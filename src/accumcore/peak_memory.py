@@ -14,15 +14,16 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 
-def cpu_peak_added(run: Callable[[], None]) -> int:
-    """Bytes the CPU allocator held at most above its level when ``run`` started.
+def memory_events(run: Callable[[], None]) -> list[dict[str, Any]]:
+    """The profiler's ``[memory]`` events recorded while ``run`` executes, in time order.
 
-    Free what ``run`` allocates inside it: the reporter's running total only forgets blocks
-    freed while profiling, so a block freed later would count against the next measurement.
+    Each event's ``args`` carry ``Bytes`` (this allocation, negative for a free),
+    ``Total Allocated`` (the allocator's running total after it) and ``Device Type``.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -35,10 +36,16 @@ def cpu_peak_added(run: Callable[[], None]) -> int:
         events = json.loads(Path(path).read_text())["traceEvents"]
     finally:
         os.unlink(path)
-    memory = sorted(
-        (e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0),
-        key=lambda e: e.get("ts", 0),
-    )
+    return sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e.get("ts", 0))
+
+
+def cpu_peak_added(run: Callable[[], None]) -> int:
+    """Bytes the CPU allocator held at most above its level when ``run`` started.
+
+    Free what ``run`` allocates inside it: the reporter's running total only forgets blocks
+    freed while profiling, so a block freed later would count against the next measurement.
+    """
+    memory = [e for e in memory_events(run) if e.get("args", {}).get("Device Type", 0) == 0]
     if not memory:
         return 0  # nothing was allocated on the CPU
     first = memory[0]["args"]

@@ -46,13 +46,14 @@ class WindowStepper:
         self.device = device
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.loss_scale = precision.loss_scale()
+        self.ddp = distributed.ddp_wrapped(model)  # as WindowRunner: fixed for the trainer's life
 
     def step(self, result: WindowResult) -> StepOutcome:
         lr = float(self.optimizer.param_groups[0]["lr"])
         grad_norm = self.precision.unscale_and_clip(self.optimizer, self.params, self.grad_clip_norm)
         self.precision.optimizer_step(self.optimizer)
         loss_sum = result.loss_sum if result.loss_sum is not None else 0.0
-        if distributed.ddp_wrapped(self.model):
+        if self.ddp:
             loss_sum = distributed.all_reduce_sum([loss_sum], distributed.comm_device(self.model))[0]
         values = metrics.to_floats(  # the window's one device sync
             {"loss_sum": loss_sum, "items": result.items, "samples": result.samples, "grad_norm": grad_norm}

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from trainer_reference import seed_everything
 
 from accumcore import Callback, Trainer, load_checkpoint, save_checkpoint
 from accumcore.data import make_loader
@@ -56,15 +57,9 @@ def _loaders():
     return make_loader(dataset, MICRO_BATCH, seed=7), val
 
 
-def _seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    random.seed(seed)
-
-
 @functools.cache
 def _uninterrupted():
-    _seed_everything(1)
+    seed_everything(1)
     trainer = _trainer()
     train, val = _loaders()
     history = trainer.fit(train, epochs=EPOCHS, val_loader=val)
@@ -74,7 +69,7 @@ def _uninterrupted():
 def _resume_and_finish(state, tmp_path):
     path = tmp_path / "state.pt"
     save_checkpoint(state, path)
-    _seed_everything(12345)  # whatever the process did meanwhile must not matter
+    seed_everything(12345)  # whatever the process did meanwhile must not matter
     trainer = _trainer()
     trainer.load_state_dict(load_checkpoint(path))
     train, val = _loaders()
@@ -92,7 +87,7 @@ def _assert_bitwise_equal(a: Trainer, b: Trainer) -> None:
 @pytest.mark.parametrize("stop_after", [1, 2, 4, 7])  # mid-epoch 0, epoch end, mid-epoch 1, ...
 def test_resume_after_max_steps_is_bitwise_equal(stop_after: int, tmp_path) -> None:
     full, full_history = _uninterrupted()
-    _seed_everything(1)
+    seed_everything(1)
     first = _trainer()
     train, val = _loaders()
     first_history = first.fit(train, epochs=EPOCHS, val_loader=val, max_steps=stop_after)
@@ -120,7 +115,7 @@ class StopAfterPolls(Callback):
 @pytest.mark.parametrize("polls", [6, 9])  # the 2nd window of epoch 0; the 1st of epoch 1  # stop inside a window: it is discarded
 def test_resume_after_should_stop_mid_window_is_bitwise_equal(polls: int, tmp_path) -> None:
     full, _ = _uninterrupted()
-    _seed_everything(1)
+    seed_everything(1)
     first = _trainer(callbacks=[StopAfterPolls(polls)])
     train, val = _loaders()
     history = first.fit(train, epochs=EPOCHS, val_loader=val)
@@ -132,7 +127,7 @@ def test_resume_after_should_stop_mid_window_is_bitwise_equal(polls: int, tmp_pa
 
 def test_periodic_checkpoints_resume_exactly(tmp_path) -> None:
     full, _ = _uninterrupted()
-    _seed_everything(1)
+    seed_everything(1)
     writer = _trainer(checkpoint_every=3, checkpoint_dir=tmp_path / "ckpt")
     train, val = _loaders()
     history = writer.fit(train, epochs=EPOCHS, val_loader=val)
@@ -142,7 +137,7 @@ def test_periodic_checkpoints_resume_exactly(tmp_path) -> None:
     _assert_bitwise_equal(full, writer)
     resumed = _trainer()
     resumed.load_state_dict(load_checkpoint(tmp_path / "ckpt" / "3.pt"))
-    _seed_everything(99)
+    seed_everything(99)
     train, val = _loaders()
     resumed.fit(train, epochs=EPOCHS, val_loader=val)
     _assert_bitwise_equal(full, resumed)

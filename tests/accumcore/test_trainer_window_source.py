@@ -23,6 +23,7 @@ from trainer_reference import (
     TokenCrossEntropy,
     big_batch_training,
     max_abs_diff,
+    seed_everything,
     token_dataset,
     token_loss_sum,
     token_model,
@@ -127,22 +128,16 @@ def _noisy_loader() -> DataLoader:
     return loader
 
 
-def _seed(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    random.seed(seed)
-
-
 @pytest.mark.parametrize("stop_after", [1, 3])  # mid-epoch 0; mid-epoch 1
 def test_resume_on_the_targets_path_is_bitwise_equal(stop_after: int) -> None:
-    _seed(1)
+    seed_everything(1)
     full = _noisy_trainer()
     full.fit(_noisy_loader(), epochs=3)
-    _seed(1)
+    seed_everything(1)
     first = _noisy_trainer()
     first.fit(_noisy_loader(), epochs=3, max_steps=stop_after)
     state = copy.deepcopy(first.state_dict())
-    _seed(12345)  # whatever the process did meanwhile must not matter
+    seed_everything(12345)  # whatever the process did meanwhile must not matter
     resumed = _noisy_trainer()
     resumed.load_state_dict(state)
     resumed.fit(_noisy_loader(), epochs=3)

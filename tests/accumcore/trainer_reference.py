@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -141,3 +143,10 @@ def relative_diff(a: nn.Module, b: nn.Module) -> float:
 
 def steps_in(batches_per_epoch: int, schedule: AccumulationSchedule, epochs: int) -> int:
     return sum(math.ceil(batches_per_epoch / schedule.at(e)) for e in range(epochs))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed the torch, numpy and python RNGs (the ones a resumed run must restore)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)

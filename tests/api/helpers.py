@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.store import leases
+from services.store.models import Job
+
 MINIMAL_SPEC: dict[str, Any] = {
     "model": "mlp",
     "dataset": "digits",
@@ -25,3 +30,17 @@ def field_error(response: Any, loc: str) -> dict[str, Any]:
         if error["loc"] == loc:
             return dict(error)
     raise AssertionError(f"no error at {loc!r}; errors: {errors}")
+
+
+def claim(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    worker_id: str = "w1",
+    host: str | None = "h",
+    gpu: str | None = None,
+) -> Job | None:
+    """Play a worker taking the job (one committed transaction); the claimed job or None."""
+    with session_factory.begin() as session:
+        return leases.claim_job(
+            session, job_id, worker_id=worker_id, host=host, gpu=gpu, lease_timeout_s=60
+        )

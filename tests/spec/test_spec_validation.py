@@ -329,3 +329,15 @@ def test_mlp_depth_may_be_zero() -> None:
 def test_openapi_schema_documents_the_name_shorthand() -> None:
     model = JobSpec.model_json_schema()["properties"]["model"]
     assert {"type": "string"} in model["anyOf"]
+
+
+@pytest.mark.parametrize(
+    ("dataset", "option"), [({"name": "fake", "num_classes": 1}, "num_classes"), ({"name": "text", "max_len": 1}, "max_len")]
+)
+def test_dataset_option_values_the_catalog_would_refuse_are_refused_at_submit(
+    dataset: dict[str, Any], option: str
+) -> None:
+    # The same check the worker's build_dataset makes, so the job fails at submit, not later.
+    model = "tiny_transformer" if dataset["name"] == "text" else "mlp"
+    error = only_error(spec_with(model=model, dataset=dataset))
+    assert error["loc"] == ("dataset",) and option in error["msg"]

@@ -157,6 +157,15 @@ def test_bad_reads_are_refused(
             )
 
 
+def min_and_max_of(grouped: dict[int, list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """Each group's lowest and highest point (earliest step on ties), sorted by step."""
+    kept = set()
+    for members in grouped.values():
+        kept.add(min(members, key=lambda p: (p[1], p[0])))
+        kept.add(min(members, key=lambda p: (-p[1], p[0])))
+    return sorted(kept)
+
+
 def reference_min_max(points: list[tuple[int, float]], max_points: int) -> list[tuple[int, float]]:
     """The oracle: equal step buckets, each keeping its lowest and highest point."""
     buckets = max_points // 2
@@ -164,11 +173,7 @@ def reference_min_max(points: list[tuple[int, float]], max_points: int) -> list[
     grouped: dict[int, list[tuple[int, float]]] = {}
     for step, value in points:
         grouped.setdefault((step - lo) * buckets // (hi - lo + 1), []).append((step, value))
-    kept = set()
-    for members in grouped.values():
-        kept.add(min(members, key=lambda p: (p[1], p[0])))
-        kept.add(min(members, key=lambda p: (-p[1], p[0])))
-    return sorted(kept)
+    return min_and_max_of(grouped)
 
 
 def test_downsampling_keeps_each_buckets_min_and_max(
@@ -229,11 +234,7 @@ def reference_from_blocks(
         grouped.setdefault(max(0, block_start - lo) * buckets // (hi - lo + 1), []).append(
             (step, value)
         )
-    kept = set()
-    for members in grouped.values():
-        kept.add(min(members, key=lambda p: (p[1], p[0])))
-        kept.add(min(members, key=lambda p: (-p[1], p[0])))
-    return sorted(kept)
+    return min_and_max_of(grouped)
 
 
 def test_long_curves_downsample_from_blocks_keeping_min_and_max(

@@ -13,7 +13,7 @@ from services.settings import Settings
 from services.store import events, leases
 from services.store.models import Job
 
-from ..helpers import PROBLEM_JSON
+from ..helpers import PROBLEM_JSON, claim
 
 
 def test_submit_returns_201_location_and_the_normalised_job(
@@ -137,8 +137,7 @@ def test_cancel_a_queued_job_is_immediate_and_final(
     assert response.json()["status"] == "cancelled"
     assert response.json()["finished_at"] is not None
     # A worker that receives the (already sent) message cannot claim it: the job never starts.
-    with session_factory.begin() as session:
-        assert leases.claim_job(session, job_id, worker_id="w1", host="h", gpu=None, lease_timeout_s=60) is None
+    assert claim(session_factory, job_id) is None
     assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["status"] == "cancelled"
     again = client.post(f"/v1/jobs/{job_id}/cancel", headers=alice)
     assert again.status_code == 409
@@ -152,8 +151,7 @@ def test_cancel_a_running_job_asks_its_worker(
     session_factory: sessionmaker[Session],
 ) -> None:
     job_id = submitted["id"]
-    with session_factory.begin() as session:
-        assert leases.claim_job(session, job_id, worker_id="w1", host="gpu-node-1", gpu="H100", lease_timeout_s=60)
+    assert claim(session_factory, job_id, host="gpu-node-1", gpu="H100")
 
     running = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
     response = client.post(f"/v1/jobs/{job_id}/cancel", headers=alice)
@@ -190,8 +188,7 @@ def test_resume_of_a_queued_or_running_job_is_409(
 ) -> None:
     job_id = submitted["id"]
     queued = client.post(f"/v1/jobs/{job_id}/resume", headers=alice)
-    with session_factory.begin() as session:
-        leases.claim_job(session, job_id, worker_id="w1", host="h", gpu=None, lease_timeout_s=60)
+    claim(session_factory, job_id)
     running = client.post(f"/v1/jobs/{job_id}/resume", headers=alice)
 
     assert queued.status_code == running.status_code == 409
@@ -207,8 +204,7 @@ def test_a_failed_job_shows_its_error_and_resume_clears_it(
     session_factory: sessionmaker[Session],
 ) -> None:
     job_id = submitted["id"]
-    with session_factory.begin() as session:
-        leases.claim_job(session, job_id, worker_id="w1", host="h", gpu=None, lease_timeout_s=60)
+    claim(session_factory, job_id)
     with session_factory.begin() as session:
         error = {"type": "DatasetUnavailable", "message": "no data under /data/cifar10"}
         assert leases.finish_job(session, job_id, "w1", "failed", error=error)
