@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The stamp changes whenever the dependency list or the pins change, so `make` reinstalls then only.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install test demo up lint bench clean
+.PHONY: install browser test test-reliability reliability-report demo up lint bench clean
 
 install: $(STAMP)
 
@@ -16,8 +16,25 @@ $(STAMP): pyproject.toml constraints.txt
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-test: install
+# Debian's Chromium for the dashboard's browser tests (Playwright drives it; no browser download).
+browser:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "browser tests need Debian's chromium: sudo apt-get install chromium" >&2; fi; }
+
+test: install browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Every reliability test, the slow ones too, plus bench/load.py; figures land in
+# bench/results/ and docs/reliability.md is rewritten from them.
+test-reliability: install browser
+	ACCUM_RECORD_RELIABILITY=1 $(PY) -m pytest tests/reliability -m "" $(PYTEST_ARGS)
+	$(PY) bench/load.py --out bench/results
+	$(PY) bench/reliability_report.py
+
+# Rewrite docs/reliability.md from the recorded figures without running anything.
+reliability-report: install
+	$(PY) bench/reliability_report.py
 
 demo: install
 	$(VENV)/bin/accum demo

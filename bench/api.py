@@ -5,6 +5,8 @@
 Needs the local PostgreSQL (a temporary database is created and dropped) and Redis (the
 broker, as in production). Prints one JSON object with the machine description and:
 
+Submits are spread round-robin over 16 owners (see ``OWNERS``).
+
 - ``submit_closed_loop``: 32 clients each sending ``POST /v1/jobs`` back to back: the
   server's capacity (req/s) and the latency at saturation. With a closed loop, latency is
   concurrency / throughput (Little's law), so this p99 is bounded below by 32 / req/s.
@@ -54,6 +56,12 @@ SPEC_TEMPLATE = (
     '"epochs": 1, "optimizer": {{"name": "sgd", "lr": 0.1}}, "seed": {seed}}}'
 )
 CONCURRENCY = 32
+# Submits go round-robin to this many owners. No worker drains the queue, so the ~13,000 jobs
+# a run submits all stay queued: over 16 owners that is ~800 each, under the default per-owner
+# cap of 1,000 unfinished jobs (ACCUM_MAX_ACTIVE_JOBS_PER_OWNER), which every submit checks
+# by counting the owner's unfinished jobs. One owner would hit the cap, or with the cap
+# raised, have each submit count a queue 13x longer than the cap lets a real owner build.
+OWNERS = 16
 TARGET_RATE = 300.0
 METRIC_POINTS = 100_000
 
@@ -76,6 +84,8 @@ async def _exchange(conn: Connection, host: str, plan: dict[str, Any], seq: int)
     body = plan["body"].format(seed=seq).encode() if plan.get("body") else b""
     head = f"{plan['method']} {plan['path']} HTTP/1.1\r\nHost: {host}\r\n"
     head += "".join(f"{name}: {value}\r\n" for name, value in plan["headers"].items())
+    if plan.get("tokens"):  # submits spread over several owners, one after the other
+        head += f"Authorization: Bearer {plan['tokens'][seq % len(plan['tokens'])]}\r\n"
     if body:
         head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
     writer.write(head.encode() + b"\r\n" + body)
@@ -346,8 +356,11 @@ def main() -> None:
         upgrade(database_url)
         engine = make_engine(database_url)
         with make_session_factory(engine).begin() as session:
-            _, token = tokens.create_owner_with_token(session, "bench")
+            owner_tokens = [
+                tokens.create_owner_with_token(session, f"bench-{i}")[1] for i in range(OWNERS)
+            ]
         engine.dispose()
+        token = owner_tokens[0]
         env = {
             **os.environ,
             "ACCUM_HOME": home,
@@ -363,7 +376,8 @@ def main() -> None:
         submit = {
             "method": "POST",
             "path": "/v1/jobs",
-            "headers": headers,
+            "headers": {},
+            "tokens": owner_tokens,
             "body": SPEC_TEMPLATE,
             "concurrency": CONCURRENCY,
         }

@@ -32,8 +32,12 @@ ORDER = ["trainer_vs_loop", "trainer_vs_lightning", "exactness", "memory", "accu
          "auto_micro_batch", "ddp_no_sync", "resnet50_h100"]
 
 
+# Scripts in bench/ that are not benchmarks: this runner and the reliability doc's writer.
+NOT_BENCHES = {"run_all", "reliability_report"}
+
+
 def bench_names() -> list[str]:
-    found = sorted(p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("_") and p.stem != "run_all")
+    found = sorted(p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("_") and p.stem not in NOT_BENCHES)
     return [n for n in ORDER if n in found] + [n for n in found if n not in ORDER]
 
 

@@ -48,6 +48,17 @@ class Settings(BaseSettings):
     # busy worker gets at most one duplicate (harmless: the claim drops it) per period.
     requeue_after_s: float = Field(default=300.0, gt=0)
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    # Where a job's `dataset.data_root` may point (the worker's <home>/data is always allowed).
+    # Env: a JSON list, ACCUM_ALLOWED_DATA_ROOTS='["/datasets", "/mnt/shared/data"]'.
+    allowed_data_roots: list[Path] = Field(
+        default_factory=list,
+        description="Directories a job's dataset.data_root may be in (besides <home>/data).",
+    )
+    # Per-owner cap on jobs that are queued or running; a submit past it is 429.
+    max_active_jobs_per_owner: int = Field(default=1000, gt=0)
+    # Failed token checks allowed per client address in a sliding window before 429.
+    auth_failures_per_window: int = Field(default=20, gt=0)
+    auth_failure_window_s: float = Field(default=60.0, gt=0)
     sqlite_busy_timeout_s: float = Field(default=30.0, gt=0)
 
     @field_validator("home", mode="after")

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
+from skips import services_required
+from worker_stack import stack  # noqa: F401  (the fixture, for integration and reliability tests)
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "ACCUM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -26,10 +28,6 @@ HOW_TO_START = {
     "postgresql": "start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
     "redis": "start it with: redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save '' --appendonly no",
 }
-
-
-def services_required() -> bool:
-    return os.environ.get("ACCUM_REQUIRE_SERVICES", "") not in ("", "0", "false", "no")
 
 
 def _reachable(url: str, default_port: int) -> bool:

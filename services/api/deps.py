@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from services.api.auth import bearer_token, resolve_owner
+from services.api.problems import Problem
 from services.settings import Settings
 from services.store.models import Owner
 
@@ -29,15 +30,29 @@ async def get_settings(request: Request) -> Settings:
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
     """A session for this request. Opening one does no I/O (it connects on first use);
-    closing it may (a rollback that returns the connection), so that runs in the pool."""
-    session: Session = request.app.state.session_factory()
-    try:
-        yield session
-    finally:
-        if session.in_transaction():
-            await run_in_threadpool(session.close)
-        else:
-            session.close()
+    closing it may (a rollback that returns the connection), so that runs in the pool.
+
+    A request holds its session's connection across thread-pool hops (auth, route, close):
+    with more requests in flight than the database pool has connections, the route threads
+    all waited for connections that only a queued close could return (a deadlock until the
+    pool's 30 s timeout; bench/load.py, 50 clients back to back). So sessions are taken from
+    ``app.state.session_slots``, fewer than the pool's connections; a request waits for a
+    slot holding nothing.
+    """
+    async with request.app.state.session_slots:
+        session: Session = request.app.state.session_factory()
+        try:
+            yield session
+        finally:
+            if session.in_transaction():
+                await run_in_threadpool(session.close)
+            else:
+                session.close()
+
+
+# scope="function": the session (and its slot) is closed when the route returns, not after
+# the response is sent: a live event stream must not hold either for hours.
+SessionScoped = Depends(get_session, scope="function")
 
 
 # Declares the scheme in OpenAPI (the "Authorize" button in /docs); errors are ours (401).
@@ -46,17 +61,35 @@ bearer_scheme = HTTPBearer(auto_error=False, description="`accum token create NA
 
 async def get_current_owner(
     request: Request,
+    session: Annotated[Session, SessionScoped],
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Owner:
-    """The owner of the bearer token; cached tokens cost no database round trip."""
-    token = bearer_token(request.headers.get("authorization"))
+    """The owner of the bearer token, looked up on every request (so a revocation counts at
+    once) on the request's session (the route gets the same one: one connection checkout).
+
+    An address with too many failed token checks lately gets 429 before its token is read.
+    """
     state = request.app.state
-    owner = state.token_cache.get_by_token(token)
-    if owner is None:
-        owner = await run_in_threadpool(resolve_owner, token, state.token_cache, state.session_factory)
-    return owner
+    address = request.client.host if request.client else "unknown"
+    if (wait_s := state.auth_failures.retry_after(address)) is not None:
+        raise Problem(
+            429,
+            "Too Many Requests",
+            f"too many requests with a bad token from {address}; retry in {wait_s} s with a "
+            "valid token (`accum token create NAME` makes one)",
+            headers={"Retry-After": str(wait_s)},
+            retry_after_s=wait_s,
+        )
+    authorization = request.headers.get("authorization")
+    try:
+        token = bearer_token(authorization)
+        return await run_in_threadpool(resolve_owner, token, session)
+    except HTTPException:
+        if authorization:  # a token was tried and failed (no header at all is no guess)
+            state.auth_failures.record_failure(address)
+        raise
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, SessionScoped]
 CurrentOwner = Annotated[Owner, Depends(get_current_owner)]

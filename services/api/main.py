@@ -14,15 +14,28 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import anyio.to_thread
 from fastapi import FastAPI
 
-from services.api.auth import TokenCache
+from services.api.auth_failures import AuthFailureLimiter
 from services.api.body_limit import BodySizeLimitMiddleware
 from services.api.errors import install_data_error_handler
+from services.api.problem_docs import install_problem_docs
 from services.api.problems import install_problem_handlers
-from services.api.routes import catalog, checkpoints, events, health, jobs, metrics, monitoring
+from services.api.routes import (
+    catalog,
+    checkpoints,
+    dashboard,
+    events,
+    health,
+    jobs,
+    me,
+    metrics,
+    monitoring,
+)
 from services.api.telemetry import LatencyMiddleware, Telemetry
+from services.api.unavailable import install_database_unavailable_handler
 from services.settings import Settings, get_settings
 from services.store.db import make_engine, make_session_factory
 from services.worker.reaper import LeaseReaper
@@ -35,6 +48,8 @@ ROUTERS = (
     catalog.router,
     health.router,
     monitoring.router,
+    me.router,
+    dashboard.router,
 )
 
 
@@ -43,6 +58,11 @@ ROUTERS = (
 # GIL: with 32 clients submitting jobs (bench/api.py), 8 threads gave ~20% more requests/s,
 # less CPU per request and a lower p99 than 40, 16 or 12; 4 was slower again.
 ROUTE_THREADS = 8
+# Requests that may hold a database session at once (services/api/deps.py, get_session): one
+# per route thread. It must stay below the pool's connections (24 on SQLite, 40 on PostgreSQL)
+# with room for the event streams' polls, and within the connections the pool keeps open (10):
+# a connection past those is closed when returned, so bursts would open new server processes.
+SESSION_SLOTS = ROUTE_THREADS
 
 
 @asynccontextmanager
@@ -77,16 +97,22 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.state.run_reaper = run_reaper
     app.state.engine = make_engine(settings)
     app.state.session_factory = make_session_factory(app.state.engine)
-    app.state.token_cache = TokenCache()
+    app.state.session_slots = anyio.Semaphore(SESSION_SLOTS)
+    app.state.auth_failures = AuthFailureLimiter(
+        settings.auth_failures_per_window, settings.auth_failure_window_s
+    )
     app.state.telemetry = telemetry = Telemetry()
 
     install_problem_handlers(app)
+    install_problem_docs(app)
     install_data_error_handler(app)
+    install_database_unavailable_handler(app)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     # Added last, so outermost: it times everything, 413s and error answers included.
     app.add_middleware(LatencyMiddleware, observe=telemetry.observe_request)
     for router in ROUTERS:
         app.include_router(router)
+    dashboard.mount_assets(app)
     return app
 
 

@@ -50,9 +50,12 @@ class JobPublic(BaseModel):
     latest_metrics: dict[str, Any]
     queue: str
     worker: WorkerInfo | None
+    owner: str | None = Field(
+        None, description="The owner's name (in the /v1/jobs answers; not in stream messages)"
+    )
 
     @classmethod
-    def from_row(cls, job: Job) -> JobPublic:
+    def from_row(cls, job: Job, owner: str | None = None) -> JobPublic:
         error = job.error
         progress = job.progress or {}
         return cls(
@@ -80,7 +83,13 @@ class JobPublic(BaseModel):
             worker=WorkerInfo(host=job.worker_host, gpu=job.worker_gpu)
             if job.worker_host or job.worker_gpu
             else None,
+            owner=owner,
         )
+
+
+class OwnerPublic(BaseModel):
+    name: str
+    is_admin: bool
 
 
 class JobPage(BaseModel):

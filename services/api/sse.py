@@ -8,11 +8,18 @@ held between polls, so a thousand watchers do not pin the pool) and remembers wh
 the last event id, and per metric name the highest step sent. A new attempt of the job (a
 restart from a checkpoint) lowers those steps to the checkpoint's, so its rewritten steps are
 sent again.
+
+A database outage does not end the stream: a poll that cannot reach the database sends
+nothing (keep-alives go on) and the next one picks up where the last good one stopped, so a
+watcher sees every step once across a PostgreSQL restart.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -25,8 +32,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.api.schemas import EventPublic, JobPublic
 from services.store import events as store_events
 from services.store import metrics as store_metrics
+from services.store.db import database_unreachable
 from services.store.jobs import is_finished, load_job
-from services.store.metric_points import read_metric_points
+from services.store.metric_points import read_new_points
 from services.store.models import Job
 
 POLL_INTERVAL_S = 0.5
@@ -120,22 +128,76 @@ def _new_metrics(session: Session, job: Job, state: StreamState) -> list[bytes]:
         # lookup of the job's metric names, when progress moved or every few seconds.
         state.names_checked_at = now
         names |= set(store_metrics.metric_names(session, job.id))
-    rows = []
-    for name in names:
-        page, _ = read_metric_points(
-            session, job.id, name=name, since_step=state.metric_steps.get(name), limit=METRICS_PER_POLL
-        )
-        if page:
-            state.metric_steps[name] = page[-1].step
-            rows.extend(page)
+    frontiers = {name: state.metric_steps.get(name) for name in names}
+    rows = read_new_points(session, job.id, frontiers, limit=METRICS_PER_POLL)
+    for m in rows:  # ordered by (name, step): each name ends at its highest step sent
+        state.metric_steps[m.name] = m.step
     rows.sort(key=lambda m: (m.step, m.name))
-    return [
-        sse_message(
-            "metric",
-            {"name": m.name, "step": m.step, "epoch": m.epoch, "value": m.value, "ts": m.ts},
-        )
-        for m in rows
-    ]
+    return [metric_message(m.name, m.step, m.epoch, m.value, m.ts) for m in rows]
+
+
+@functools.lru_cache(maxsize=16_384)  # ~10 s of a fast job's rows, ~5 MB
+def metric_message(name: str, step: int, epoch: int | None, value: float | None, ts: Any) -> bytes:
+    """One `metric` message. Every watcher of a job sends the same rows: encoded once per row
+    (not once per watcher), since encoding was most of the API's work with 100 watchers."""
+    return sse_message("metric", {"name": name, "step": step, "epoch": epoch, "value": value, "ts": ts})
+
+
+# --- one database poll per job and tick, shared by the streams that are in step -------------
+#
+# Streams poll on a common clock (multiples of POLL_INTERVAL_S). The streams of one job that
+# have sent the same things so far (same last event, metric steps and job snapshot: after
+# their first poll, nearly all of them) need the same answer at the same tick, so the first
+# reads the database and the others reuse its messages and its new state: a hundred watchers
+# cost about one (bench/load.py, sse phase). A stream out of step polls on its own.
+
+
+@dataclass
+class _SharedPoll:
+    tick: int
+    key: tuple[Any, ...]
+    messages: list[bytes]
+    finished: bool
+    state: StreamState
+
+
+_shared: dict[tuple[int, str], _SharedPoll] = {}
+_job_locks: dict[tuple[int, str], threading.Lock] = {}
+_registry_lock = threading.Lock()
+
+
+def _sent_so_far(state: StreamState) -> tuple[Any, ...]:
+    return (state.last_event_id, tuple(sorted(state.metric_steps.items())), state.attempts,
+            state.job_snapshot)
+
+
+def _copy_state(source: StreamState, target: StreamState) -> None:
+    for name in ("last_event_id", "names_checked_at", "attempts", "job_snapshot"):
+        setattr(target, name, getattr(source, name))
+    target.metric_steps = dict(source.metric_steps)
+
+
+def shared_poll(
+    session_factory: sessionmaker[Session], job_id: str, state: StreamState, tick: int
+) -> tuple[list[bytes], bool]:
+    """``poll``, or the answer another stream of this job in the same state got at ``tick``."""
+    job_key = (id(session_factory), job_id)
+    with _registry_lock:
+        lock = _job_locks.setdefault(job_key, threading.Lock())
+    with lock:
+        key, last = _sent_so_far(state), _shared.get(job_key)
+        if last is not None and last.tick == tick and last.key == key:
+            _copy_state(last.state, state)
+            return last.messages, last.finished
+        messages, finished = poll(session_factory, job_id, state)
+        kept = StreamState()
+        _copy_state(state, kept)
+        _shared[job_key] = _SharedPoll(tick, key, messages, finished, kept)
+    with _registry_lock:  # forget jobs nobody polled lately
+        for old in [k for k, v in _shared.items() if v.tick < tick - 2]:
+            del _shared[old]
+            _job_locks.pop(old, None)
+    return messages, finished
 
 
 async def job_stream(
@@ -144,7 +206,18 @@ async def job_stream(
     """The SSE body: poll, send what is new, keep the connection alive, stop after `end`."""
     last_sent = time.monotonic()
     while True:
-        messages, finished = await anyio.to_thread.run_sync(poll, session_factory, job_id, state)
+        # The poll works on a copy: one that fails half-way must not mark messages as sent.
+        trial = dataclasses.replace(state, metric_steps=dict(state.metric_steps))
+        tick = int(time.monotonic() // POLL_INTERVAL_S)
+        try:
+            messages, finished = await anyio.to_thread.run_sync(
+                shared_poll, session_factory, job_id, trial, tick
+            )
+            state = trial
+        except Exception as exc:
+            if not database_unreachable(exc):
+                raise
+            messages, finished = [], False
         if messages:
             yield b"".join(messages)
             last_sent = time.monotonic()
@@ -153,4 +226,4 @@ async def job_stream(
         if time.monotonic() - last_sent >= KEEP_ALIVE_S:
             yield KEEP_ALIVE
             last_sent = time.monotonic()
-        await anyio.sleep(POLL_INTERVAL_S)
+        await anyio.sleep(POLL_INTERVAL_S - time.monotonic() % POLL_INTERVAL_S)  # the next tick

@@ -1,14 +1,22 @@
-"""Admin commands that talk to the database directly: `token create`, `db upgrade`.
+"""Admin commands that talk to the database directly: `token create|list|revoke`, `db upgrade`.
 
     ACCUM_DATABASE_URL=postgresql+psycopg://accum@db/accum accum db upgrade
     accum token create alice [--admin]     # prints the token once, on stdout
+    accum token list [alice]               # owner, prefix, created: never the token itself
+    accum token revoke accum_AbCdEf        # the prefix or the whole token; refused at once
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+T = TypeVar("T")
 
 
 def register(commands: Any) -> None:
@@ -18,11 +26,50 @@ def register(commands: Any) -> None:
     create.add_argument("name", help="owner name (created if new)")
     create.add_argument("--admin", action="store_true", help="the owner sees every job")
     create.set_defaults(func=cmd_token_create)
+    listing = token_commands.add_parser("list", help="list tokens by owner and prefix")
+    listing.add_argument("name", nargs="?", help="only this owner's tokens")
+    listing.set_defaults(func=cmd_token_list)
+    revoke = token_commands.add_parser(
+        "revoke", help="delete a token: the next request with it gets 401"
+    )
+    revoke.add_argument("token", help="the token, or its prefix as `accum token list` shows it")
+    revoke.set_defaults(func=cmd_token_revoke)
 
     db = commands.add_parser("db", help="database schema (database access needed)")
     db_commands = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     upgrade = db_commands.add_parser("upgrade", help="migrate the database to the latest schema")
     upgrade.set_defaults(func=cmd_db_upgrade)
+
+
+class Failed(int):
+    """The exit code of a store command that failed (its one line is already on stderr)."""
+
+
+def in_store(command: str, work: Callable[[Session], T]) -> T | Failed:
+    """`work(session)` in one committed transaction on ACCUM_DATABASE_URL. A ValueError
+    (bad argument) is exit 2, an unmigrated or unreachable database exit 1: one line each."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from services.settings import get_settings
+    from services.store.db import make_engine, make_session_factory
+
+    settings = get_settings()
+    engine = make_engine(settings)
+    try:
+        with make_session_factory(engine).begin() as session:
+            return work(session)
+    except ValueError as exc:
+        print(f"accum {command}: {exc}", file=sys.stderr)
+        return Failed(2)
+    except (OperationalError, ProgrammingError) as exc:
+        print(
+            f"accum {command}: database {redacted(settings.database_url)} is not ready "
+            f"({type(exc.orig).__name__}); run `accum db upgrade` first",
+            file=sys.stderr,
+        )
+        return Failed(1)
+    finally:
+        engine.dispose()
 
 
 def create_token(settings: Any, name: str, admin: bool) -> str:
@@ -46,24 +93,40 @@ def upgrade_database(settings: Any) -> None:
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    from sqlalchemy.exc import OperationalError, ProgrammingError
+    from services.store.tokens import create_owner_with_token
 
-    from services.settings import get_settings
+    created = in_store("token create", lambda s: create_owner_with_token(s, args.name, args.admin))
+    if isinstance(created, Failed):
+        return created
+    print(created[1])
+    return 0
 
-    settings = get_settings()
-    try:
-        token = create_token(settings, args.name, args.admin)
-    except ValueError as exc:
-        print(f"accum token create: {exc}", file=sys.stderr)
-        return 2
-    except (OperationalError, ProgrammingError) as exc:
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    from services.store.tokens import list_tokens
+
+    rows = in_store("token list", lambda s: list_tokens(s, args.name))
+    if isinstance(rows, Failed):
+        return rows
+    for owner, prefix, created_at in rows:
+        print(f"{owner}\t{prefix}\t{created_at:%Y-%m-%d %H:%M:%S}")
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    from services.store.tokens import revoke_token
+
+    revoked = in_store("token revoke", lambda s: revoke_token(s, args.token))
+    if isinstance(revoked, Failed):
+        return revoked
+    if not revoked:
         print(
-            f"accum token create: database {redacted(settings.database_url)} is not ready "
-            f"({type(exc.orig).__name__}); run `accum db upgrade` first",
+            "accum token revoke: no such token (already revoked?); `accum token list` shows "
+            "the prefixes of the tokens that exist",
             file=sys.stderr,
         )
         return 1
-    print(token)
+    print("revoked: requests with this token now get 401", file=sys.stderr)
     return 0
 
 

@@ -4,7 +4,8 @@
     accum submit examples/digits_small_cnn.yaml --watch
     accum jobs | status ID | watch ID | cancel ID | resume ID
     accum metrics ID --name loss --csv | checkpoints ID | download ID [STEP] -o model.pt
-    accum token create NAME [--admin] | db upgrade | api | worker | demo
+    accum token create NAME [--admin] | token list [NAME] | token revoke PREFIX|TOKEN
+    accum db upgrade | api | worker | demo
 
 Server URL and token come from ACCUM_URL / ACCUM_TOKEN, else from ACCUM_HOME/local.json
 (written by `accum up`). Exit codes: 0 ok, 1 error (one line on stderr), 2 usage; `watch`

@@ -8,12 +8,17 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+# On SIGTERM the API stops accepting connections and lets in-flight requests finish; what
+# still runs after this long (a live event stream) is cut. Below Docker's default 10 s stop
+# timeout, so a drained API exits on its own before it would be SIGKILLed.
+GRACEFUL_SHUTDOWN_S = 8.0
 
 
 def register(commands: Any) -> None:
@@ -25,6 +30,10 @@ def register(commands: Any) -> None:
     up.add_argument("--log-dir", type=Path, help="write the children's logs there, not here")
     up.set_defaults(func=cmd_up)
     api.add_argument("--log-level", default="info")
+    api.add_argument(
+        "--timeout-graceful-shutdown", type=float, default=GRACEFUL_SHUTDOWN_S, metavar="S",
+        help=f"on SIGTERM, seconds in-flight requests get to finish (default {GRACEFUL_SHUTDOWN_S:g})",
+    )
     api.set_defaults(func=cmd_api)
 
     worker = commands.add_parser("worker", help="run a Celery worker that trains jobs")
@@ -81,8 +90,21 @@ def cmd_api(args: argparse.Namespace) -> int:
     from services.api.main import create_app
     from services.settings import get_settings
 
-    uvicorn.run(create_app(get_settings()), host=args.host, port=args.port, log_level=args.log_level)
+    # uvicorn drains on SIGTERM, then raises the signal again, which would end a clean stop
+    # as "killed by SIGTERM" (exit 143): exit 0 instead.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    uvicorn.run(
+        create_app(get_settings()),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.timeout_graceful_shutdown,
+    )
     return 0
+
+
+def _exit_cleanly(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

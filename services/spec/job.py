@@ -39,6 +39,9 @@ MAX_ACCUMULATION_STEPS = 65536
 MAX_MICRO_BATCH_SIZE = 1 << 20
 MAX_SEED = (1 << 63) - 1
 MAX_EPOCHS = 1_000_000
+# Steps and batch sizes are 32-bit INTEGER columns in the store (PostgreSQL refuses more,
+# SQLite would keep it): larger values are refused here, the same on both backends.
+MAX_STORED_INT = 2**31 - 1
 QUEUE_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 MAX_QUEUE_LENGTH = 64
 MAX_NAME_LENGTH = 200
@@ -159,20 +162,23 @@ class JobSpec(BaseModel):
     ] = 1
     micro_batch_size: Annotated[int | Literal["auto"], WrapValidator(_micro_batch)]
     accumulation_steps: Annotated[int | dict[str, int] | None, WrapValidator(_accumulation)] = None
-    effective_batch_size: Annotated[PositiveInt | None, Field(validate_default=True)] = None
+    effective_batch_size: Annotated[
+        PositiveInt | None, Field(le=MAX_STORED_INT, validate_default=True)
+    ] = None
     epochs: Annotated[PositiveInt, Field(le=MAX_EPOCHS)] | None = None
-    max_steps: Annotated[PositiveInt | None, Field(validate_default=True)] = None
+    max_steps: Annotated[PositiveInt | None, Field(le=MAX_STORED_INT, validate_default=True)] = None
     optimizer: Optimizer
     scheduler: Scheduler = Field(default_factory=lambda: SchedulerSpec(name="none"))
     precision: Annotated[Literal["fp32", "bf16", "fp16"], one_of("precision", PRECISIONS)] = "fp32"
     grad_clip_norm: PositiveFloat | None = None
     seed: Annotated[NonNegativeInt, Field(le=MAX_SEED)] = 0
     checkpoint_every: Annotated[
-        PositiveInt, Field(description="optimizer steps between checkpoints")
+        PositiveInt, Field(le=MAX_STORED_INT, description="optimizer steps between checkpoints")
     ] = 100
     keep_checkpoints: PositiveInt = 3
     eval_every: Annotated[
-        PositiveInt | None, Field(description="optimizer steps; null = each epoch end")
+        PositiveInt | None,
+        Field(le=MAX_STORED_INT, description="optimizer steps; null = each epoch end"),
     ] = None
     queue: Annotated[str, Field(pattern=QUEUE_PATTERN), WrapValidator(_queue)] = "default"
     max_restarts: Annotated[NonNegativeInt, Field(le=100)] = 3
@@ -191,6 +197,21 @@ class JobSpec(BaseModel):
             return dataset
         # The catalog's reason already names the datasets and models that would work.
         raise spec_error("incompatible", reason, catalog_names.compatible_datasets(model.name))
+
+    @field_validator("accumulation_steps")
+    @classmethod
+    def _window_fits(cls, steps: int | dict[str, int] | None, info: ValidationInfo) -> Any:
+        micro, gpus = info.data.get("micro_batch_size"), info.data.get("gpus")
+        if steps is None or not isinstance(micro, int) or gpus is None:
+            return steps  # nothing to multiply, or an earlier field has its own error
+        largest = max(steps.values()) if isinstance(steps, dict) else steps
+        if (samples := micro * largest * max(gpus, 1)) > MAX_STORED_INT:
+            raise spec_error(
+                "accumulation_steps",
+                f"micro_batch_size {micro} x accumulation_steps {largest} x gpus {max(gpus, 1)} "
+                f"= {samples} samples per optimizer step; at most {MAX_STORED_INT} are supported",
+            )
+        return steps
 
     @field_validator("effective_batch_size")
     @classmethod

@@ -1,7 +1,9 @@
 """Checkpoint records (the files live at ``uri``): add, list, find, and choose what to prune.
 
 Functions here flush but never commit. Write the file first (atomically), then its row, then
-commit; prune by deleting files first, then ``delete_checkpoint_rows``.
+commit; prune with ``delete_checkpoint_rows``, commit, then delete the files. A crash between
+the two leaves a file no row lists (``services.worker.checkpoints`` removes it on resume),
+never a row without its file.
 """
 
 from __future__ import annotations

@@ -37,3 +37,14 @@ class InvalidCursor(StoreError, ValueError):
         super().__init__(
             f"invalid cursor {cursor!r}: pass the next_cursor value of the previous page unchanged"
         )
+
+
+class ActiveJobCapReached(StoreError):
+    """The owner already has as many unfinished jobs as ACCUM_MAX_ACTIVE_JOBS_PER_OWNER (429)."""
+
+    def __init__(self, cap: int, active: int) -> None:
+        self.cap, self.active = cap, active
+        super().__init__(
+            f"you have {active} queued or running jobs and the limit per owner is {cap}; wait "
+            "for some to finish or cancel some (`accum jobs`, `accum cancel ID`), then submit again"
+        )

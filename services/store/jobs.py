@@ -27,6 +27,7 @@ from services.store.models import (
     JobEvent,
     Owner,
 )
+from services.store.quotas import confirm_under_cap, near_cap
 from services.store.types import new_id, utcnow
 
 # Core statements on the tables, built once: values come as parameters, so each call skips
@@ -46,6 +47,7 @@ def create_job(
     effective_batch_size: int | None = None,
     total_optimizer_steps: int | None = None,
     idempotency_key: str | None = None,
+    max_active_jobs: int | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job; returns ``(job, created)``. Does not commit.
 
@@ -54,9 +56,13 @@ def create_job(
     Safe under concurrent requests with the same key (INSERT ... ON CONFLICT DO NOTHING on the
     unique (owner_id, idempotency_key), then read the winner).
     Writes the ``created`` event when it creates the job.
+    With ``max_active_jobs``, a new job that would give the owner more unfinished jobs than
+    that raises ActiveJobCapReached (the guarantee under concurrent submits: ``quotas``);
+    the caller rolls back.
     """
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+    recount = max_active_jobs is not None and near_cap(session, owner.id, max_active_jobs)
     digest = spec_hash(spec)
     now = utcnow()
     values: dict[str, Any] = dict(
@@ -125,6 +131,9 @@ def create_job(
                 created_at=now,
             ),
         )
+        if recount:
+            assert max_active_jobs is not None
+            confirm_under_cap(session, owner.id, max_active_jobs)
     return job, created
 
 
@@ -204,11 +213,13 @@ def request_cancel(session: Session, job: Job) -> Job:
     raise JobStateError(job.id, job.status, "cancel", ("queued", "running"))
 
 
-def request_resume(session: Session, job: Job) -> Job:
+def request_resume(session: Session, job: Job, max_active_jobs: int | None = None) -> Job:
     """Re-queue a ``failed`` or ``cancelled`` job from its latest checkpoint (``resume_step``;
     None when it has none, so it starts over). Resets the automatic-restart budget.
-    Other states raise JobStateError. Writes ``resumed``. Does not commit; enqueue after it.
+    Other states raise JobStateError; past ``max_active_jobs`` unfinished jobs of the job's
+    owner, ActiveJobCapReached (roll back). Writes ``resumed``. Does not commit; enqueue after it.
     """
+    recount = max_active_jobs is not None and near_cap(session, job.owner_id, max_active_jobs)
     latest = select(func.max(Checkpoint.step)).where(Checkpoint.job_id == Job.id).scalar_subquery()
     if not _transition(
         session,
@@ -234,6 +245,9 @@ def request_resume(session: Session, job: Job) -> Job:
         {"resume_step": job.resume_step},
         attempt=job.attempts,
     )
+    if recount:
+        assert max_active_jobs is not None
+        confirm_under_cap(session, job.owner_id, max_active_jobs)
     return job
 
 

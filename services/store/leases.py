@@ -1,4 +1,4 @@
-"""Worker-side job transitions: claim, lease renewal, progress, finish, and reaping.
+"""Worker-side job transitions: claim, lease renewal, progress, finish, hand-back, reaping.
 
 A job never trains twice at once because every transition here is a conditional UPDATE whose
 WHERE clause states the only situation in which it is allowed (claim: the job is ``queued``;
@@ -196,6 +196,44 @@ def finish_job(
     )
     add_event(session, job_id, status, message, {"error": error} if error else {}, attempt=attempt)
     return True
+
+
+def hand_back_job(
+    session: Session, job_id: str, worker_id: str, now: datetime | None = None
+) -> str | None:
+    """Return a ``running`` job to ``queued`` because its worker is shutting down: it resumes
+    from its latest checkpoint (``resume_step``) on the next worker that claims it, and the
+    hand-back does not count as a restart. Returns the job's queue (enqueue there after the
+    commit), or None when ``worker_id`` no longer holds the lease or a cancel was requested
+    (then finish the job as cancelled instead). Writes ``requeued``. Does not commit.
+    """
+    now = now or utcnow()
+    moved = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status == "running")
+        .values(
+            status="queued",
+            resume_step=_latest_checkpoint_step(),
+            lease_owner=None,
+            lease_expires_at=None,
+            enqueued_at=now,
+            updated_at=now,
+        )
+        .returning(Job.queue, Job.attempts, Job.resume_step)
+        .execution_options(synchronize_session=False)
+    ).one_or_none()
+    if moved is None:
+        return None
+    add_event(
+        session,
+        job_id,
+        "requeued",
+        "handed back by its worker, which is shutting down; resumes "
+        + (f"from checkpoint step {moved.resume_step}" if moved.resume_step else "from the start"),
+        {"resume_step": moved.resume_step, "reason": "worker_shutdown"},
+        attempt=moved.attempts,
+    )
+    return str(moved.queue)
 
 
 def reap_expired_leases(

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, delete, select, text, tuple_
+from sqlalchemy import ColumnElement, Select, and_, delete, or_, select, text, tuple_
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
@@ -152,8 +152,19 @@ def read_metrics(
     Keyset pagination on the primary key: ``next_cursor`` is None on the last page.
     Raises ValueError for limit < 1 and InvalidCursor for a bad cursor.
     (``metric_points.read_metric_points`` is the same page as plain rows.)"""
-    query = page_query(select(Metric), job_id, name, since_step, limit, cursor)
+    names = names_to_seek(session, job_id, name, since_step)
+    query = page_query(select(Metric), job_id, name, since_step, limit, cursor, names)
     return split_page(list(session.scalars(query)), limit)
+
+
+def names_to_seek(
+    session: Session, job_id: str, name: str | None, since_step: int | None
+) -> list[str] | None:
+    """The job's metric names when a page asks for every name after ``since_step`` (what a
+    dashboard polls), else None. Without them, ``step > since_step`` cannot bound the primary
+    key (job_id, name, step), and PostgreSQL read the job's whole history for each poll (53 ms
+    at 50,000 steps of 7 metrics, vs 0.7 ms with ``name IN (...)``: one seek per name)."""
+    return metric_names(session, job_id) if name is None and since_step is not None else None
 
 
 def page_query(
@@ -163,22 +174,47 @@ def page_query(
     since_step: int | None,
     limit: int,
     cursor: str | None,
+    names: Collection[str] | None = None,
 ) -> _Query:
-    """``query`` (over metrics) narrowed to one page plus one row, in (name, step) order."""
+    """``query`` (over metrics) narrowed to one page plus one row, in (name, step) order;
+    ``names`` (``names_to_seek``) restricts the rows to those names."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     query = query.where(Metric.job_id == job_id)
+    after = decode_cursor(cursor, (str, int)) if cursor is not None else None
+    if names is not None and name is None and after is not None:
+        return query.where(_after_cursor_by_name(names, since_step, *after)).order_by(
+            Metric.name, Metric.step).limit(limit + 1)
     if name is not None:
         query = query.where(Metric.name == name)
+    elif names is not None:
+        query = query.where(Metric.name.in_(sorted(names)))
     if since_step is not None:
         query = query.where(Metric.step > since_step)
-    if cursor is not None:
-        after_name, after_step = decode_cursor(cursor, (str, int))
+    if after is not None:
+        after_name, after_step = after
         if name is not None:
             query = query.where(Metric.name == after_name, Metric.step > after_step)
         else:
             query = query.where(tuple_(Metric.name, Metric.step) > tuple_(after_name, after_step))
     return query.order_by(Metric.name, Metric.step).limit(limit + 1)
+
+
+def _after_cursor_by_name(
+    names: Collection[str], since_step: int | None, after_name: str, after_step: int
+) -> ColumnElement[bool]:
+    """Rows after a cursor as short primary-key ranges: the rest of the cursor's metric, then
+    the later metrics from ``since_step``. The row comparison ``(name, step) > cursor`` made
+    PostgreSQL walk every later metric's whole history and filter it by step (the cost grew
+    with the job's length: bench/load.py's second pages). "Later" is decided by the database
+    (``name > after_name``), so the order is its collation's, as in ORDER BY."""
+    later = and_(Metric.name.in_(sorted(names)), Metric.name > after_name)
+    start = max(after_step, since_step) if since_step is not None else after_step
+    if since_step is not None:
+        later = and_(later, Metric.step > since_step)
+    if after_name not in names:  # a cursor naming no metric of this job: only later ones
+        return later
+    return or_(and_(Metric.name == after_name, Metric.step > start), later)
 
 
 def split_page(rows: list[_Row], limit: int) -> tuple[list[_Row], str | None]:

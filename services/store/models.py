@@ -83,6 +83,8 @@ class Job(Base):
             name="status",
         ),
         Index("ix_jobs_owner_id_id", "owner_id", "id"),
+        # The per-owner cap counts an owner's unfinished jobs on every submit (store.quotas).
+        Index("ix_jobs_owner_id_status", "owner_id", "status"),
         Index("ix_jobs_status_lease_expires_at", "status", "lease_expires_at"),
     )
 

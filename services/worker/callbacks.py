@@ -7,12 +7,17 @@ held by the API, a PostgreSQL hiccup) ever stalls training. A checkpoint's row i
 synchronously, in the same transaction as every metric up to its step: a resumed attempt,
 which starts from the latest checkpoint row, never finds a hole in the metrics before it.
 Retention (last ``keep`` + best by val_loss) runs after each checkpoint and each evaluation.
+A database outage (PostgreSQL restarting) loses nothing: the writer thread keeps the rows and
+tries again, and synchronous writes (checkpoint rows, events, the last flush) are retried
+(``db_retry``) for up to a lease timeout; rows are keyed by (job, name, step), so a batch
+written twice is still one row per step.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +33,17 @@ from services.store.checkpoints import (
 from services.store.events import add_event
 from services.store.leases import update_progress
 from services.store.metrics import metric_rows, write_metrics
+from services.worker.checkpoints import remove_files
+from services.worker.db_retry import retry_while_unreachable
 from services.worker.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
 FLUSH_EVERY_STEPS = 200
 FLUSH_EVERY_S = 1.0
+# How long synchronous writes wait out a database outage when no heartbeat says otherwise
+# (the default lease timeout: past that, another worker may own the job).
+RETRY_WRITES_FOR_S = 60.0
 
 
 class StoreCallback(Callback):
@@ -72,6 +82,7 @@ class StoreCallback(Callback):
         self._latest: dict[str, Any] = {}
         self._last_eval: dict[str, float] = {}
         self._checkpoint_steps: set[int] = set()
+        self._pruned: list[Path] = []  # files of the rows the current write prunes
         # Held from taking the buffer until its transaction commits, by the writer thread and
         # by synchronous writes (checkpoints) alike: metrics reach the database in step order.
         self._write_lock = threading.Lock()
@@ -81,6 +92,7 @@ class StoreCallback(Callback):
         self._stopped = threading.Event()
         self._writer: threading.Thread | None = None
         self.flushes = 0
+        self.retry_for_s = heartbeat.lease_timeout_s if heartbeat is not None else RETRY_WRITES_FOR_S
         # (step, epoch) of the latest optimizer step: a checkpoint's row gets the 0-based epoch
         # its step belongs to, as metrics do. The trainer's own progress counter has already
         # moved on to the next epoch when it saves at an epoch's end (that is where a resume
@@ -118,7 +130,8 @@ class StoreCallback(Callback):
         self._last_eval = dict(metrics)
         if step not in self._checkpoint_steps:
             return  # the writer thread takes the rows with the next batch
-        with self._write_lock, self.sessions.begin() as session:
+
+        def write(session: Session) -> None:
             self._write_buffer(session)
             # The checkpoint at this step (written just before the eval) now has its val_loss.
             checkpoint = get_checkpoint(session, self.job_id, step)
@@ -127,9 +140,12 @@ class StoreCallback(Callback):
                                         checkpoint.size_bytes, checkpoint.sha256, checkpoint.metrics)
                 self._prune(session)
 
+        self._write_retrying(write, f"evaluation at step {step}")
+
     def on_checkpoint(self, trainer: Any, info: CheckpointInfo) -> None:
         self._checkpoint_steps.add(info.step)
-        with self._write_lock, self.sessions.begin() as session:
+
+        def write(session: Session) -> None:
             self._write_buffer(session)
             self._record_checkpoint(session, str(info.path), info.step, self._epoch_of(info),
                                     info.size_bytes, info.sha256, info.metrics)
@@ -138,6 +154,8 @@ class StoreCallback(Callback):
                       attempt=self.attempt)
             self._prune(session)
 
+        self._write_retrying(write, f"checkpoint at step {info.step}")
+
     def _epoch_of(self, info: CheckpointInfo) -> int:
         """The 0-based epoch of the checkpoint's step (the epoch its metrics carry)."""
         if self._last_step_epoch is not None and self._last_step_epoch[0] == info.step:
@@ -145,8 +163,11 @@ class StoreCallback(Callback):
         return info.epoch
 
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
-        with self.sessions.begin() as session:
-            add_event(session, self.job_id, kind, message, dict(data), attempt=self.attempt)
+        def write() -> None:
+            with self.sessions.begin() as session:
+                add_event(session, self.job_id, kind, message, dict(data), attempt=self.attempt)
+
+        self._retrying(write, f"{kind} event")
 
     def on_fit_end(self, trainer: Any, history: Any) -> None:
         self.close()
@@ -159,18 +180,38 @@ class StoreCallback(Callback):
         if self._writer is not None and self._writer is not threading.current_thread():
             self._writer.join(timeout=60)
         self._writer = None
-        self.flush()
+        self._write_retrying(self._write_buffer, "last metrics")
 
     def flush(self) -> None:
         """Write buffered metrics and progress in one transaction, now. On failure the rows
         stay buffered for the next try."""
+        self._transaction(self._write_buffer)
+
+    def _transaction(self, write: Callable[[Session], None]) -> None:
+        """``write`` in one transaction under the write lock; the metric rows it took from
+        the buffer go back there if the transaction fails."""
         with self._write_lock:
             try:
                 with self.sessions.begin() as session:
-                    self._write_buffer(session)
+                    write(session)
             except Exception:
                 self._restore_inflight()
                 raise
+            self._inflight = ([], {})
+
+    def _write_retrying(self, write: Callable[[Session], None], what: str) -> None:
+        self._pruned = []
+        self._retrying(lambda: self._transaction(write), what)
+        # Pruned files go only once their rows' deletion committed: a crash in between leaves
+        # a file no row lists (the next attempt removes it), never a row without its file.
+        remove_files(self._pruned)
+
+    def _retrying(self, write: Callable[[], None], what: str) -> None:
+        def lease_lost() -> bool:
+            return self.heartbeat is not None and self.heartbeat.lease_lost
+
+        retry_while_unreachable(write, what=f"job {self.job_id}: {what}", for_s=self.retry_for_s,
+                                give_up=lease_lost)
 
     def _write_loop(self) -> None:
         while not self._stopped.is_set():
@@ -214,7 +255,8 @@ class StoreCallback(Callback):
                        metrics=merged, attempt=self.attempt)
 
     def _prune(self, session: Session) -> None:
+        """Delete the rows of checkpoints past retention; ``_write_retrying`` deletes their
+        files after the commit."""
         doomed = checkpoints_to_prune(session, self.job_id, self.keep_checkpoints)
-        for checkpoint in doomed:
-            Path(checkpoint.uri).unlink(missing_ok=True)
         delete_checkpoint_rows(session, self.job_id, [c.step for c in doomed])
+        self._pruned = [Path(c.uri) for c in doomed]

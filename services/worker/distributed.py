@@ -4,7 +4,8 @@ The worker process keeps the lease and the heartbeat; it spawns k ranks and watc
 Rank 0 writes metrics, progress and checkpoints; every rank trains its shard of the data, so
 the effective batch is m x N x k. A cancel (or a lost lease) terminates the ranks at once:
 they are stopped together, never one rank alone (which would leave the others waiting in a
-collective), and nothing is checkpointed, as for a single-process cancel.
+collective), and nothing is checkpointed, as for a single-process cancel. A worker shutdown
+stops them the same way and hands the job back from its latest periodic checkpoint.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def free_port() -> int:
 def train_distributed(
     settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat
 ) -> str | None:
-    """Run ``spec.gpus`` ranks; returns ``succeeded``, ``cancelled``, or None (lease lost)."""
+    """Run ``spec.gpus`` ranks; returns ``succeeded``, ``cancelled``, ``HANDED_BACK`` (worker
+    shutdown), or None (lease lost)."""
     from services.worker.db import session_factory
 
     world = spec.gpus
@@ -45,7 +47,8 @@ def train_distributed(
             f"the job asks for gpus={world} but this worker sees {torch.cuda.device_count()} "
             "GPUs; start its worker with enough GPUs visible (--gpus 0,1,...) or lower gpus"
         )
-    checkpoint = prepare_resume(session_factory(settings), attempt)
+    checkpoint_dir = settings.artifacts_path / attempt.job_id
+    checkpoint = prepare_resume(session_factory(settings), attempt, checkpoint_dir)
     port = free_port()
     context = mp.start_processes(
         _rank_main,

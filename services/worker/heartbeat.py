@@ -2,7 +2,8 @@
 
 The trainer polls ``should_stop()`` before every micro-batch; that must cost nothing, so it
 reads two booleans that this thread refreshes every ``interval_s`` from the value the lease
-renewal returns (the job's status). There is no database query per micro-batch.
+renewal returns (the job's status), and the worker's shutdown flag. There is no database query
+per micro-batch.
 """
 
 from __future__ import annotations
@@ -11,10 +12,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 CANCELLING = "cancelling"
+
+
+class Flag(Protocol):
+    """What the heartbeat reads the shutdown request from (``threading.Event``, or
+    ``services.worker.shutdown.SharedFlag``, which a prefork pool's child shares)."""
+
+    def is_set(self) -> bool: ...
 
 
 class Heartbeat:
@@ -26,19 +35,26 @@ class Heartbeat:
         interval_s: seconds between renewals (``ACCUM_HEARTBEAT_INTERVAL_S``).
         lease_timeout_s: if renewals keep failing (database unreachable) for this long, the
             lease has surely expired: stop, since another worker may now own the job.
+        shutdown: set when the worker process is shutting down (``services.worker.shutdown``):
+            stop too, so the job can be checkpointed and handed back.
     """
 
     def __init__(
-        self, renew: Callable[[], str | None], interval_s: float, lease_timeout_s: float
+        self,
+        renew: Callable[[], str | None],
+        interval_s: float,
+        lease_timeout_s: float,
+        shutdown: Flag | None = None,
     ) -> None:
         self._renew = renew
         self._interval_s = interval_s
-        self._lease_timeout_s = lease_timeout_s
+        self.lease_timeout_s = lease_timeout_s
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accum-heartbeat", daemon=True)
         self._last_ok = time.monotonic()
         self.cancel_requested = False
         self.lease_lost = False
+        self._shutdown: Flag = shutdown or threading.Event()
 
     def start(self) -> Heartbeat:
         self._last_ok = time.monotonic()
@@ -56,8 +72,12 @@ class Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutdown.is_set()
+
     def should_stop(self) -> bool:
-        return self.cancel_requested or self.lease_lost
+        return self.cancel_requested or self.lease_lost or self._shutdown.is_set()
 
     def beat(self) -> None:
         """Renew once now (also called by the thread)."""
@@ -65,8 +85,8 @@ class Heartbeat:
             status = self._renew()
         except Exception:  # a database blip must not kill the job; the lease has slack
             log.warning("lease renewal failed; retrying in %.1fs", self._interval_s, exc_info=True)
-            if time.monotonic() - self._last_ok > self._lease_timeout_s:
-                log.error("lease not renewed for %.0fs: stopping the job", self._lease_timeout_s)
+            if time.monotonic() - self._last_ok > self.lease_timeout_s:
+                log.error("lease not renewed for %.0fs: stopping the job", self.lease_timeout_s)
                 self.lease_lost = True
             return
         self._last_ok = time.monotonic()

@@ -12,12 +12,20 @@ between taking its message and claiming it) is enqueued again, at most once per 
     reaper = LeaseReaper(settings).start()
     ...
     reaper.stop()
+
+A ``--pool prefork`` worker forks its pool's children from the process this thread runs in.
+A fork taken mid-pass copied the locks the pass held (the session-factory cache's, and as
+well SQLAlchemy's, psycopg's, redis-py's) into the child, locked for good there: the child
+hung on its first database call and never claimed its job. So a fork waits for the pass in
+progress to end (``os.register_at_fork``), and the next pass waits for the fork.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +40,10 @@ from services.worker.db import session_factory
 from services.worker.enqueue import enqueue_job
 
 log = logging.getLogger(__name__)
+
+# A pass is a few queries and sends, each bounded by a connect or socket timeout; past this a
+# fork goes ahead rather than block the worker (and the child may hang, as before the guard).
+FORK_WAIT_S = 30.0
 
 
 def queue_of(session: Session, job_id: str) -> str:
@@ -73,21 +85,52 @@ class LeaseReaper:
         self.interval_s = float(interval_s or settings.reaper_interval_s)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accum-lease-reaper", daemon=True)
+        # Held for a whole pass, and by a fork of this process (see the module docstring).
+        self.pass_lock = threading.Lock()
 
     def start(self) -> LeaseReaper:
+        _running.add(self)
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stopped.set()
+        _running.discard(self)
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
         while not self._stopped.wait(self.interval_s):
-            for step in (reap_once, resend_stale_once):
-                try:
-                    step(self.settings)
-                except Exception:  # keep reaping after a database or broker blip
-                    log.exception("reaper step %s failed; retrying in %.1fs", step.__name__,
-                                  self.interval_s)
+            with self.pass_lock:
+                for step in (reap_once, resend_stale_once):
+                    try:
+                        step(self.settings)
+                    except Exception:  # keep reaping after a database or broker blip
+                        log.exception("reaper step %s failed; retrying in %.1fs", step.__name__,
+                                      self.interval_s)
+
+
+_running: weakref.WeakSet[LeaseReaper] = weakref.WeakSet()
+_held_over_fork: list[threading.Lock] = []
+
+
+def _wait_for_passes() -> None:
+    for reaper in list(_running):
+        if reaper.pass_lock.acquire(timeout=FORK_WAIT_S):
+            _held_over_fork.append(reaper.pass_lock)
+        else:
+            log.warning("forking while the lease reaper is mid-pass (over %.0fs)", FORK_WAIT_S)
+
+
+def _release_passes() -> None:
+    while _held_over_fork:
+        _held_over_fork.pop().release()
+
+
+def _forget_parent_reapers() -> None:
+    _release_passes()
+    _running.clear()  # their threads stay in the parent; the child runs none of them
+
+
+os.register_at_fork(before=_wait_for_passes, after_in_parent=_release_passes,
+                    after_in_child=_forget_parent_reapers)

@@ -6,7 +6,8 @@ The database decides who trains: the claim is one atomic UPDATE, and a message w
 fails (job cancelled, finished, or held by a live worker) is simply dropped. Failures are
 final (a bad spec, a missing dataset, an exception in training fail the job with the error
 and its traceback as an event): retrying them would fail the same way. Lost workers are the
-lease reaper's business, not Celery's.
+lease reaper's business, not Celery's. A worker shutting down (SIGTERM) stops the job, which
+is checkpointed where it stopped, and hands it back to the queue (``services.worker.shutdown``).
 """
 
 from __future__ import annotations
@@ -17,21 +18,30 @@ import socket
 import traceback
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.data_roots import require_allowed_data_root
 from services.spec import JobSpec, parse_spec
-from services.store.checkpoints import get_checkpoint
+from services.store.checkpoints import get_checkpoint, list_checkpoints
 from services.store.events import add_event
-from services.store.leases import claim_job, finish_job, renew_lease
+from services.store.leases import claim_job, finish_job, hand_back_job, renew_lease
 from services.store.metrics import delete_metrics_after
+from services.worker import shutdown
+from services.worker.checkpoints import remove_orphans
 from services.worker.db import session_factory
+from services.worker.db_retry import retry_while_unreachable
+from services.worker.enqueue import enqueue_job
 from services.worker.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
 TRACEBACK_LIMIT = 20_000  # characters kept in the traceback event
+# What ``train`` returns when the worker is shutting down and the job, checkpointed where it
+# stopped, goes back to the queue; ``run_job`` then returns "queued".
+HANDED_BACK = "handed_back"
 
 
 @dataclass(frozen=True)
@@ -72,8 +82,9 @@ def claim(settings: Any, job_id: str, worker_name: str) -> Attempt | None:
 
 
 def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
-    """Run the job if it can be claimed; returns the final status, or None when the message
-    was dropped (not claimable) or the lease was lost mid-run (someone else owns the job)."""
+    """Run the job if it can be claimed; returns the final status, "queued" when the worker
+    is shutting down and handed the job back, or None when the message was dropped (not
+    claimable) or the lease was lost mid-run (someone else owns the job)."""
     attempt = claim(settings, job_id, worker_name)
     if attempt is None:
         log.info("job %s is not claimable (cancelled, finished or running elsewhere): skipped", job_id)
@@ -83,6 +94,7 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
         lambda: _renew(sessions, attempt, settings.lease_timeout_s),
         settings.heartbeat_interval_s,
         settings.lease_timeout_s,
+        shutdown=shutdown.requested,
     )
     status: str | None
     error: dict[str, Any] | None = None
@@ -101,11 +113,33 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
     if heartbeat.lease_lost or status is None:
         log.error("job %s: lease lost; leaving the job to its new owner", job_id)
         return None
-    with sessions.begin() as session:
-        if not finish_job(session, job_id, attempt.worker_id, status, error=error):
-            log.error("job %s: lease lost before recording %s", job_id, status)
-            return None
+    if status == HANDED_BACK:
+        queue = retry_while_unreachable(lambda: _hand_back(sessions, attempt),
+                                        what=f"job {job_id}: handing back", for_s=settings.lease_timeout_s)
+        if queue is not None:
+            enqueue_job(settings, job_id, queue)  # after the commit, as the reaper does
+            log.warning("job %s handed back to queue %s: this worker is shutting down", job_id, queue)
+            return "queued"
+        status = "cancelled"  # a cancel came first (or the lease is gone: finishing fails too)
+    # The outcome survives a database outage at the very end (retried for a lease timeout).
+    if not retry_while_unreachable(
+        lambda: _finish(sessions, attempt, status, error),
+        what=f"job {job_id}: recording {status}", for_s=settings.lease_timeout_s,
+    ):
+        log.error("job %s: lease lost before recording %s", job_id, status)
+        return None
     return status
+
+
+def _finish(sessions: sessionmaker[Session], attempt: Attempt, status: str,
+            error: dict[str, Any] | None) -> bool:
+    with sessions.begin() as session:
+        return finish_job(session, attempt.job_id, attempt.worker_id, status, error=error)
+
+
+def _hand_back(sessions: sessionmaker[Session], attempt: Attempt) -> str | None:
+    with sessions.begin() as session:
+        return hand_back_job(session, attempt.job_id, attempt.worker_id)
 
 
 def _renew(sessions: sessionmaker[Session], attempt: Attempt, lease_timeout_s: float) -> str | None:
@@ -113,11 +147,14 @@ def _renew(sessions: sessionmaker[Session], attempt: Attempt, lease_timeout_s: f
         return renew_lease(session, attempt.job_id, attempt.worker_id, lease_timeout_s)
 
 
-def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt) -> str | None:
+def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, checkpoint_dir: Path) -> str | None:
     """Drop the metrics a predecessor logged after the checkpoint this attempt resumes from
-    (all of them when it starts over); returns the checkpoint file to load, if any."""
+    (all of them when it starts over) and the checkpoint files no row lists (a predecessor
+    killed mid-write left them in ``checkpoint_dir``); returns the checkpoint file to load,
+    if any."""
     with sessions.begin() as session:
         delete_metrics_after(session, attempt.job_id, attempt.resume_step)
+        remove_orphans(checkpoint_dir, [c.step for c in list_checkpoints(session, attempt.job_id)])
         if attempt.resume_step is None:
             return None
         checkpoint = get_checkpoint(session, attempt.job_id, attempt.resume_step)
@@ -131,6 +168,7 @@ def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt) -> str | N
 
 def train(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
     """Train on this process (or on ``spec.gpus`` DDP processes); returns the outcome."""
+    require_allowed_data_root(spec.dataset.data_root, settings)  # the API checked it too
     if spec.gpus > 1:
         from services.worker.distributed import train_distributed
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from celery import signals
 
-from services.worker import sqlite_transport
+from services.worker import shutdown, sqlite_transport
 from services.worker.app import DEFAULT_QUEUE, broker_url, is_embedded_broker, make_celery
 from services.worker.reaper import LeaseReaper
 
@@ -36,7 +36,9 @@ def start_worker(
     loglevel: str = "INFO",
     preload: bool = True,
 ) -> None:
-    """Consume ``queues`` until SIGTERM/SIGINT (warm shutdown: the running job finishes).
+    """Consume ``queues`` until SIGTERM/SIGINT (warm shutdown: the running job stops at its
+    next micro-batch, is checkpointed at its last finished window and handed back to the
+    queue, for another worker to resume).
 
     Args:
         settings: ``services.settings.Settings``.
@@ -66,6 +68,9 @@ def start_worker(
     # loop already wakes within a second).
     sqlite_transport.resume_polling()
     signals.worker_shutting_down.connect(sqlite_transport.stop_polling, weak=False)
+    # ...and a running job stops, is checkpointed and goes back to the queue.
+    shutdown.reset()
+    signals.worker_shutting_down.connect(shutdown.request, weak=False)
     reaper = LeaseReaper(settings)
     reaper.start()
     log.info("accum worker consuming %s from %s", ",".join(names), broker_url(settings))

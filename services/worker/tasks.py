@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import Reject
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from services.worker import shutdown
 from services.worker.app import TASK_NAME
 
 # The database being unreachable is the one transient error: the runner records every other
@@ -27,6 +29,10 @@ def register_tasks(app: Celery, settings: Any) -> None:
     def run_job(task: Task, job_id: str) -> None:
         from services.worker.runner import run_job as run
 
+        if shutdown.requested.is_set():
+            # A message taken between the signal and the exit (maybe the hand-back's own):
+            # back to the queue for another worker, rather than claimed and handed back again.
+            raise Reject("this worker is shutting down", requeue=True)
         try:
             run(settings, job_id, worker_name=str(task.request.hostname or ""))
         except (OperationalError, InterfaceError) as exc:

@@ -2,44 +2,69 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from accumcore import load_checkpoint
+from accumcore import load_checkpoint, save_checkpoint
+from accumcore.checkpoint import CheckpointWriteError
 from services.spec import JobSpec
 from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.db import session_factory
 from services.worker.heartbeat import Heartbeat
-from services.worker.runner import Attempt, prepare_resume
+from services.worker.runner import HANDED_BACK, Attempt, prepare_resume
 
 
 def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
-    """Returns ``succeeded``, ``cancelled``, or None when the lease was lost mid-run."""
+    """Returns ``succeeded``, ``cancelled``, ``HANDED_BACK`` (the worker is shutting down; the
+    job is checkpointed where it stopped), or None when the lease was lost mid-run."""
     sessions = session_factory(settings)
     callback = StoreCallback(
         sessions, attempt.job_id, attempt.attempt, attempt.worker_id,
         total_steps=0, keep_checkpoints=spec.keep_checkpoints, heartbeat=heartbeat,
     )
+    checkpoint_dir = settings.artifacts_path / attempt.job_id
     run = build_run(
         spec,
         callbacks=[callback],
-        checkpoint_dir=settings.artifacts_path / attempt.job_id,
+        checkpoint_dir=checkpoint_dir,
         data_root_default=settings.home / "data",
     )
     callback.total_steps = run.total_steps
-    checkpoint = prepare_resume(sessions, attempt)
+    checkpoint = prepare_resume(sessions, attempt, checkpoint_dir)
     if checkpoint is not None:
         run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=run.trainer.device))
     try:
         history = run.trainer.fit(run.train_loader, **run.fit_kwargs)
+        status = outcome(history.stopped, heartbeat)
+        if status == HANDED_BACK:
+            checkpoint_where_stopped(run.trainer, callback, checkpoint_dir, history)
+    except CheckpointWriteError as exc:
+        message = f"{exc.strerror or exc}; then `accum resume {attempt.job_id}` continues from there"
+        raise CheckpointWriteError.of(exc.errno, message) from exc
     finally:
         callback.close()  # on_fit_end did it, unless fit raised: stop the writer thread
-    return outcome(history.stopped, heartbeat)
+    return status
+
+
+def checkpoint_where_stopped(trainer: Any, callback: StoreCallback, checkpoint_dir: Path,
+                             history: Any) -> None:
+    """Checkpoint the last finished window of a stopped run (the window it stopped in is
+    dropped; ``state_dict`` is that boundary's), unless that step already has its file."""
+    step = trainer.global_step
+    written = {info.step for info in history.checkpoints}
+    if step == 0 or step in written or (checkpoint_dir / f"{step}.pt").exists():
+        return  # nothing trained yet, or resuming from this step's file changes nothing
+    last = history.steps[-1] if history.steps else None
+    info = save_checkpoint(trainer.state_dict(), checkpoint_dir / f"{step}.pt", metrics=last)
+    callback.on_checkpoint(trainer, info)
 
 
 def outcome(stopped: bool, heartbeat: Heartbeat) -> str | None:
     if heartbeat.lease_lost:
         return None
+    if stopped and not heartbeat.cancel_requested and heartbeat.shutting_down:
+        return HANDED_BACK
     if stopped:
         return "cancelled"
     return "succeeded"

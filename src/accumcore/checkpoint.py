@@ -2,7 +2,9 @@
 
 A reader never sees a half-written file: the bytes go to a temporary file in the same
 directory, are fsynced, and the file is renamed over the final name (atomic on POSIX); the
-directory is fsynced so the rename itself survives a power cut.
+directory is fsynced so the rename itself survives a power cut. A failed write (disk full,
+read-only directory) removes its temporary file and raises ``CheckpointWriteError``; a
+process killed mid-write leaves one behind, which ``temp_files`` finds.
 """
 
 from __future__ import annotations
@@ -18,12 +20,33 @@ import torch
 
 from accumcore.callbacks import CheckpointInfo
 
+TEMP_SUFFIX = ".tmp"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, directory not writable); the files
+    written before it are untouched. ``errno`` is the cause's."""
+
+    @classmethod
+    def of(cls, errno: int | None, message: str) -> CheckpointWriteError:
+        """The error with ``message`` (as ``strerror``) and the cause's ``errno``, if any."""
+        return cls(errno, message) if errno else cls(message)
+
+
+def temp_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Temporary files that writers killed mid-write left in ``directory`` (safe to delete
+    once no writer runs there)."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))
+
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` so that ``path`` holds either the old or the new content."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -59,11 +82,25 @@ def save_checkpoint(
 
     ``step`` and ``epoch`` of the returned info come from ``state["progress"]`` when present
     (as in ``Trainer.state_dict()``).
+
+    Raises:
+        CheckpointWriteError: the file could not be written; ``path`` keeps its old content.
     """
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getvalue()
-    atomic_write_bytes(path, data)
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        culprit = str(exc.filename or path)
+        if culprit != str(path) and not culprit.endswith(TEMP_SUFFIX):
+            reason = f"{reason}: {culprit}"  # e.g. a file where the directory should be
+        message = (
+            f"could not write checkpoint {path}: {reason}; free space on that disk or make the "
+            "directory writable (the checkpoints written before are untouched)"
+        )
+        raise CheckpointWriteError.of(exc.errno, message) from exc
     progress = state.get("progress", {}) if isinstance(state, dict) else {}
     return CheckpointInfo(
         path=Path(path),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from accumcore import load_checkpoint, save_checkpoint
-from accumcore.checkpoint import atomic_write_bytes
+from accumcore.checkpoint import CheckpointWriteError, atomic_write_bytes, temp_files
 
 
 def test_save_reports_size_and_digest_and_loads_back(tmp_path) -> None:
@@ -48,3 +48,20 @@ def test_importing_accumcore_does_not_import_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert "Trainer" in result.stdout
+
+
+def test_an_unwritable_checkpoint_names_the_file_and_cause_and_leaves_no_temporary(
+    tmp_path,
+) -> None:
+    blocker = tmp_path / "job"
+    blocker.write_bytes(b"a file where the checkpoint directory should be")
+    with pytest.raises(CheckpointWriteError, match=r"could not write checkpoint .*job/3\.pt: .*writable"):
+        save_checkpoint({"progress": {"step": 3}}, blocker / "3.pt")
+    assert [p.name for p in tmp_path.iterdir()] == ["job"] and temp_files(tmp_path) == []
+
+
+def test_temp_files_finds_what_a_killed_writer_left(tmp_path) -> None:
+    atomic_write_bytes(tmp_path / "4.pt", b"done")
+    left = tmp_path / ".8.pt.abc123.tmp"  # the name atomic_write_bytes gives its temp file
+    left.write_bytes(b"half")
+    assert temp_files(tmp_path) == [left] and temp_files(tmp_path / "missing") == []

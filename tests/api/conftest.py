@@ -27,9 +27,14 @@ from .helpers import MINIMAL_SPEC
 @pytest.fixture
 def api_settings(store_settings: Settings) -> Settings:
     """The store's settings with the embedded broker in the test's home, whatever
-    ACCUM_BROKER_URL the environment has (tests count the messages in it)."""
+    ACCUM_BROKER_URL the environment has (tests count the messages in it), and no practical
+    limit on failed token checks."""
     broker = Path(store_settings.home) / "broker.sqlite"
-    return store_settings.model_copy(update={"broker_url": f"sqlite:///{broker}"})
+    # Tests send bad tokens in bulk from one address; the limiter has its own tests
+    # (tests/api/test_auth_failures.py, tests/reliability/test_limits.py).
+    return store_settings.model_copy(
+        update={"broker_url": f"sqlite:///{broker}", "auth_failures_per_window": 1_000_000}
+    )
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from ports import free_port
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.client import parse_sse
@@ -25,12 +25,6 @@ from services.store import events, leases, metrics, tokens
 from .helpers import MINIMAL_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -1,10 +1,9 @@
-"""Helpers for the CLI tests: run the installed `accum` script, free ports, readiness."""
+"""Helpers for the CLI tests: run the installed `accum` script, readiness."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,12 +21,6 @@ class Server:
     token: str
     home: Path
     env: dict[str, str]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def accum_env(home: Path) -> dict[str, str]:

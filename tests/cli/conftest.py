@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import ACCUM, Server, accum_env, free_port, run_accum, wait_until_ready
+from cli_helpers import ACCUM, Server, accum_env, run_accum, wait_until_ready
+from ports import free_port
 
 from services.client import AccumClient
 

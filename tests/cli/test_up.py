@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
-from cli_helpers import ACCUM, accum_env, free_port, run_accum
+from cli_helpers import ACCUM, accum_env, run_accum
+from ports import free_port
 
 UP_TIMEOUT_S = 90.0
 

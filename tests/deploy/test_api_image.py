@@ -21,7 +21,9 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "docker" / "api-requirements.txt"
-HEAVY = ("torch", "torchvision", "numpy", "sklearn", "scipy")
+# greenlet: SQLAlchemy and Celery import it when present (dev installs have it through
+# playwright); refusing it proves the image works without it.
+HEAVY = ("torch", "torchvision", "numpy", "sklearn", "scipy", "greenlet")
 
 PROBE = """
 import importlib.abc, json, sys

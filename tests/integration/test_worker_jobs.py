@@ -92,7 +92,7 @@ def test_message_delivered_twice_runs_the_job_once(stack: Any) -> None:
 
 
 def test_missing_data_root_fails_clearly_and_is_not_retried(stack: Any, tmp_path: Path) -> None:
-    root = tmp_path / "no-such-data"
+    root = stack.settings.home / "data" / f"no-such-data-{tmp_path.name}"  # allowed, absent
     job_id = stack.create(dataset={"name": "mnist", "data_root": str(root)})
     job = stack.wait(job_id)
     assert job.status == "failed"

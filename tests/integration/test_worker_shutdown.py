@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ MAX_EXIT_S = 2.0
 
 def test_idle_worker_that_ran_a_job_exits_promptly_on_sigterm(stack: Any, tmp_path: Path) -> None:
     # A worker of its own, on its own queue, so the job surely runs on the worker we stop.
-    own = type(stack)(stack.name, stack.settings, f"it-{uuid.uuid4().hex[:10]}", tmp_path)
+    own = stack.variant(tmp_path)
     worker = own.start_worker()
     try:
         job = own.wait(own.create(max_steps=2), timeout=90)

@@ -51,3 +51,16 @@ def test_alembic_command_line_uses_x_url(tmp_path: Path) -> None:
         timeout=60,
     )
     assert current_revision(url) == head_revision()
+
+
+def test_postgres_plans_every_statement_with_its_values(postgres_url: str) -> None:
+    """A prepared metrics page must not fall back to a generic plan that ignores `step >
+    since_step` (it then reads the job's whole history on every poll)."""
+    engine = make_engine(postgres_url)
+    try:
+        with engine.connect() as connection:
+            for _ in range(8):  # past psycopg's prepare threshold (5)
+                mode = connection.execute(text("SHOW plan_cache_mode")).scalar_one()
+                assert mode == "force_custom_plan"
+    finally:
+        engine.dispose()

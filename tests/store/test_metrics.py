@@ -117,6 +117,7 @@ def test_keyset_pages_cover_every_row_once(
         ("loss", None, 25),
         ("acc", 20, 5),
         (None, 24, 3),
+        (None, 10, 45),  # pages that end inside one name and go on in the next
     ]:
         seen: list[tuple[str, int]] = []
         cursor = None

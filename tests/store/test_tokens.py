@@ -55,3 +55,37 @@ def test_same_name_gets_another_token_for_the_same_owner(
 def test_empty_owner_name_is_refused(session_factory: sessionmaker[Session]) -> None:
     with session_factory.begin() as session, pytest.raises(ValueError, match="accum token create"):
         tokens.create_owner_with_token(session, "  ")
+
+
+def test_revoke_by_prefix_or_whole_token_and_list_shows_prefixes_only(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_factory.begin() as session:
+        _, first = tokens.create_owner_with_token(session, "dora")
+        _, second = tokens.create_owner_with_token(session, "dora")
+        tokens.create_owner_with_token(session, "eve")
+    with session_factory.begin() as session:
+        assert [row[:2] for row in tokens.list_tokens(session, "dora")] == [
+            ("dora", first[:12]),
+            ("dora", second[:12]),
+        ]
+        assert tokens.revoke_token(session, first[:12]) == 1
+        assert tokens.revoke_token(session, second) == 1
+        assert tokens.revoke_token(session, second) == 0  # already gone
+    with session_factory() as session:
+        assert tokens.authenticate(session, first) is None
+        assert tokens.authenticate(session, second) is None
+        assert [row[0] for row in tokens.list_tokens(session)] == ["eve"]
+
+
+def test_a_prefix_shared_by_two_tokens_is_refused(session_factory: sessionmaker[Session]) -> None:
+    with session_factory.begin() as session:
+        owner, token = tokens.create_owner_with_token(session, "dora")
+        # A second token with the same display prefix (rare, but 6 random characters can clash).
+        session.add(ApiToken(owner_id=owner.id, token_hash="0" * 64, prefix=token[:12]))
+    with session_factory.begin() as session, pytest.raises(ValueError, match="matches 2 tokens"):
+        tokens.revoke_token(session, token[:12])
+    with session_factory.begin() as session:
+        assert tokens.revoke_token(session, token) == 1
+    with session_factory.begin() as session, pytest.raises(ValueError, match="12-character prefix"):
+        tokens.revoke_token(session, "accum_")

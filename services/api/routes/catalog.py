@@ -6,9 +6,12 @@ from fastapi import APIRouter
 
 from accumcore.catalog import datasets_listing, models_listing
 from services.api.deps import CurrentOwner
+from services.api.problem_docs import problem_responses
 from services.api.schemas import CatalogList
 
-router = APIRouter(prefix="/v1/catalog", tags=["catalog"])
+router = APIRouter(
+    prefix="/v1/catalog", tags=["catalog"], responses=problem_responses(401, 429, 503)
+)
 
 
 @router.get("/models", response_model=CatalogList)

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, status
 
+from services.api.problem_docs import problem_responses
 from services.api.problems import Problem
 from services.api.readiness import ping_broker, ping_database, probe
 from services.worker.app import broker_url
@@ -20,7 +21,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "The database or the broker is down"}})
+@router.get("/readyz", responses=problem_responses((503, "The database or the broker is down")))
 async def readyz(request: Request) -> dict[str, Any]:
     """Ready: the database and the broker both answer within a short deadline."""
     state = request.app.state

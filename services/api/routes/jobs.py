@@ -4,26 +4,37 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from sqlalchemy.orm import Session
 
 from services.api.deps import CurrentOwner, SessionDep, SettingsDep
 from services.api.errors import invalid_field
+from services.api.problem_docs import problem_responses
+from services.api.problems import Problem
 from services.api.schemas import JobPage, JobPublic, JobStatus
+from services.data_roots import allowed_data_roots, data_root_refusal
 from services.settings import Settings
 from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
 from services.store import jobs as store_jobs
-from services.store.errors import IdempotencyConflict, InvalidCursor, JobStateError
+from services.store import tokens as store_tokens
+from services.store.errors import (
+    ActiveJobCapReached,
+    IdempotencyConflict,
+    InvalidCursor,
+    JobStateError,
+)
 from services.store.models import Job, Owner
 from services.worker.enqueue import enqueue_job
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(
+    prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 422, 429, 503)
+)
 
-NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such job (or not yours)"}}
+NOT_FOUND = problem_responses(404)
 
 
 JOB_ID = re.compile(r"[0-9a-z]{26}")
@@ -40,6 +51,41 @@ def job_or_404(session: Session, job_id: str, owner: Owner) -> Job:
     return job
 
 
+def owner_names(session: Session, owner: Owner, jobs: list[Job]) -> dict[int, str]:
+    """Names of the jobs' owners: only an admin sees other owners' jobs, so only then a query."""
+    if not owner.is_admin:
+        return {owner.id: owner.name}
+    return store_tokens.owner_names(session, {j.owner_id for j in jobs})
+
+
+def job_public(session: Session, owner: Owner, job: Job) -> JobPublic:
+    """The job as answered, with its owner's name."""
+    return JobPublic.from_row(job, owner_names(session, owner, [job]).get(job.owner_id))
+
+
+def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
+    """429 for a submit or resume past the owner's cap; nothing of it is kept."""
+    session.rollback()
+    return Problem(
+        status.HTTP_429_TOO_MANY_REQUESTS,
+        "Too many active jobs",
+        str(exc),
+        max_active_jobs=exc.cap,
+        active_jobs=exc.active,
+    )
+
+
+def check_data_root(spec: JobSpec, settings: Settings) -> None:
+    """422 at `dataset.data_root` when it is outside the allowed roots (listed in `allowed`)."""
+    if spec.dataset.data_root is None:
+        return
+    roots = allowed_data_roots(settings)
+    if (reason := data_root_refusal(spec.dataset.data_root, roots)) is not None:
+        raise invalid_field(
+            ("body", "dataset", "data_root"), reason, spec.dataset.data_root, [str(r) for r in roots]
+        )
+
+
 def enqueue_after_commit(settings: Settings, job: Job) -> None:
     """Nudge a worker. The row is committed already, so a broker failure must not turn into
     an error for a job that exists: it stays queued (and `/readyz` reports the broker down)."""
@@ -54,8 +100,16 @@ def enqueue_after_commit(settings: Settings, job: Job) -> None:
     status_code=status.HTTP_201_CREATED,
     response_model=JobPublic,
     responses={
-        200: {"description": "Same Idempotency-Key and body: the job created before"},
-        409: {"description": "Idempotency-Key already used with a different body"},
+        200: {
+            "model": JobPublic,
+            "description": "Same Idempotency-Key and body: the job created before",
+        },
+        **problem_responses(
+            400,
+            (409, "Idempotency-Key already used with a different body"),
+            413,
+            (429, "You have ACCUM_MAX_ACTIVE_JOBS_PER_OWNER unfinished jobs, or bad tokens"),
+        ),
     },
 )
 def submit_job(
@@ -68,6 +122,7 @@ def submit_job(
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobPublic:
     """Submit a training job; it is queued and a worker picks it up."""
+    check_data_root(spec, settings)
     try:
         job, created = store_jobs.create_job(
             session,
@@ -79,15 +134,18 @@ def submit_job(
             effective_batch_size=effective_batch_size(spec),
             total_optimizer_steps=total_optimizer_steps(spec),
             idempotency_key=idempotency_key,
+            max_active_jobs=settings.max_active_jobs_per_owner,
         )
         session.commit()
     except IdempotencyConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    except ActiveJobCapReached as exc:
+        raise cap_reached(session, exc) from exc
     if created:
         enqueue_after_commit(settings, job)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return JobPublic.from_row(job)
+    return job_public(session, owner, job)
 
 
 @router.get("", response_model=JobPage)
@@ -104,20 +162,24 @@ def list_jobs(
         rows, next_cursor = store_jobs.list_jobs(session, owner, status_, limit, cursor)
     except InvalidCursor as exc:
         raise invalid_field(("query", "cursor"), str(exc), cursor) from exc
-    return JobPage(items=[JobPublic.from_row(j) for j in rows], next_cursor=next_cursor)
+    names = owner_names(session, owner, rows)
+    return JobPage(
+        items=[JobPublic.from_row(j, names.get(j.owner_id)) for j in rows], next_cursor=next_cursor
+    )
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
 def read_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobPublic:
     """One job: status, progress, latest metrics, error."""
-    return JobPublic.from_row(job_or_404(session, job_id, owner))
+    job = job_or_404(session, job_id, owner)
+    return job_public(session, owner, job)
 
 
 @router.post(
     "/{job_id}/cancel",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobPublic,
-    responses={**NOT_FOUND, 409: {"description": "The job has already finished"}},
+    responses={**NOT_FOUND, **problem_responses((409, "The job has already finished"))},
 )
 def cancel_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobPublic:
     """Cancel: a queued job at once, a running one at its next micro-batch."""
@@ -127,14 +189,20 @@ def cancel_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobP
         session.commit()
     except JobStateError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
-    return JobPublic.from_row(job)
+    return job_public(session, owner, job)
 
 
 @router.post(
     "/{job_id}/resume",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobPublic,
-    responses={**NOT_FOUND, 409: {"description": "The job is not failed or cancelled"}},
+    responses={
+        **NOT_FOUND,
+        **problem_responses(
+            (409, "The job is not failed or cancelled"),
+            (429, "The owner has ACCUM_MAX_ACTIVE_JOBS_PER_OWNER unfinished jobs, or bad tokens"),
+        ),
+    },
 )
 def resume_job(
     *, session: SessionDep, owner: CurrentOwner, settings: SettingsDep, job_id: str
@@ -142,9 +210,11 @@ def resume_job(
     """Re-queue a failed or cancelled job from its latest checkpoint."""
     job = job_or_404(session, job_id, owner)
     try:
-        store_jobs.request_resume(session, job)
+        store_jobs.request_resume(session, job, settings.max_active_jobs_per_owner)
         session.commit()
     except JobStateError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    except ActiveJobCapReached as exc:
+        raise cap_reached(session, exc) from exc
     enqueue_after_commit(settings, job)
-    return JobPublic.from_row(job)
+    return job_public(session, owner, job)

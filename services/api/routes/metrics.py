@@ -11,13 +11,21 @@ from typing_extensions import TypedDict
 
 from services.api.deps import CurrentOwner, SessionDep
 from services.api.errors import invalid_field
+from services.api.problem_docs import problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, MetricPage
 from services.store import metrics as store_metrics
 from services.store.errors import InvalidCursor
 from services.store.metric_points import read_metric_points
 
-router = APIRouter(prefix="/v1/jobs", tags=["metrics"])
+router = APIRouter(
+    prefix="/v1/jobs", tags=["metrics"], responses=problem_responses(401, 422, 429, 503)
+)
+
+
+# Metric names are identifiers such as `loss`, `val_accuracy`, `train/loss`: anything else in
+# the filter (quotes, spaces, SQL) is refused as 422 rather than searched for.
+METRIC_NAME = r"^[A-Za-z0-9_.:/-]+$"
 
 
 class _Point(TypedDict):
@@ -55,7 +63,7 @@ def read_metrics(
     session: SessionDep,
     owner: CurrentOwner,
     job_id: str,
-    name: Annotated[str | None, Query(min_length=1, max_length=100, pattern=r"^[^\x00]+$")] = None,
+    name: Annotated[str | None, Query(max_length=100, pattern=METRIC_NAME)] = None,
     since_step: Annotated[int | None, Query(ge=0, le=MAX_INT32)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     cursor: Annotated[str | None, Query(max_length=300)] = None,

@@ -1,4 +1,7 @@
-"""Real worker processes against real brokers and databases.
+"""Real worker processes against real brokers and databases (the ``stack`` fixture).
+
+Used by tests/integration and tests/reliability; tests/conftest.py makes the fixture visible
+to every test directory.
 
 ``stack`` is one deployment: the embedded default (SQLite database + SQLite broker under a
 fresh ACCUM_HOME) or PostgreSQL + Redis (this machine's services; a fresh database and a
@@ -8,6 +11,7 @@ Workers are started as ``python -m services.worker`` subprocesses, as in product
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -23,13 +27,13 @@ import pytest
 
 from services.settings import Settings
 from services.spec import parse_spec, total_optimizer_steps
-from services.store import events, jobs, tokens
+from services.store import checkpoints, events, jobs, metrics, tokens
 from services.store.migrate import upgrade
 from services.store.models import FINISHED_STATUSES, Job, Owner
 from services.worker.db import session_factory
 from services.worker.enqueue import enqueue_job
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 # Short leases so a killed worker's job is reaped within seconds (5 s leaves a loaded
 # machine 4 missed heartbeats of slack before a live job would be taken over).
 # A queued job with no message gets another one after 3 s (the lost-message rescue), short
@@ -80,6 +84,7 @@ class Stack:
             ACCUM_HEARTBEAT_INTERVAL_S=str(self.settings.heartbeat_interval_s),
             ACCUM_REAPER_INTERVAL_S=str(self.settings.reaper_interval_s),
             ACCUM_REQUEUE_AFTER_S=str(self.settings.requeue_after_s),
+            ACCUM_ARTIFACTS_DIR=str(self.settings.artifacts_path),
             # Tiny models on a shared 2-core machine: one thread each is faster and the same
             # in every worker, so results are bitwise comparable across workers.
             OMP_NUM_THREADS="1",
@@ -87,13 +92,22 @@ class Stack:
         )
         return env
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
+    def variant(self, tmp: Path, **settings: Any) -> Stack:
+        """The same deployment on a queue of its own, with no workers yet and these settings
+        changed (e.g. shorter leases, another ``artifacts_dir``) for the workers it starts."""
+        logs = tmp / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        return Stack(self.name, self.settings.model_copy(update=settings),
+                     f"it-{uuid.uuid4().hex[:10]}", logs)
+
+    def start_worker(self, pool: str = "solo") -> subprocess.Popen[bytes]:
+        """A ``python -m services.worker`` on this stack's queue; ``pool`` is its ``--pool``."""
         index = len(self.workers)
         hostname = f"test-{self.name}-{index}-{uuid.uuid4().hex[:6]}@localhost"
         log = open(self.logs / f"worker-{index}.log", "wb")  # noqa: SIM115 - owned by the process
         process = subprocess.Popen(
             [sys.executable, "-m", "services.worker", "--queues", self.queue,
-             "--hostname", hostname, "--loglevel", "INFO"],
+             "--hostname", hostname, "--pool", pool, "--loglevel", "INFO"],
             cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
         )
         self.workers.append(process)
@@ -133,17 +147,74 @@ class Stack:
                 self.owner, _ = tokens.create_owner_with_token(session, f"it-{uuid.uuid4().hex[:8]}")
             job, _ = jobs.create_job(
                 session, owner=self.owner, spec=spec.normalised(), queue=self.queue,
-                total_optimizer_steps=total_optimizer_steps(spec),
+                max_restarts=spec.max_restarts, total_optimizer_steps=total_optimizer_steps(spec),
             )
         if enqueue:
             enqueue_job(self.settings, job.id, self.queue)
         return job.id
+
+    def resume(self, job_id: str) -> None:
+        """``POST /v1/jobs/{id}/resume``: re-queue a failed or cancelled job and enqueue it."""
+        with self.sessions.begin() as session:
+            job = jobs.load_job(session, job_id)
+            assert job is not None
+            jobs.request_resume(session, job)
+        enqueue_job(self.settings, job_id, self.queue)
 
     def job(self, job_id: str) -> Job:
         with self.sessions() as session:
             job = jobs.load_job(session, job_id)
             assert job is not None
             return job
+
+    def metric_steps(self, job_id: str, name: str = "loss") -> list[tuple[int, int]]:
+        """``(step, attempt)`` of the job's ``name`` metric rows, in step order."""
+        with self.sessions() as session:
+            rows, _ = metrics.read_metrics(session, job_id, name=name, limit=1_000_000)
+        return [(r.step, r.attempt) for r in rows]
+
+    def metric_steps_by_name(self, job_id: str) -> dict[str, list[int]]:
+        """Every metric of the job: its name -> the steps of its rows, in order (a step lost or
+        logged twice by a restart shows here; compare with an uninterrupted run's)."""
+        with self.sessions() as session:
+            rows, _ = metrics.read_metrics(session, job_id, limit=1_000_000)
+        steps: dict[str, list[int]] = {}
+        for row in rows:
+            steps.setdefault(row.name, []).append(row.step)
+        return steps
+
+    def final_weights(self, job_id: str) -> dict[str, Any]:
+        """The model tensors of the job's latest checkpoint."""
+        import torch  # lazily: most tests using this module never load a checkpoint
+
+        with self.sessions() as session:
+            latest = checkpoints.latest_checkpoint(session, job_id)
+        assert latest is not None, f"job {job_id} has no checkpoint"
+        return dict(torch.load(Path(latest.uri), weights_only=True)["model"])
+
+    def checkpoint_problems(self, job_id: str) -> list[str]:
+        """What is wrong with the job's checkpoint files: a listed checkpoint whose file is
+        missing or differs from its row (size, sha256), a ``<step>.pt`` no row lists (an
+        orphan), a temp file left by an interrupted write. Empty when all is well."""
+        with self.sessions() as session:
+            rows = checkpoints.list_checkpoints(session, job_id)
+        problems = []
+        for row in rows:
+            path = Path(row.uri)
+            if not path.is_file():
+                problems.append(f"step {row.step}: listed but {path} is missing")
+                continue
+            data = path.read_bytes()
+            if len(data) != row.size_bytes or hashlib.sha256(data).hexdigest() != row.sha256:
+                problems.append(f"step {row.step}: {path} does not match its row (size, sha256)")
+        directory = self.settings.artifacts_path / job_id
+        listed = {Path(row.uri).name for row in rows}
+        for path in sorted(directory.iterdir()) if directory.is_dir() else []:
+            if path.name.endswith(".tmp"):
+                problems.append(f"temp file left behind: {path.name}")
+            elif path.suffix == ".pt" and path.name not in listed:
+                problems.append(f"orphan: {path.name} is listed by no checkpoint row")
+        return problems
 
     def event_kinds(self, job_id: str) -> list[str]:
         with self.sessions() as session:
@@ -176,7 +247,15 @@ class Stack:
             return session.get(Job, job_id).lease_owner  # type: ignore[union-attr]
 
 
-def _make_stack(kind: str, tmp: Path, request: pytest.FixtureRequest) -> Stack:
+def weight_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Names of the tensors that differ bitwise between two state dicts, or that one lacks."""
+    import torch
+
+    return [n for n in sorted(a.keys() | b.keys())
+            if n not in a or n not in b or not torch.equal(a[n], b[n])]
+
+
+def make_stack(kind: str, tmp: Path, request: pytest.FixtureRequest) -> Stack:
     home = tmp / "home"
     queue = f"it-{uuid.uuid4().hex[:10]}"
     if kind == "sqlite":
@@ -198,7 +277,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     Session-scoped because starting a worker (importing torch) is the slow part here; tests
     that need more workers, or kill one, start them with ``stack.start_worker()``.
     """
-    stack = _make_stack(request.param, tmp_path_factory.mktemp(request.param), request)
+    stack = make_stack(request.param, tmp_path_factory.mktemp(request.param), request)
     stack.start_worker()
     try:
         yield stack

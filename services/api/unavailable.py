@@ -1,0 +1,43 @@
+"""Database outages answer 503 problem+json with Retry-After, never a 500 or a hang.
+
+While PostgreSQL restarts, every request that needs it fails fast (the engine's connect
+timeout, pre-ping on checkout) with a connection error; this turns those into a 503 that
+tells the client to come back, and the API recovers on its own once the database answers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from services.api.problems import Problem
+from services.store.db import database_unreachable
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 2
+
+
+async def _on_database_error(request: Request, exc: Exception) -> JSONResponse:
+    if not database_unreachable(exc):
+        raise exc  # a real bug (bad SQL, constraint): the 500 handler logs it with an error id
+    first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, first_line)
+    return Problem(
+        503,
+        "Database Unavailable",
+        f"the database cannot be reached right now; retry in {RETRY_AFTER_S} s "
+        "(GET /readyz says when it is back)",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    ).response()
+
+
+def install_database_unavailable_handler(app: FastAPI) -> None:
+    # DBAPIError too: a dropped connection may surface as another subclass, flagged
+    # connection_invalidated. DataError keeps its own, more specific handler (400).
+    for error in (OperationalError, InterfaceError, DBAPIError, PoolTimeout):
+        app.add_exception_handler(error, _on_database_error)

@@ -1,0 +1,57 @@
+"""AuthFailureLimiter: a sliding window of failed token checks per client address."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.api import auth_failures
+from services.api.auth_failures import AuthFailureLimiter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_blocks_at_the_limit_until_the_oldest_failure_leaves_the_window() -> None:
+    clock = Clock()
+    limiter = AuthFailureLimiter(3, 60.0, clock)
+    for _ in range(2):
+        limiter.record_failure("a")
+        clock.now += 10
+    assert limiter.retry_after("a") is None  # 2 failures: below the limit
+
+    limiter.record_failure("a")  # failures at 1000, 1010, 1020
+
+    assert limiter.retry_after("a") == 40  # the one at 1000 leaves at 1060
+    clock.now = 1059.5
+    assert limiter.retry_after("a") == 1
+    clock.now = 1060.0
+    assert limiter.retry_after("a") is None
+    limiter.record_failure("a")  # 1010, 1020, 1060: blocked again until 1070
+    assert limiter.retry_after("a") == 10
+
+
+def test_addresses_are_counted_apart() -> None:
+    limiter = AuthFailureLimiter(1, 60.0, Clock())
+    limiter.record_failure("a")
+    assert limiter.retry_after("a") == 60
+    assert limiter.retry_after("b") is None
+
+
+def test_memory_is_bounded_by_forgetting_the_least_recent_addresses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(auth_failures, "MAX_ADDRESSES", 3)
+    limiter = AuthFailureLimiter(1, 60.0, Clock())
+    for address in "abcd":
+        limiter.record_failure(address)
+    assert [limiter.retry_after(a) for a in "abcd"] == [None, 60, 60, 60]
+
+
+def test_nonsense_limits_are_refused() -> None:
+    with pytest.raises(ValueError, match="limit >= 1"):
+        AuthFailureLimiter(0, 60.0)
