@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from services.api.auth_failures import AuthFailureLimiter
 from services.api.body_limit import BodySizeLimitMiddleware
 from services.api.errors import install_data_error_handler
+from services.api.owner_route import check_owner_routes, token_refusal
 from services.api.problem_docs import install_problem_docs
 from services.api.problems import install_problem_handlers
 from services.api.routes import (
@@ -95,7 +96,10 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     )
     app.state.settings = settings
     app.state.run_reaper = run_reaper
-    app.state.engine = make_engine(settings)
+    # No pre-ping: every /v1 request's first statement is its token lookup, which replaces a
+    # connection the database dropped and tries again (services/api/auth.py), for one round
+    # trip less per request.
+    app.state.engine = make_engine(settings, pre_ping=False)
     app.state.session_factory = make_session_factory(app.state.engine)
     app.state.session_slots = anyio.Semaphore(SESSION_SLOTS)
     app.state.auth_failures = AuthFailureLimiter(
@@ -103,7 +107,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     )
     app.state.telemetry = telemetry = Telemetry()
 
-    install_problem_handlers(app)
+    install_problem_handlers(app, before_validation_error=token_refusal)
     install_problem_docs(app)
     install_data_error_handler(app)
     install_database_unavailable_handler(app)
@@ -112,6 +116,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.add_middleware(LatencyMiddleware, observe=telemetry.observe_request)
     for router in ROUTERS:
         app.include_router(router)
+    check_owner_routes(app)
     dashboard.mount_assets(app)
     return app
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -156,7 +156,7 @@ async def _on_request_validation(request: Request, exc: Exception) -> JSONRespon
     return problem.response()
 
 
-async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
+async def http_problem_response(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers or {})
     if exc.status_code == 401:
@@ -195,11 +195,24 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     ).response()
 
 
-def install_problem_handlers(app: FastAPI) -> None:
+# May answer a request instead of its 422 (a bad token's 401: services/api/owner_route.py).
+BeforeValidationError = Callable[[Request], Awaitable[JSONResponse | None]]
+
+
+def install_problem_handlers(
+    app: FastAPI, *, before_validation_error: BeforeValidationError | None = None
+) -> None:
     """Make every error answer of `app` an RFC 9457 problem+json body."""
+
+    async def on_request_validation(request: Request, exc: Exception) -> JSONResponse:
+        answer = await before_validation_error(request) if before_validation_error else None
+        if answer is not None:
+            return answer
+        return await _on_request_validation(request, exc)
+
     app.add_exception_handler(Problem, _on_problem)
-    app.add_exception_handler(RequestValidationError, _on_request_validation)
-    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
+    app.add_exception_handler(RequestValidationError, on_request_validation)
+    app.add_exception_handler(StarletteHTTPException, http_problem_response)
     # Starlette calls the Exception handler from its outermost middleware and then re-raises
     # the exception so the server logs it; the client still gets this body.
     app.add_exception_handler(Exception, _on_unexpected)

@@ -1,8 +1,10 @@
 """Database outages answer 503 problem+json with Retry-After, never a 500 or a hang.
 
 While PostgreSQL restarts, every request that needs it fails fast (the engine's connect
-timeout, pre-ping on checkout) with a connection error; this turns those into a 503 that
-tells the client to come back, and the API recovers on its own once the database answers.
+timeout; a pooled connection the restart killed fails the request's first statement, the
+token lookup, which renews the pool and tries once more) with a connection error; this turns
+those into a 503 that tells the client to come back, and the API recovers on its own once the
+database answers.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ RETRY_AFTER_S = 2
 async def _on_database_error(request: Request, exc: Exception) -> JSONResponse:
     if not database_unreachable(exc):
         raise exc  # a real bug (bad SQL, constraint): the 500 handler logs it with an error id
+    return database_unavailable_response(request, exc)
+
+
+def database_unavailable_response(request: Request, exc: Exception) -> JSONResponse:
+    """The 503 for a database that cannot be reached (`database_unreachable(exc)`)."""
     first_line = (str(exc).strip().splitlines() or [""])[0][:200]
     log.warning("database unavailable on %s %s: %s", request.method, request.url.path, first_line)
     return Problem(

@@ -46,11 +46,15 @@ def database_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | InterfaceError | PoolTimeout)
 
 
-def make_engine(settings: Settings | str, *, busy_timeout_s: float | None = None) -> Engine:
+def make_engine(
+    settings: Settings | str, *, busy_timeout_s: float | None = None, pre_ping: bool = True
+) -> Engine:
     """An engine for ``settings.database_url`` (or a URL string).
 
     SQLite: creates the file's directory, WAL, busy timeout, foreign keys.
     PostgreSQL (``postgresql+psycopg://``): a pool sized for one API process under load.
+    ``pre_ping=False`` drops the pool's liveness check on checkout (one round trip) for a
+    caller whose first statement retries on a dropped connection itself (the API's auth).
     """
     if isinstance(settings, Settings):
         url, timeout = settings.database_url, settings.sqlite_busy_timeout_s
@@ -65,7 +69,7 @@ def make_engine(settings: Settings | str, *, busy_timeout_s: float | None = None
     # instead of failing the request that draws them.
     return create_engine(
         url,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         pool_size=10,
         max_overflow=30,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "options": CUSTOM_PLANS},

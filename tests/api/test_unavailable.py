@@ -31,7 +31,9 @@ def test_requests_while_the_database_is_down_get_503_with_retry_after(tmp_path: 
     down = Settings(home=tmp_path, database_url=f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/accum")
     with TestClient(create_app(down, run_reaper=False), raise_server_exceptions=False) as client:
         for method, path, body in [("GET", "/v1/jobs", None), ("POST", "/v1/jobs", MINIMAL_SPEC),
-                                   ("GET", "/v1/jobs/0123456789abcdefghjkmnpqrs", None)]:
+                                   ("GET", "/v1/jobs/0123456789abcdefghjkmnpqrs", None),
+                                   # invalid body: the token is looked up before the 422
+                                   ("POST", "/v1/jobs", {"model": "mlp"})]:
             started = time.monotonic()
             response = client.request(method, path, json=body, headers=HEADERS)
             elapsed = time.monotonic() - started

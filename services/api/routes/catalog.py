@@ -6,11 +6,15 @@ from fastapi import APIRouter
 
 from accumcore.catalog import datasets_listing, models_listing
 from services.api.deps import CurrentOwner
+from services.api.owner_route import OwnerLookupRoute
 from services.api.problem_docs import problem_responses
 from services.api.schemas import CatalogList
 
 router = APIRouter(
-    prefix="/v1/catalog", tags=["catalog"], responses=problem_responses(401, 429, 503)
+    route_class=OwnerLookupRoute,
+    prefix="/v1/catalog",
+    tags=["catalog"],
+    responses=problem_responses(401, 429, 503),
 )
 
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, HTTPException, Path, Response, status
 from fastapi.responses import FileResponse
 
 from services.api.deps import CurrentOwner, SessionDep, SettingsDep
+from services.api.owner_route import OwnerLookupRoute
 from services.api.problem_docs import problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, CheckpointList, CheckpointPublic
@@ -17,7 +18,10 @@ from services.settings import Settings
 from services.store import checkpoints as store_checkpoints
 
 router = APIRouter(
-    prefix="/v1/jobs", tags=["checkpoints"], responses=problem_responses(401, 422, 429, 503)
+    route_class=OwnerLookupRoute,
+    prefix="/v1/jobs",
+    tags=["checkpoints"],
+    responses=problem_responses(401, 422, 429, 503),
 )
 
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from services.api.deps import CurrentOwner, SessionDep
+from services.api.owner_route import OwnerLookupRoute
 from services.api.problem_docs import problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, EventList, EventPublic
@@ -15,7 +16,10 @@ from services.api.sse import job_stream, open_stream
 from services.store import events as store_events
 
 router = APIRouter(
-    prefix="/v1/jobs", tags=["events"], responses=problem_responses(401, 422, 429, 503)
+    route_class=OwnerLookupRoute,
+    prefix="/v1/jobs",
+    tags=["events"],
+    responses=problem_responses(401, 422, 429, 503),
 )
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

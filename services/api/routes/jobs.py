@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from services.api.deps import CurrentOwner, SessionDep, SettingsDep
 from services.api.errors import invalid_field
+from services.api.owner_route import OwnerLookupRoute
 from services.api.problem_docs import problem_responses
 from services.api.problems import Problem
 from services.api.schemas import JobPage, JobPublic, JobStatus
@@ -31,7 +32,10 @@ from services.worker.enqueue import enqueue_job
 log = logging.getLogger(__name__)
 
 router = APIRouter(
-    prefix="/v1/jobs", tags=["jobs"], responses=problem_responses(401, 422, 429, 503)
+    route_class=OwnerLookupRoute,
+    prefix="/v1/jobs",
+    tags=["jobs"],
+    responses=problem_responses(401, 422, 429, 503),
 )
 
 NOT_FOUND = problem_responses(404)

@@ -11,6 +11,7 @@ from typing_extensions import TypedDict
 
 from services.api.deps import CurrentOwner, SessionDep
 from services.api.errors import invalid_field
+from services.api.owner_route import OwnerLookupRoute
 from services.api.problem_docs import problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, MetricPage
@@ -19,7 +20,10 @@ from services.store.errors import InvalidCursor
 from services.store.metric_points import read_metric_points
 
 router = APIRouter(
-    prefix="/v1/jobs", tags=["metrics"], responses=problem_responses(401, 422, 429, 503)
+    route_class=OwnerLookupRoute,
+    prefix="/v1/jobs",
+    tags=["metrics"],
+    responses=problem_responses(401, 422, 429, 503),
 )
 
 
