@@ -21,7 +21,7 @@ CANCELLING = "cancelling"
 
 class Flag(Protocol):
     """What the heartbeat reads the shutdown request from (``threading.Event``, or
-    ``services.worker.shutdown.SharedFlag``, which a prefork pool's child shares)."""
+    ``services.worker.shutdown.ShutdownRequest``, which a prefork pool's child shares)."""
 
     def is_set(self) -> bool: ...
 

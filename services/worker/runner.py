@@ -118,7 +118,7 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
                                         what=f"job {job_id}: handing back", for_s=settings.lease_timeout_s)
         if queue is not None:
             enqueue_job(settings, job_id, queue)  # after the commit, as the reaper does
-            log.warning("job %s handed back to queue %s: this worker is shutting down", job_id, queue)
+            log.warning("job %s handed back to queue %s: this worker process was asked to stop (SIGTERM)", job_id, queue)
             return "queued"
         status = "cancelled"  # a cancel came first (or the lease is gone: finishing fails too)
     # The outcome survives a database outage at the very end (retried for a lease timeout).

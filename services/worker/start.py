@@ -69,8 +69,7 @@ def start_worker(
     sqlite_transport.resume_polling()
     signals.worker_shutting_down.connect(sqlite_transport.stop_polling, weak=False)
     # ...and a running job stops, is checkpointed and goes back to the queue.
-    shutdown.reset()
-    signals.worker_shutting_down.connect(shutdown.request, weak=False)
+    shutdown.connect(signals)
     reaper = LeaseReaper(settings)
     reaper.start()
     log.info("accum worker consuming %s from %s", ",".join(names), broker_url(settings))

@@ -34,6 +34,7 @@ def register_tasks(app: Celery, settings: Any) -> None:
             # back to the queue for another worker, rather than claimed and handed back again.
             raise Reject("this worker is shutting down", requeue=True)
         try:
-            run(settings, job_id, worker_name=str(task.request.hostname or ""))
+            with shutdown.stop_job_on_sigterm():
+                run(settings, job_id, worker_name=str(task.request.hostname or ""))
         except (OperationalError, InterfaceError) as exc:
             raise task.retry(exc=exc, countdown=DB_RETRY_COUNTDOWN_S) from exc

@@ -5,6 +5,7 @@ and the worker's shutdown request, which the child sees once the parent sets it.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -69,3 +70,57 @@ def test_a_forked_child_sees_the_shutdown_requested_after_the_fork() -> None:
     finally:
         shutdown.reset()
     assert code == 0, "the child never saw the shutdown its parent requested"
+
+
+class Signal:
+    """Stands for one of Celery's signals: records its receivers."""
+
+    def __init__(self) -> None:
+        self.receivers: list[Callable[..., Any]] = []
+
+    def connect(self, receiver: Callable[..., Any], weak: bool = True) -> None:
+        self.receivers.append(receiver)
+
+    def send(self) -> None:
+        for receiver in self.receivers:
+            receiver()
+
+
+class CelerySignals:
+    def __init__(self) -> None:
+        self.worker_shutting_down, self.worker_process_init = Signal(), Signal()
+
+
+def test_sigterm_to_a_pool_child_running_a_job_asks_that_job_alone_to_stop() -> None:
+    celery_signals = CelerySignals()
+    shutdown.connect(celery_signals)
+
+    def child_job_sees_its_own_sigterm() -> bool:
+        celery_signals.worker_process_init.send()  # what a prefork pool does in each child
+        with shutdown.stop_job_on_sigterm():
+            os.kill(os.getpid(), signal.SIGTERM)  # the child lives on: handled, not fatal
+            time.sleep(0.01)
+            stopped = shutdown.requested.is_set()
+        # Only this process: the worker and its next children share nothing of it.
+        return stopped and not shutdown.requested.shared.is_set()
+
+    try:
+        assert exit_code_of_child(child_job_sees_its_own_sigterm) == 0
+        assert not shutdown.requested.is_set(), "the child's SIGTERM reached the worker's flag"
+    finally:
+        shutdown.reset()
+
+
+def test_in_the_workers_own_process_sigterm_keeps_celerys_handler() -> None:
+    """The solo pool sends worker_process_init in the worker itself: its SIGTERM must stay
+    Celery's warm shutdown (which then sets the shared request), not become a job-only stop."""
+    celery_signals = CelerySignals()
+    shutdown.connect(celery_signals)
+    celery_signals.worker_process_init.send()
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with shutdown.stop_job_on_sigterm():
+            assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        shutdown.reset()
+    assert shutdown.in_pool_child is False
