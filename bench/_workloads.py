@@ -81,11 +81,12 @@ def run_trainer(
     loss_fn: Callable[[Any, Any], torch.Tensor],
     device: torch.device | str = "cpu",
     precision: str = "fp32",
+    **trainer_options: Any,
 ) -> Trainer:
     """One epoch through accumcore.Trainer (a fresh trainer: epoch 0 of the loader's order)."""
     trainer = Trainer(
         model, optimizer, loss_fn=loss_fn, accumulation_steps=accumulation_steps,
-        precision=precision, device=device,
+        precision=precision, device=device, **trainer_options,
     )
     trainer.fit(loader, epochs=1)
     return trainer

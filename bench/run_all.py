@@ -167,6 +167,9 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             verdicts = list(values.get("targets", {}).values()) + ["-", "-"]
             lines.append(row(f"Trainer.fit / tutorial loop throughput, {workload}", ">= 0.99",
                              values.get("throughput_ratio"), verdicts[0]))
+            if "throughput_ratio_without_grad_norm" in values:
+                lines.append(row("  same, Trainer(grad_norm=False): no per-step gradient-norm pass",
+                                 "(shown)", values["throughput_ratio_without_grad_norm"], "-"))
             lines.append(row(f"peak(m,N) / peak(m,1), {workload}", "<= 1.02",
                              values.get("memory_ratio"), verdicts[1]))
         return lines

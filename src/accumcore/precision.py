@@ -55,17 +55,22 @@ class Precision:
         optimizer: torch.optim.Optimizer,
         params: Iterable[torch.Tensor],
         max_norm: float | None,
-    ) -> torch.Tensor:
-        """Unscale (fp16) once, then clip; returns the pre-clip total gradient norm (a tensor)."""
+        want_norm: bool = True,
+    ) -> torch.Tensor | None:
+        """Unscale (fp16) once, then clip; returns the pre-clip total gradient norm (a tensor),
+        or None when it is neither wanted nor needed for clipping (no pass over the grads)."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
+        clip = max_norm is not None and not math.isinf(max_norm)
+        if not (want_norm or clip):
+            return None
         with_grads = [p for p in params if p.grad is not None]
         if not with_grads:
             return torch.zeros(())
         # Norm first, clip only when asked: clip_grad_norm_ with an infinite bound would still
         # rescale every gradient (a wasted pass over all of them per step).
         total = total_norm([p.grad for p in with_grads if p.grad is not None])
-        if max_norm is not None and not math.isinf(max_norm):
+        if max_norm is not None and clip:
             torch.nn.utils.clip_grads_with_norm_(with_grads, max_norm, total)
         return total
 

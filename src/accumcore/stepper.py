@@ -22,7 +22,7 @@ class StepOutcome:
     loss: float  # the exact window mean: sum of item losses / W
     items: float
     samples: float
-    grad_norm: float  # before clipping
+    grad_norm: float | None  # before clipping; None when not computed (Trainer(grad_norm=False))
     lr: float  # the learning rate this step used
     skipped: bool  # fp16 overflow: no optimizer or scheduler step
     loss_scale: float | None  # fp16 only
@@ -37,12 +37,14 @@ class WindowStepper:
         precision: Precision,
         grad_clip_norm: float | None,
         device: torch.device,
+        track_grad_norm: bool = True,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.precision = precision
         self.grad_clip_norm = grad_clip_norm
+        self.track_grad_norm = track_grad_norm
         self.device = device
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.loss_scale = precision.loss_scale()
@@ -50,14 +52,17 @@ class WindowStepper:
 
     def step(self, result: WindowResult) -> StepOutcome:
         lr = float(self.optimizer.param_groups[0]["lr"])
-        grad_norm = self.precision.unscale_and_clip(self.optimizer, self.params, self.grad_clip_norm)
+        grad_norm = self.precision.unscale_and_clip(
+            self.optimizer, self.params, self.grad_clip_norm, want_norm=self.track_grad_norm
+        )
         self.precision.optimizer_step(self.optimizer)
         loss_sum = result.loss_sum if result.loss_sum is not None else 0.0
         if self.ddp:
             loss_sum = distributed.all_reduce_sum([loss_sum], distributed.comm_device(self.model))[0]
-        values = metrics.to_floats(  # the window's one device sync
-            {"loss_sum": loss_sum, "items": result.items, "samples": result.samples, "grad_norm": grad_norm}
-        )
+        read = {"loss_sum": loss_sum, "items": result.items, "samples": result.samples}
+        if grad_norm is not None:
+            read["grad_norm"] = grad_norm
+        values = metrics.to_floats(read)  # the window's one device sync
         skipped = False
         if self.precision.scaler is not None:
             previous, self.loss_scale = self.loss_scale, self.precision.loss_scale()
@@ -70,7 +75,7 @@ class WindowStepper:
             loss=values["loss_sum"] / max(values["items"], 1.0),
             items=values["items"],
             samples=values["samples"],
-            grad_norm=values["grad_norm"],
+            grad_norm=values.get("grad_norm"),
             lr=lr,
             skipped=skipped,
             loss_scale=self.loss_scale,

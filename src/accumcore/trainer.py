@@ -61,6 +61,9 @@ class Trainer:
         scheduler: stepped once per optimizer step (not per micro-batch).
         precision: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast + GradScaler).
         grad_clip_norm: clip the total gradient norm to this value (after fp16 unscaling).
+        grad_norm: report the pre-clip total gradient norm (metric ``grad_norm``) every
+            optimizer step. It costs one pass over all gradients per step; with ``False``
+            and no ``grad_clip_norm`` that pass is skipped and the metric is absent.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         callbacks: ``accumcore.Callback`` instances.
         count_items: ``fn(inputs, targets) -> int`` overriding the default item count.
@@ -82,6 +85,7 @@ class Trainer:
         precision: str = "fp32",
         grad_clip_norm: float | None = None,
         device: str | torch.device = "cpu",
+        grad_norm: bool = True,
         callbacks: Iterable[Callback] = (),
         count_items: Callable[[Any, Any], int | torch.Tensor] | None = None,
         ignore_index: int = -100,
@@ -110,7 +114,8 @@ class Trainer:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self._stepper = WindowStepper(
-            self.model, optimizer, scheduler, self.precision, grad_clip_norm, self.device
+            self.model, optimizer, scheduler, self.precision, grad_clip_norm, self.device,
+            track_grad_norm=grad_norm,
         )
         self._runner = WindowRunner(
             self.model, self.loss_fn, self.precision, self.device,
@@ -294,11 +299,12 @@ class Trainer:
             "epoch": float(self.epoch),
             "loss": outcome.loss,
             "lr": outcome.lr,
-            "grad_norm": outcome.grad_norm,
             "samples_per_s": outcome.samples / elapsed,
             "items_per_s": outcome.items / elapsed,
             "step_time_s": elapsed,
         }
+        if outcome.grad_norm is not None:
+            step_metrics["grad_norm"] = outcome.grad_norm
         peak = metrics.peak_memory_bytes(self.device)
         if peak is not None:
             step_metrics["peak_memory_bytes"] = peak

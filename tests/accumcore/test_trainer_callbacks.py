@@ -52,6 +52,28 @@ def _trainer(callbacks, **kwargs) -> Trainer:
                    callbacks=callbacks, **kwargs)
 
 
+@pytest.mark.parametrize("grad_clip_norm", [None, 0.05])
+def test_grad_norm_off_skips_the_metric_and_changes_no_parameter(grad_clip_norm) -> None:
+    """Trainer(grad_norm=False) saves the per-step pass over the gradients; training is the
+    same, and with clipping the norm is computed anyway (clipping needs it) and reported."""
+    data = class_dataset(10, torch.float32)
+    runs = {}
+    for grad_norm in (True, False):
+        torch.manual_seed(0)
+        recorder = Recorder()
+        trainer = _trainer([recorder], accumulation_steps=2, grad_norm=grad_norm,
+                           grad_clip_norm=grad_clip_norm)
+        trainer.fit(make_loader(data, 3, seed=1), epochs=2)
+        runs[grad_norm] = (recorder.steps, [p.detach().clone() for p in trainer.model.parameters()])
+    (with_steps, with_params), (without_steps, without_params) = runs[True], runs[False]
+    assert all(torch.equal(a, b) for a, b in zip(with_params, without_params, strict=True))
+    assert all("grad_norm" in m for m in with_steps)
+    if grad_clip_norm is None:
+        assert not any("grad_norm" in m for m in without_steps)
+    else:
+        assert [m["grad_norm"] for m in without_steps] == [m["grad_norm"] for m in with_steps]
+
+
 def test_callbacks_receive_metrics_evals_and_checkpoints(tmp_path) -> None:
     recorder = Recorder()
     trainer = _trainer([recorder], accumulation_steps=2, checkpoint_every=2, checkpoint_dir=tmp_path)
