@@ -117,6 +117,7 @@ if TYPE_CHECKING:  # imported lazily below: collecting unrelated tests stays fas
     from services.settings import Settings
 
 STORE_TABLES = (
+    "auth_failures",
     "metrics",
     "metric_blocks",
     "checkpoints",

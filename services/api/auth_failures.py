@@ -1,23 +1,37 @@
-"""Per-client-address limit on failed token checks (a sliding window, in this process).
+"""Per-client-address limit on failed token checks (a sliding window over every API process).
 
-    limiter = AuthFailureLimiter(settings.auth_failures_per_window, settings.auth_failure_window_s)
-    limiter.retry_after(address)      # seconds the address must wait, or None
-    limiter.record_failure(address)   # after a 401 for a bad token
+    limiter = AuthFailureLimiter(settings.auth_failures_per_window, settings.auth_failure_window_s,
+                                 shared=shared_failure_log(session_factory, limit, window_s))
+    limiter.retry_after(address)      # seconds the address must wait, or None (from memory)
+    limiter.record_failure(address)   # after a 401 for a bad token (blocking: a worker thread)
 
 Once an address has `limit` failures within `window_s`, every request of that address that
 needs a token gets 429 with Retry-After until the oldest of those failures leaves the window,
 valid token or not: a limit that refused only the failures would still tell a guesser which
-guess was right (a 200 among 429s). Other addresses are not affected. The state lives in one
-API process: with N uvicorn workers an address gets up to N x `limit` failures per window.
+guess was right (a 200 among 429s). Other addresses are not affected.
+
+Every request is answered from this process's memory. A failure is also written to the
+database (`shared`, services/store/auth_failures.py), which answers with the address's failures
+from every API process, and this process adopts that view: with N processes (uvicorn workers,
+replicas) an address gets at most `limit` + N - 1 failures per window, not N x `limit`
+(each process blocks at its own next failure once the total is reached). If the database
+cannot be written, the failure is counted in this process only.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+
+from sqlalchemy.orm import Session
+
+from services.store import auth_failures as store_auth_failures
+
+log = logging.getLogger(__name__)
 
 MAX_ADDRESSES = 100_000  # memory bound: the least recently failing addresses are forgotten
 
@@ -26,11 +40,17 @@ class AuthFailureLimiter:
     """Failure timestamps per client address; thread-safe (routes run in a thread pool)."""
 
     def __init__(
-        self, limit: int, window_s: float, clock: Callable[[], float] = time.monotonic
+        self,
+        limit: int,
+        window_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        shared: Callable[[str], list[float]] | None = None,
     ) -> None:
+        """``shared(address)`` records a failure where every API process sees it and returns
+        the ages in seconds of the address's newest failures (at most ``limit``) from all."""
         if limit < 1 or window_s <= 0:
             raise ValueError(f"need limit >= 1 and window_s > 0, got {limit} and {window_s}")
-        self.limit, self.window_s, self._clock = limit, window_s, clock
+        self.limit, self.window_s, self._clock, self._shared = limit, window_s, clock, shared
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -58,13 +78,39 @@ class AuthFailureLimiter:
             return max(1, math.ceil(failures[0] + self.window_s - now))
 
     def record_failure(self, address: str) -> None:
+        everywhere = self._record_shared(address)
         with self._lock:
             now = self._clock()
-            failures = self._recent(address, now) or deque()
-            failures.append(now)
+            if everywhere is not None:  # all processes' failures, this one's included
+                failures = deque(sorted(now - age for age in everywhere))
+            else:
+                failures = self._recent(address, now) or deque()
+                failures.append(now)
             while len(failures) > self.limit:  # older ones no longer decide anything
                 failures.popleft()
             self._failures[address] = failures
             self._failures.move_to_end(address)
             while len(self._failures) > MAX_ADDRESSES:
                 self._failures.popitem(last=False)
+
+    def _record_shared(self, address: str) -> list[float] | None:
+        if self._shared is None:
+            return None
+        try:
+            return self._shared(address)
+        except Exception as exc:  # a database outage must not turn a 401 into an error
+            log.warning("failed token check from %s not shared (%s): counted in this process only",
+                        address, (str(exc).strip().splitlines() or [""])[0][:200])
+            return None
+
+
+def shared_failure_log(
+    sessions: Callable[[], Session], limit: int, window_s: float
+) -> Callable[[str], list[float]]:
+    """`AuthFailureLimiter`'s ``shared``: failures recorded in the job store."""
+
+    def record(address: str) -> list[float]:
+        with sessions() as session, session.begin():
+            return store_auth_failures.record_failure(session, address, window_s, keep=limit)
+
+    return record

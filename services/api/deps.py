@@ -91,7 +91,7 @@ async def get_current_owner(
         token = bearer_token(authorization)
     except HTTPException:
         if authorization:  # a token was tried and failed (no header at all is no guess)
-            state.auth_failures.record_failure(address)
+            await run_in_threadpool(state.auth_failures.record_failure, address)
         raise
     pending = PendingOwner(token, session, partial(state.auth_failures.record_failure, address))
     # Parameters that fail validation skip the route, and with it the lookup: the 422 handler

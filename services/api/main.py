@@ -18,7 +18,7 @@ import anyio
 import anyio.to_thread
 from fastapi import FastAPI
 
-from services.api.auth_failures import AuthFailureLimiter
+from services.api.auth_failures import AuthFailureLimiter, shared_failure_log
 from services.api.body_limit import BodySizeLimitMiddleware
 from services.api.errors import install_data_error_handler
 from services.api.owner_route import check_owner_routes, token_refusal
@@ -102,8 +102,9 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.state.engine = make_engine(settings, pre_ping=False)
     app.state.session_factory = make_session_factory(app.state.engine)
     app.state.session_slots = anyio.Semaphore(SESSION_SLOTS)
+    limit, window_s = settings.auth_failures_per_window, settings.auth_failure_window_s
     app.state.auth_failures = AuthFailureLimiter(
-        settings.auth_failures_per_window, settings.auth_failure_window_s
+        limit, window_s, shared=shared_failure_log(app.state.session_factory, limit, window_s)
     )
     app.state.telemetry = telemetry = Telemetry()
 

@@ -188,3 +188,15 @@ class Checkpoint(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     is_best: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AuthFailure(Base):
+    """One failed token check by a client address, kept for the failure window: every API
+    process records its failures here, so the per-address limit counts them all."""
+
+    __tablename__ = "auth_failures"
+    __table_args__ = (Index("ix_auth_failures_address_at", "address", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(100))
+    at: Mapped[datetime] = mapped_column(UTCDateTime)

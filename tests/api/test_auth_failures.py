@@ -55,3 +55,25 @@ def test_memory_is_bounded_by_forgetting_the_least_recent_addresses(
 def test_nonsense_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="limit >= 1"):
         AuthFailureLimiter(0, 60.0)
+
+
+def test_failures_seen_by_other_processes_count_here() -> None:
+    """`shared` returns every process's failures: this process adopts them."""
+    clock = Clock()
+    others = [5.0, 12.0]  # ages of two failures another API process recorded
+    limiter = AuthFailureLimiter(3, 60.0, clock, shared=lambda address: [0.0, *others])
+
+    limiter.record_failure("a")  # the third in all: blocked here at once
+
+    assert limiter.retry_after("a") == 48  # the oldest, 12 s old, leaves in 48 s
+
+
+def test_a_shared_log_that_fails_leaves_the_count_to_this_process() -> None:
+    def unreachable(address: str) -> list[float]:
+        raise ConnectionError("database down")
+
+    limiter = AuthFailureLimiter(2, 60.0, Clock(), shared=unreachable)
+    limiter.record_failure("a")
+    assert limiter.retry_after("a") is None
+    limiter.record_failure("a")
+    assert limiter.retry_after("a") == 60

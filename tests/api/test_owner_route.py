@@ -109,3 +109,22 @@ def test_connections_the_database_dropped_cost_no_request(
     answers.append(client.post("/v1/jobs", json=spec, headers=alice).status_code)
 
     assert answers == [200] * 8 + [201]
+
+
+def test_api_processes_share_the_bad_token_limit(
+    api_settings: Settings, session_factory: sessionmaker[Session]
+) -> None:
+    """Two API processes on one database (two apps here): an address gets `limit` + 1 bad
+    token checks in all, then 429 from both, where each alone would have allowed `limit`."""
+    limit = 4
+    settings = api_settings.model_copy(update={"auth_failures_per_window": limit})
+    with (
+        TestClient(create_app(settings, run_reaper=False), raise_server_exceptions=False) as one,
+        TestClient(create_app(settings, run_reaper=False), raise_server_exceptions=False) as two,
+    ):
+        answers = [
+            (one if i % 2 == 0 else two).get("/v1/jobs", headers=WRONG).status_code
+            for i in range(2 * limit)
+        ]
+
+    assert answers == [401] * (limit + 1) + [429] * (limit - 1)
