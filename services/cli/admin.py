@@ -2,7 +2,7 @@
 
     ACCUM_DATABASE_URL=postgresql+psycopg://accum@db/accum accum db upgrade
     accum token create alice [--admin]     # prints the token once, on stdout
-    accum token list [alice]               # owner, prefix, created: never the token itself
+    accum token list [alice] [--all]       # owner, prefix, created (--all: revoked too, and when)
     accum token revoke accum_AbCdEf        # the prefix or the whole token; refused at once
 """
 
@@ -28,9 +28,12 @@ def register(commands: Any) -> None:
     create.set_defaults(func=cmd_token_create)
     listing = token_commands.add_parser("list", help="list tokens by owner and prefix")
     listing.add_argument("name", nargs="?", help="only this owner's tokens")
+    listing.add_argument(
+        "--all", action="store_true", help="revoked tokens too, with the time of revocation"
+    )
     listing.set_defaults(func=cmd_token_list)
     revoke = token_commands.add_parser(
-        "revoke", help="delete a token: the next request with it gets 401"
+        "revoke", help="revoke a token: the next request with it gets 401 (its row is kept)"
     )
     revoke.add_argument("token", help="the token, or its prefix as `accum token list` shows it")
     revoke.set_defaults(func=cmd_token_revoke)
@@ -105,11 +108,14 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 def cmd_token_list(args: argparse.Namespace) -> int:
     from services.store.tokens import list_tokens
 
-    rows = in_store("token list", lambda s: list_tokens(s, args.name))
+    rows = in_store("token list", lambda s: list_tokens(s, args.name, include_revoked=args.all))
     if isinstance(rows, Failed):
         return rows
-    for owner, prefix, created_at in rows:
-        print(f"{owner}\t{prefix}\t{created_at:%Y-%m-%d %H:%M:%S}")
+    for owner, prefix, created_at, revoked_at in rows:
+        line = f"{owner}\t{prefix}\t{created_at:%Y-%m-%d %H:%M:%S}"
+        if args.all:
+            line += f"\trevoked {revoked_at:%Y-%m-%d %H:%M:%S}" if revoked_at else "\tlive"
+        print(line)
     return 0
 
 

@@ -55,7 +55,8 @@ class Owner(Base):
 
 
 class ApiToken(Base):
-    """A bearer token, stored as its sha256 (never in clear) plus a short prefix for display."""
+    """A bearer token, stored as its sha256 (never in clear) plus a short prefix for display.
+    A revoked token keeps its row (``revoked_at`` set): who had which token, and until when."""
 
     __tablename__ = "api_tokens"
 
@@ -64,6 +65,7 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class Job(Base):

@@ -11,10 +11,11 @@ import hmac
 import secrets
 from datetime import datetime
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from services.store.models import ApiToken, Owner
+from services.store.types import utcnow
 
 TOKEN_PREFIX = "accum_"
 PREFIX_LENGTH = 12  # "accum_" + 6 characters: enough to tell tokens apart in a listing
@@ -53,7 +54,7 @@ def create_owner_with_token(session: Session, name: str, admin: bool = False) ->
 _AUTHENTICATE = (
     select(ApiToken.token_hash, Owner.id, Owner.name, Owner.is_admin, Owner.created_at)
     .join(Owner, Owner.id == ApiToken.owner_id)
-    .where(ApiToken.token_hash == bindparam("digest"))
+    .where(ApiToken.token_hash == bindparam("digest"), ApiToken.revoked_at.is_(None))
 )
 
 
@@ -82,23 +83,29 @@ def owner_names(session: Session, owner_ids: set[int]) -> dict[int, str]:
     return {owner_id: name for owner_id, name in rows}
 
 
-def list_tokens(session: Session, owner_name: str | None = None) -> list[tuple[str, str, datetime]]:
-    """``(owner name, prefix, created_at)`` of every token (one owner's with ``owner_name``),
-    oldest first. Only the prefix is known: the clear text was shown once, at creation."""
-    query = select(Owner.name, ApiToken.prefix, ApiToken.created_at).join(
+def list_tokens(
+    session: Session, owner_name: str | None = None, include_revoked: bool = False
+) -> list[tuple[str, str, datetime, datetime | None]]:
+    """``(owner name, prefix, created_at, revoked_at)`` of every live token (one owner's with
+    ``owner_name``; revoked ones too with ``include_revoked``), oldest first. Only the prefix
+    is known: the clear text was shown once, at creation."""
+    query = select(Owner.name, ApiToken.prefix, ApiToken.created_at, ApiToken.revoked_at).join(
         Owner, Owner.id == ApiToken.owner_id
     )
     if owner_name is not None:
         query = query.where(Owner.name == owner_name)
+    if not include_revoked:
+        query = query.where(ApiToken.revoked_at.is_(None))
     rows = session.execute(query.order_by(ApiToken.id))
-    return [(name, prefix, created_at) for name, prefix, created_at in rows]
+    return [(name, prefix, created, revoked) for name, prefix, created, revoked in rows]
 
 
 def revoke_token(session: Session, token_or_prefix: str) -> int:
-    """Delete the token given in clear or by its prefix (as `accum token list` shows it);
-    returns how many were deleted (0 or 1). The next request that presents it is refused:
-    every request looks its token up. Raises ValueError when a prefix matches several
-    tokens. Does not commit.
+    """Revoke the live token given in clear or by its prefix (as `accum token list` shows it);
+    returns how many were revoked (0 or 1). The row stays, with ``revoked_at`` set (the audit
+    trail `accum token list --all` shows); the next request that presents the token is
+    refused: every request looks its token up. Raises ValueError when a prefix matches
+    several live tokens. Does not commit.
     """
     value = token_or_prefix.strip()
     if len(value) > PREFIX_LENGTH:
@@ -110,11 +117,11 @@ def revoke_token(session: Session, token_or_prefix: str) -> int:
             f"give the whole token or its {PREFIX_LENGTH}-character prefix "
             "(`accum token list` shows the prefixes)"
         )
-    ids = list(session.scalars(select(ApiToken.id).where(where)))
+    ids = list(session.scalars(select(ApiToken.id).where(where, ApiToken.revoked_at.is_(None))))
     if len(ids) > 1:
         raise ValueError(
             f"prefix {value!r} matches {len(ids)} tokens; give the whole token to revoke one"
         )
     if ids:
-        session.execute(delete(ApiToken).where(ApiToken.id == ids[0]))
+        session.execute(update(ApiToken).where(ApiToken.id == ids[0]).values(revoked_at=utcnow()))
     return len(ids)

@@ -76,6 +76,23 @@ def test_revoke_by_prefix_or_whole_token_and_list_shows_prefixes_only(
         assert tokens.authenticate(session, first) is None
         assert tokens.authenticate(session, second) is None
         assert [row[0] for row in tokens.list_tokens(session)] == ["eve"]
+        # Revoked, not deleted: the audit trail keeps who had which token and until when.
+        trail = tokens.list_tokens(session, "dora", include_revoked=True)
+        assert [(name, prefix) for name, prefix, _, _ in trail] == [("dora", first[:12]), ("dora", second[:12])]
+        assert all(revoked is not None and revoked >= created for _, _, created, revoked in trail)
+
+
+def test_a_revoked_token_with_the_same_prefix_does_not_block_revoking_the_live_one(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_factory.begin() as session:
+        owner, token = tokens.create_owner_with_token(session, "dora")
+        session.add(ApiToken(owner_id=owner.id, token_hash="0" * 64, prefix=token[:12]))
+    with session_factory.begin() as session:
+        assert tokens.revoke_token(session, token) == 1
+    with session_factory.begin() as session:  # the other one is now the only live match
+        assert tokens.revoke_token(session, token[:12]) == 1
+        assert tokens.revoke_token(session, token[:12]) == 0
 
 
 def test_a_prefix_shared_by_two_tokens_is_refused(session_factory: sessionmaker[Session]) -> None:
