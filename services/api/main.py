@@ -34,6 +34,7 @@ from services.api.routes import (
     me,
     metrics,
     monitoring,
+    tokens,
 )
 from services.api.telemetry import LatencyMiddleware, Telemetry
 from services.api.unavailable import install_database_unavailable_handler
@@ -50,6 +51,7 @@ ROUTERS = (
     health.router,
     monitoring.router,
     me.router,
+    tokens.router,
     dashboard.router,
 )
 

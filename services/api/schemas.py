@@ -92,6 +92,23 @@ class OwnerPublic(BaseModel):
     is_admin: bool
 
 
+class TokenPublic(BaseModel):
+    """A token as listed: never the token itself (it is stored as a hash), only its prefix."""
+
+    owner: str
+    prefix: str = Field(description="The first 12 characters: enough to tell tokens apart")
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class TokenList(BaseModel):
+    items: list[TokenPublic]
+
+
+class TokenCreated(TokenPublic):
+    token: str = Field(description="The new bearer token, shown this once: store it now")
+
+
 class JobPage(BaseModel):
     items: list[JobPublic]
     next_cursor: str | None

@@ -75,6 +75,11 @@ def authenticate(session: Session, token: str) -> Owner | None:
     return owner
 
 
+def created_at(session: Session, token: str) -> datetime | None:
+    """When ``token`` (given in clear) was made, or None for an unknown token."""
+    return session.scalar(select(ApiToken.created_at).where(ApiToken.token_hash == hash_token(token)))
+
+
 def owner_names(session: Session, owner_ids: set[int]) -> dict[int, str]:
     """Owner id -> name for ``owner_ids`` (one query; an admin's job list shows whose job is whose)."""
     if not owner_ids:
@@ -100,12 +105,13 @@ def list_tokens(
     return [(name, prefix, created, revoked) for name, prefix, created, revoked in rows]
 
 
-def revoke_token(session: Session, token_or_prefix: str) -> int:
+def revoke_token(session: Session, token_or_prefix: str, owner_id: int | None = None) -> int:
     """Revoke the live token given in clear or by its prefix (as `accum token list` shows it);
     returns how many were revoked (0 or 1). The row stays, with ``revoked_at`` set (the audit
     trail `accum token list --all` shows); the next request that presents the token is
-    refused: every request looks its token up. Raises ValueError when a prefix matches
-    several live tokens. Does not commit.
+    refused: every request looks its token up. With ``owner_id``, only that owner's tokens
+    are candidates. Raises ValueError when a prefix matches several live tokens. Does not
+    commit.
     """
     value = token_or_prefix.strip()
     if len(value) > PREFIX_LENGTH:
@@ -117,7 +123,10 @@ def revoke_token(session: Session, token_or_prefix: str) -> int:
             f"give the whole token or its {PREFIX_LENGTH}-character prefix "
             "(`accum token list` shows the prefixes)"
         )
-    ids = list(session.scalars(select(ApiToken.id).where(where, ApiToken.revoked_at.is_(None))))
+    query = select(ApiToken.id).where(where, ApiToken.revoked_at.is_(None))
+    if owner_id is not None:
+        query = query.where(ApiToken.owner_id == owner_id)
+    ids = list(session.scalars(query))
     if len(ids) > 1:
         raise ValueError(
             f"prefix {value!r} matches {len(ids)} tokens; give the whole token to revoke one"

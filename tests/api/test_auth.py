@@ -21,6 +21,10 @@ V1_ROUTES = [
     ("GET", "/v1/jobs/{id}/checkpoints/1"),
     ("GET", "/v1/catalog/models"),
     ("GET", "/v1/catalog/datasets"),
+    ("GET", "/v1/me"),
+    ("GET", "/v1/tokens"),
+    ("POST", "/v1/tokens"),
+    ("DELETE", "/v1/tokens/accum_abcdef"),
 ]
 
 

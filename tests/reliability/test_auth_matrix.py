@@ -1,4 +1,4 @@
-"""Every /v1 route x three actors (owner A, owner B, an admin) on owner A's real jobs.
+"""Every /v1 route x three actors (owner A, owner B, an admin) on owner A's real jobs and tokens.
 
     .venv/bin/python -m pytest tests/reliability/test_auth_matrix.py -q
 
@@ -6,9 +6,10 @@ The routes are read from the app itself, so a /v1 route added later fails this t
 has a row in EXPECTED. A's jobs are real: one trained to the end by the worker's own runner
 (checkpoints, metrics, events), plus, for each actor, a fresh queued job (the cancel target)
 and a fresh cancelled one (the resume target), so a refusal cannot be mistaken for a 409.
-B must get 404 on every route that names A's job, with the same body as a job that never
-existed (existence is not revealed), and A's jobs must be exactly as they were afterwards;
-A and the admin get the route's success status. Runs on SQLite and PostgreSQL.
+B must get 404 on every route that names A's job (or A's token, by prefix), with the same
+body as one that never existed (existence is not revealed), and A's jobs and live tokens
+must be exactly as they were afterwards; A and the admin get the route's success status.
+Runs on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.api.main import ROUTERS
 from services.settings import Settings
 from services.store import checkpoints as store_checkpoints
-from services.store.models import Checkpoint, Job, JobEvent, Metric
+from services.store import tokens as store_tokens
+from services.store.models import ApiToken, Checkpoint, Job, JobEvent, Metric
 from services.store.types import new_id
 
 from .trained_jobs import TINY_SPEC, train_job
@@ -60,9 +62,13 @@ EXPECTED: dict[tuple[str, str], Expect] = {
     ("GET", "/v1/catalog/models"): Expect(200),
     ("GET", "/v1/catalog/datasets"): Expect(200),
     ("GET", "/v1/me"): Expect(200),
+    ("GET", "/v1/tokens"): Expect(200),
+    ("POST", "/v1/tokens"): Expect(201),
+    ("DELETE", "/v1/tokens/{prefix}"): Expect(204, "token"),
 }
 # What each action does to its target when it succeeds (A and the admin).
-AFTER_ACTION = {"queued": "cancelled", "cancelled": "queued"}
+AFTER_ACTION = {"queued": "cancelled", "cancelled": "queued", "token": "revoked"}
+UNKNOWN_PREFIX = "accum_zzzzzz"
 
 
 def v1_routes(api: FastAPI) -> set[tuple[str, str]]:
@@ -108,14 +114,15 @@ def trained_job(
 
 
 def owned_state(session_factory: sessionmaker[Session], owner_id: int) -> dict[str, Any]:
-    """Everything of one owner's jobs an action could change: rows and child row counts."""
+    """Everything of one owner's jobs and tokens an action could change: job rows and child
+    row counts; each token's prefix with "live" or "revoked"."""
 
     def count(model: Any, job_id: str) -> int:
         return int(session.scalar(select(func.count()).where(model.job_id == job_id)) or 0)
 
     with session_factory() as session:
         jobs = session.scalars(select(Job).where(Job.owner_id == owner_id).order_by(Job.id))
-        return {
+        state: dict[str, Any] = {
             job.id: (
                 job.status, job.updated_at, job.attempts, job.resume_step, job.finished_at,
                 job.enqueued_at, count(JobEvent, job.id), count(Metric, job.id),
@@ -123,6 +130,18 @@ def owned_state(session_factory: sessionmaker[Session], owner_id: int) -> dict[s
             )
             for job in jobs
         }
+        for prefix, revoked_at in session.execute(
+            select(ApiToken.prefix, ApiToken.revoked_at).where(ApiToken.owner_id == owner_id)
+        ):
+            state[prefix] = ("revoked" if revoked_at else "live",)
+        return state
+
+
+def spare_token_prefix(session_factory: sessionmaker[Session], owner_name: str) -> str:
+    """The prefix of a new token of ``owner_name``: the target a revoke may take away."""
+    with session_factory.begin() as session:
+        _, token = store_tokens.create_owner_with_token(session, owner_name)
+    return token[: store_tokens.PREFIX_LENGTH]
 
 
 def not_found_body(response: Any, job_id: str) -> dict[str, Any]:
@@ -153,25 +172,27 @@ def test_no_route_lets_another_owner_see_or_touch_a_job(
         queued = client.post("/v1/jobs", json=SPEC, headers=alice).json()["id"]
         cancelled = client.post("/v1/jobs", json=SPEC, headers=alice).json()["id"]
         assert client.post(f"/v1/jobs/{cancelled}/cancel", headers=alice).status_code == 202
-        targets = {"trained": trained, "queued": queued, "cancelled": cancelled}
+        token = spare_token_prefix(session_factory, "alice")
+        targets = {"trained": trained, "queued": queued, "cancelled": cancelled, "token": token}
         before = owned_state(session_factory, alice_id)
 
         for (method, path), expect in EXPECTED.items():
-            job_id = targets[expect.target] if expect.target else None
+            target_id = targets[expect.target] if expect.target else None
             for variant in expect.variants:
-                url = path.format(job_id=job_id, step=step)
+                url = path.format(job_id=target_id, step=step, prefix=target_id)
                 body = SPEC if (method, path) == ("POST", "/v1/jobs") else None
                 response = client.request(method, url, headers={**headers, **variant}, json=body)
                 requests += 1
                 where = (actor, method, url, variant, response.text[:300])
-                if actor == "B" and job_id is not None:
+                if actor == "B" and target_id is not None:
                     cross_owner_successes += response.is_success
+                    unknown_id = UNKNOWN_PREFIX if expect.target == "token" else new_id()
                     unknown = client.request(
-                        method, url.replace(job_id, new_id()), headers={**headers, **variant}
+                        method, url.replace(target_id, unknown_id), headers={**headers, **variant}
                     )
                     assert response.status_code == 404, where
-                    assert not_found_body(response, job_id) == not_found_body(
-                        unknown, unknown.request.url.path.split("/")[3]
+                    assert not_found_body(response, target_id) == not_found_body(
+                        unknown, unknown_id
                     ), where
                     refused_as_unknown += 1
                     continue
@@ -191,7 +212,7 @@ def test_no_route_lets_another_owner_see_or_touch_a_job(
 
         after = owned_state(session_factory, alice_id)
         if actor == "B":
-            assert after == before, "owner B's requests changed owner A's jobs"
+            assert after == before, "owner B's requests changed owner A's jobs or tokens"
         else:
             for target, status in AFTER_ACTION.items():
                 assert after[targets[target]][0] == status, (actor, target)
@@ -204,8 +225,8 @@ def test_no_route_lets_another_owner_see_or_touch_a_job(
         f"(trained, queued, cancelled); {database_backend}",
         figure=f"3 actors x {len(EXPECTED)} routes ({requests} requests): "
         f"{cross_owner_successes} cross-owner successes; B got 404 on "
-        f"{refused_as_unknown}/{refused_as_unknown} requests naming A's jobs, same body as "
-        f"for an unknown id, A's jobs unchanged; A and admin succeeded on all "
-        f"{len(named_routes)} job routes",
+        f"{refused_as_unknown}/{refused_as_unknown} requests naming A's jobs or tokens, same "
+        f"body as for an unknown one, A's jobs and tokens unchanged; A and admin succeeded on "
+        f"all {len(named_routes)} routes that name a job or token",
         passed=cross_owner_successes == 0,
     )

@@ -1,0 +1,92 @@
+"""API tokens over HTTP: list yours, make another, revoke one (a leaked one, or to log out).
+
+The same scoping as jobs: an owner sees and revokes only its own tokens (another owner's
+prefix is 404, as if it did not exist); an admin sees and revokes everyone's. A token is
+never shown again after it is made: listings carry its 12-character prefix only, and a
+revoked token keeps its row (`revoked_at`) as an audit trail.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+
+from services.api.deps import CurrentOwner, SessionDep
+from services.api.owner_route import OwnerLookupRoute
+from services.api.problem_docs import problem_responses
+from services.api.schemas import TokenCreated, TokenList, TokenPublic
+from services.store import tokens as store_tokens
+
+router = APIRouter(
+    route_class=OwnerLookupRoute,
+    prefix="/v1/tokens",
+    tags=["tokens"],
+    responses=problem_responses(401, 422, 429, 503),
+)
+
+Prefix = Annotated[
+    str,
+    Path(
+        min_length=store_tokens.PREFIX_LENGTH,
+        max_length=store_tokens.PREFIX_LENGTH,
+        description="The token's 12-character prefix, as GET /v1/tokens lists it",
+    ),
+]
+
+
+@router.get("", response_model=TokenList)
+def list_tokens(
+    *,
+    session: SessionDep,
+    owner: CurrentOwner,
+    include_revoked: Annotated[bool, Query(description="Revoked tokens too")] = False,
+) -> TokenList:
+    """Your live tokens, oldest first (an admin: everyone's)."""
+    rows = store_tokens.list_tokens(
+        session, None if owner.is_admin else owner.name, include_revoked=include_revoked
+    )
+    return TokenList(
+        items=[
+            TokenPublic(owner=name, prefix=prefix, created_at=created, revoked_at=revoked)
+            for name, prefix, created, revoked in rows
+        ]
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)
+def create_token(*, session: SessionDep, owner: CurrentOwner, response: Response) -> TokenCreated:
+    """Another token for you; the answer is the only time it is shown."""
+    _, token = store_tokens.create_owner_with_token(session, owner.name)
+    created_at = store_tokens.created_at(session, token)
+    session.commit()
+    assert created_at is not None  # written just above, in this transaction
+    response.headers["Cache-Control"] = "no-store"  # the token must not sit in a cache
+    prefix = token[: store_tokens.PREFIX_LENGTH]
+    return TokenCreated(owner=owner.name, prefix=prefix, created_at=created_at, token=token)
+
+
+@router.delete(
+    "/{prefix}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=problem_responses(
+        (404, "No live token with this prefix (or not yours)"),
+        (409, "Two live tokens share this prefix: revoke with `accum token revoke TOKEN`"),
+    ),
+)
+def revoke_token(*, session: SessionDep, owner: CurrentOwner, prefix: Prefix) -> Response:
+    """Revoke a token by its prefix: the next request that presents it gets 401. Revoking
+    the token this request carries logs you out."""
+    try:
+        revoked = store_tokens.revoke_token(
+            session, prefix, owner_id=None if owner.is_admin else owner.id
+        )
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    if not revoked:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            detail=f"no live token {prefix!r} of yours; GET /v1/tokens lists them",
+        )
+    session.commit()
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
