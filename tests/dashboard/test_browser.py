@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -169,3 +170,25 @@ def test_submit_form_shows_the_effective_batch_and_submits(
     saved = Path(download.value.path())
     assert download.value.suggested_filename == f"{job_id}-5.pt"
     assert hashlib.sha256(saved.read_bytes()).hexdigest() == checkpoint.locator("td[title]").get_attribute("title")
+
+
+def test_make_a_token_and_revoke_it(logged_in: Any, deployment: Deployment, shot: Shot) -> None:
+    page = logged_in
+    page.goto("/#/tokens")
+    in_use = page.locator(f"#tokens-table tr[data-prefix='{deployment.token[:12]}']")
+    expect(in_use).to_contain_text("(this browser)")
+
+    page.click("#make-token")
+    value = page.locator("#new-token-value")
+    expect(value).to_have_text(re.compile(r"^accum_\S{40,}$"))
+    token = value.inner_text()
+    made = page.locator(f"#tokens-table tr[data-prefix='{token[:12]}']")
+    expect(made).to_be_visible()
+    assert httpx.get(f"{deployment.url}/v1/me", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    shot(page, "tokens")
+
+    page.once("dialog", lambda dialog: dialog.accept())  # "Revoke accum_…?"
+    made.locator("button.danger").click()
+    expect(made).to_have_count(0)
+    assert httpx.get(f"{deployment.url}/v1/me", headers={"Authorization": f"Bearer {token}"}).status_code == 401
+    expect(in_use).to_be_visible()  # this browser's own token is untouched

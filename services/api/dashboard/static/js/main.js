@@ -1,6 +1,6 @@
 // The dashboard's router: one view per URL hash, each given an AbortSignal that fires when
 // the user leaves it (timers, streams and charts stop with it).
-//   #/login   #/jobs?status=running   #/jobs/ID   #/compare?ids=A,B   #/submit
+//   #/login   #/jobs?status=running   #/jobs/ID   #/compare?ids=A,B   #/submit   #/tokens
 
 import { api, tokenStore } from "./api.js";
 import { clear, errorBox } from "./dom.js";
@@ -9,8 +9,11 @@ import * as jobView from "./views/job.js";
 import * as jobsView from "./views/jobs.js";
 import * as loginView from "./views/login.js";
 import * as submitView from "./views/submit.js";
+import * as tokensView from "./views/tokens.js";
 
-const VIEWS = { login: loginView, jobs: jobsView, job: jobView, compare: compareView, submit: submitView };
+const VIEWS = {
+  login: loginView, jobs: jobsView, job: jobView, compare: compareView, submit: submitView, tokens: tokensView,
+};
 const session = { me: null };
 let leaving = null;
 
