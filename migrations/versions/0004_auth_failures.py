@@ -25,8 +25,10 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_auth_failures")),
     )
     op.create_index("ix_auth_failures_address_at", "auth_failures", ["address", "at"])
+    op.create_index("ix_auth_failures_at", "auth_failures", ["at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_auth_failures_at", table_name="auth_failures")
     op.drop_index("ix_auth_failures_address_at", table_name="auth_failures")
     op.drop_table("auth_failures")

@@ -83,6 +83,12 @@ class AuthFailureLimiter:
             now = self._clock()
             if everywhere is not None:  # all processes' failures, this one's included
                 failures = deque(sorted(now - age for age in everywhere))
+                # A concurrent failure of this process may have stored a fuller view first:
+                # keep that one, with this failure (counting it twice errs on the safe side).
+                known = self._recent(address, now)
+                if known is not None and len(known) >= len(failures):
+                    failures = known
+                    failures.append(now)
             else:
                 failures = self._recent(address, now) or deque()
                 failures.append(now)

@@ -11,7 +11,8 @@ limit, `services/api/deps.py`) and hands over a `PendingOwner`; this route class
 endpoint so that the token lookup is the first thing done inside the route's own hop, and the
 route's code gets the `Owner`. A 401 still comes before any of the route's own work, and
 before a 422: parameters that fail validation skip the route, so `token_refusal` looks the
-token up before that answer. It saved a thread hop per request: see bench/notes.md (POST
+token up before that answer. (A body that is not JSON at all is answered 400 before any
+dependency runs, token or not, as it was when the lookup was a dependency.) It saved a thread hop per request: see bench/notes.md (POST
 /v1/jobs).
 """
 
@@ -70,9 +71,18 @@ class OwnerLookupRoute(APIRoute):
         super().__init__(path, owner_first(endpoint), **kwargs)
 
 
-def takes_owner(dependant: Dependant) -> bool:
-    """Whether a route (or any of its dependencies) depends on `CurrentOwner`."""
-    return any(sub.call is get_current_owner or takes_owner(sub) for sub in dependant.dependencies)
+def owner_parameters(dependant: Dependant) -> tuple[list[str], list[str]]:
+    """Where a route depends on `CurrentOwner`: (endpoint parameters that receive it, other
+    places: a nameless ``dependencies=[...]`` entry or a sub-dependency, which would get the
+    unresolved PendingOwner, or no lookup at all)."""
+    direct: list[str] = []
+    elsewhere: list[str] = []
+    for sub in dependant.dependencies:
+        if sub.call is get_current_owner:
+            (direct if sub.name else elsewhere).append(sub.name or "dependencies=[...]")
+        elif owner_parameters(sub) != ([], []):
+            elsewhere.append(f"inside {getattr(sub.call, '__name__', sub.call)}")
+    return direct, elsewhere
 
 
 def api_routes(routes: Iterable[BaseRoute]) -> Iterator[APIRoute]:
@@ -86,23 +96,24 @@ def api_routes(routes: Iterable[BaseRoute]) -> Iterator[APIRoute]:
 
 
 def check_owner_routes(app: FastAPI) -> None:
-    """Refuse to build an app where a route takes `CurrentOwner` but would receive the
-    unresolved PendingOwner (its router lacks ``route_class=OwnerLookupRoute``)."""
-    wrong = [
-        f"{sorted(route.methods or ())} {route.path}"
-        for route in api_routes(app.routes)
-        if takes_owner(route.dependant) and not isinstance(route, OwnerLookupRoute)
-    ]
+    """Refuse to build an app where a route's `CurrentOwner` would not be looked up: its
+    router lacks ``route_class=OwnerLookupRoute``, or the owner is depended on anywhere but as
+    a parameter of the endpoint itself (the only place the route class resolves it)."""
+    wrong = []
+    for route in api_routes(app.routes):
+        direct, elsewhere = owner_parameters(route.dependant)
+        where = f"{sorted(route.methods or ())} {route.path}"
+        if elsewhere:
+            wrong.append(f"{where} ({', '.join(elsewhere)}: take `owner: CurrentOwner` instead)")
+        elif direct and not isinstance(route, OwnerLookupRoute):
+            wrong.append(f"{where} (give its APIRouter route_class=OwnerLookupRoute)")
     if wrong:
-        raise RuntimeError(
-            f"routes take CurrentOwner but are not OwnerLookupRoute: {', '.join(wrong)}; "
-            "give their APIRouter route_class=OwnerLookupRoute"
-        )
+        raise RuntimeError(f"routes whose CurrentOwner would not be looked up: {'; '.join(wrong)}")
 
 
 async def token_refusal(request: Request) -> JSONResponse | None:
     """For a request about to get 422 before its route ran: the 401 its token earns (or 503
-    if the database is down), so a bad token is never answered with a validation error.
+    if the database is down), so a bad token is not answered with a field-by-field 422.
     None when the token is good or was already looked up."""
     pending: PendingOwner | None = getattr(request.state, "pending_owner", None)
     if pending is None or pending.owner is not None:

@@ -10,13 +10,22 @@ import asyncio
 from collections.abc import Callable
 
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 
 PROBE_TIMEOUT_S = 1.5
 
 
 def ping_database(engine: Engine) -> None:
-    with engine.connect() as conn:
-        conn.execute(text("SELECT 1"))
+    """SELECT 1; once more on a new connection when the pooled one was dropped (the API's
+    pool has no pre-ping: after a database restart the first use of each finds it dead)."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
 
 
 def ping_broker(url: str) -> None:

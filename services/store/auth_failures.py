@@ -5,7 +5,8 @@
 The API's limiter (services/api/auth_failures.py) answers from memory on every request; it
 writes here only when a token check fails, and reads back the address's failures from every
 process, so N API processes (uvicorn workers, replicas) allow an address about `keep` failures
-per window in all, not N x `keep`. Rows older than the window are deleted as new ones come.
+per window in all, not N x `keep`. Each write deletes every row older than the window (of any
+address), so the table holds one window of failures at most.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def record_failure(
     ``keep`` failures within the window (this one included, newest first). Does not commit."""
     now = now or utcnow()
     since = now - timedelta(seconds=window_s)
-    session.execute(delete(AuthFailure).where(AuthFailure.address == address, AuthFailure.at <= since))
+    session.execute(delete(AuthFailure).where(AuthFailure.at <= since))
     session.add(AuthFailure(address=address, at=now))
     session.flush()
     recent = session.scalars(

@@ -193,11 +193,14 @@ class Checkpoint(Base):
 
 
 class AuthFailure(Base):
-    """One failed token check by a client address, kept for the failure window: every API
+    """One failed token check by a client address, kept for one failure window: every API
     process records its failures here, so the per-address limit counts them all."""
 
     __tablename__ = "auth_failures"
-    __table_args__ = (Index("ix_auth_failures_address_at", "address", "at"),)
+    __table_args__ = (
+        Index("ix_auth_failures_address_at", "address", "at"),
+        Index("ix_auth_failures_at", "at"),  # each write deletes what left the window
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     address: Mapped[str] = mapped_column(String(100))

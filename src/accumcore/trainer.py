@@ -61,15 +61,15 @@ class Trainer:
         scheduler: stepped once per optimizer step (not per micro-batch).
         precision: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast + GradScaler).
         grad_clip_norm: clip the total gradient norm to this value (after fp16 unscaling).
-        grad_norm: report the pre-clip total gradient norm (metric ``grad_norm``) every
-            optimizer step. It costs one pass over all gradients per step; with ``False``
-            and no ``grad_clip_norm`` that pass is skipped and the metric is absent.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         callbacks: ``accumcore.Callback`` instances.
         count_items: ``fn(inputs, targets) -> int`` overriding the default item count.
         ignore_index: integer targets equal to this are not items (and not scored).
         checkpoint_every: write ``checkpoint_dir/<step>.pt`` every this many optimizer steps.
         checkpoint_dir: where checkpoints go; also written at the end of ``fit``.
+        grad_norm: report the pre-clip total gradient norm (metric ``grad_norm``) every
+            optimizer step. It costs one pass over all gradients per step; with ``False``
+            and no ``grad_clip_norm`` that pass is skipped and the metric is absent.
 
     Raises:
         ValueError: for a loss that cannot be item-weighted, or invalid settings.
@@ -85,12 +85,12 @@ class Trainer:
         precision: str = "fp32",
         grad_clip_norm: float | None = None,
         device: str | torch.device = "cpu",
-        grad_norm: bool = True,
         callbacks: Iterable[Callback] = (),
         count_items: Callable[[Any, Any], int | torch.Tensor] | None = None,
         ignore_index: int = -100,
         checkpoint_every: int | None = None,
         checkpoint_dir: str | Path | None = None,
+        grad_norm: bool = True,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)

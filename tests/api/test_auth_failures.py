@@ -77,3 +77,15 @@ def test_a_shared_log_that_fails_leaves_the_count_to_this_process() -> None:
     assert limiter.retry_after("a") is None
     limiter.record_failure("a")
     assert limiter.retry_after("a") == 60
+
+
+def test_a_stale_shared_view_does_not_undo_a_fuller_one() -> None:
+    """Two failures of one process race: the later-recorded one may answer with an older,
+    shorter view of the shared log; the count must not go down."""
+    views = iter([[0.0, 1.0], [0.0]])  # the second answer missed the first failure
+    limiter = AuthFailureLimiter(3, 60.0, Clock(), shared=lambda address: next(views))
+
+    limiter.record_failure("a")
+    limiter.record_failure("a")
+
+    assert limiter.retry_after("a") == 59  # 3 counted (the oldest 1 s old): blocked

@@ -3,18 +3,18 @@ for the pool's pre-ping: what that must not change for a client, on both backend
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from services.api.deps import CurrentOwner
+from services.api.deps import CurrentOwner, get_current_owner
 from services.api.main import create_app
-from services.api.owner_route import check_owner_routes
+from services.api.owner_route import OwnerLookupRoute, check_owner_routes
 from services.settings import Settings
 from services.store.models import Job
 
@@ -83,6 +83,35 @@ def test_a_route_that_takes_the_owner_must_look_it_up_in_its_own_thread(
         check_owner_routes(app)
 
 
+def owner_name(owner: CurrentOwner) -> str:
+    """A dependency that itself takes the owner (module level: annotations resolve here)."""
+    return owner.name
+
+
+@pytest.mark.parametrize("place", ["decorator", "sub_dependency"])
+def test_the_owner_may_only_be_an_endpoint_parameter(api_settings: Settings, place: str) -> None:
+    """`dependencies=[Depends(get_current_owner)]` would never look the token up (any
+    well-formed token would pass), a sub-dependency would get the PendingOwner: refused."""
+    app: FastAPI = create_app(api_settings, run_reaper=False)
+    router = APIRouter(route_class=OwnerLookupRoute)
+
+    if place == "decorator":
+
+        @router.get("/v1/guarded", dependencies=[Depends(get_current_owner)])
+        def guarded() -> str:
+            return "secret"
+    else:
+
+        @router.get("/v1/guarded")
+        def guarded(name: Annotated[str, Depends(owner_name)]) -> str:
+            return name
+
+    app.include_router(router)
+
+    with pytest.raises(RuntimeError, match=r"/v1/guarded .*take `owner: CurrentOwner` instead"):
+        check_owner_routes(app)
+
+
 @pytest.mark.parametrize("database_backend", ["postgresql"])  # SQLite connections are files
 def test_connections_the_database_dropped_cost_no_request(
     postgres_url: str, client: TestClient, alice: dict[str, str], spec: dict[str, Any]
@@ -90,8 +119,12 @@ def test_connections_the_database_dropped_cost_no_request(
     """The API's pool has no pre-ping: when PostgreSQL ends every pooled connection (a
     restart, an idle timeout, an operator), the token lookup meets a dead connection, the
     pool is renewed and the lookup tried again: the client sees only 2xx."""
-    for _ in range(8):  # fill the pool with several connections
-        assert client.get("/v1/jobs", headers=alice).status_code == 200
+    engine = client.app.state.engine  # type: ignore[attr-defined]
+    held = [engine.connect() for _ in range(4)]  # four connections at once: all pooled after
+    for connection in held:
+        connection.exec_driver_sql("SELECT 1")
+        connection.close()
+    assert engine.pool.checkedin() >= 4
     database = client.app.state.engine.url.database  # type: ignore[attr-defined]
     admin = create_engine(postgres_url, poolclass=NullPool)
     with admin.begin() as conn:

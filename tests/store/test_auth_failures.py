@@ -44,3 +44,17 @@ def test_only_the_newest_keep_come_back_and_old_rows_are_deleted(
     with session_factory() as session:
         stored = session.scalar(select(func.count()).select_from(AuthFailure))
     assert stored == 5, "rows out of the window must be deleted, not kept forever"
+
+
+def test_a_write_deletes_every_address_s_rows_that_left_the_window(
+    session_factory: sessionmaker[Session],
+) -> None:
+    """An attacker rotating addresses leaves no more than one window of rows behind."""
+    with session_factory.begin() as session:
+        for n, address in enumerate(["x1", "x2", "x3"]):
+            record_failure(session, address, 60, keep=5, now=at(n))
+        record_failure(session, "a", 60, keep=5, now=at(90))
+
+    with session_factory() as session:
+        left = set(session.scalars(select(AuthFailure.address)))
+    assert left == {"a"}

@@ -1,16 +1,19 @@
-"""API tokens over HTTP: list yours, make another, revoke one (a leaked one, or to log out).
+"""API tokens over HTTP: list yours, revoke one (a leaked one, or to log out); admins make them.
 
 The same scoping as jobs: an owner sees and revokes only its own tokens (another owner's
-prefix is 404, as if it did not exist); an admin sees and revokes everyone's. A token is
-never shown again after it is made: listings carry its 12-character prefix only, and a
-revoked token keeps its row (`revoked_at`) as an audit trail.
+prefix is 404, as if it did not exist); an admin sees and revokes everyone's. Only an admin
+makes tokens (for itself or for any owner, created if new): a leaked owner token could
+otherwise mint fresh ones and outlive its own revocation. A token is never shown again after
+it is made: listings carry its 12-character prefix only, and a revoked token keeps its row
+(`revoked_at`) as an audit trail.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from fastapi import APIRouter, Body, HTTPException, Path, Query, Response, status
+from pydantic import BaseModel, Field
 
 from services.api.deps import CurrentOwner, SessionDep
 from services.api.owner_route import OwnerLookupRoute
@@ -28,11 +31,19 @@ router = APIRouter(
 Prefix = Annotated[
     str,
     Path(
-        min_length=store_tokens.PREFIX_LENGTH,
-        max_length=store_tokens.PREFIX_LENGTH,
+        pattern=rf"^[A-Za-z0-9_-]{{{store_tokens.PREFIX_LENGTH}}}$",
         description="The token's 12-character prefix, as GET /v1/tokens lists it",
     ),
 ]
+
+
+class TokenRequest(BaseModel):
+    owner: str | None = Field(
+        None,
+        max_length=200,
+        pattern=r"\S",  # not blank
+        description="Whose token (created if new); default: yours",
+    )
 
 
 @router.get("", response_model=TokenList)
@@ -54,16 +65,35 @@ def list_tokens(
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)
-def create_token(*, session: SessionDep, owner: CurrentOwner, response: Response) -> TokenCreated:
-    """Another token for you; the answer is the only time it is shown."""
-    _, token = store_tokens.create_owner_with_token(session, owner.name)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=TokenCreated,
+    responses=problem_responses((403, "Only an admin makes tokens")),
+)
+def create_token(
+    *,
+    session: SessionDep,
+    owner: CurrentOwner,
+    response: Response,
+    request: Annotated[TokenRequest | None, Body()] = None,
+) -> TokenCreated:
+    """A new token for you or for `owner` (admins only); the answer is the only time it is
+    shown."""
+    if not owner.is_admin:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail="only an admin makes tokens (a leaked token must not mint new ones); ask "
+            "yours, or run `accum token create NAME` with database access",
+        )
+    name = (request.owner if request and request.owner else owner.name).strip()
+    _, token = store_tokens.create_owner_with_token(session, name)
     created_at = store_tokens.created_at(session, token)
     session.commit()
     assert created_at is not None  # written just above, in this transaction
     response.headers["Cache-Control"] = "no-store"  # the token must not sit in a cache
     prefix = token[: store_tokens.PREFIX_LENGTH]
-    return TokenCreated(owner=owner.name, prefix=prefix, created_at=created_at, token=token)
+    return TokenCreated(owner=name, prefix=prefix, created_at=created_at, token=token)
 
 
 @router.delete(

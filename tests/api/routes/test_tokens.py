@@ -1,5 +1,6 @@
-"""Tokens over HTTP (`/v1/tokens`): make another, list by prefix only, revoke one; an owner
-sees and revokes only its own, an admin everyone's; a revoked token is refused at once."""
+"""Tokens over HTTP (`/v1/tokens`): list by prefix only, revoke one; an owner sees and revokes
+only its own, an admin everyone's; only an admin makes tokens; a revoked token is refused at
+once."""
 
 from __future__ import annotations
 
@@ -10,8 +11,16 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_a_new_token_is_shown_once_and_works(client: TestClient, alice: dict[str, str]) -> None:
-    created = client.post("/v1/tokens", headers=alice)
+def make_token(client: TestClient, admin: dict[str, str], owner: str) -> str:
+    created = client.post("/v1/tokens", headers=admin, json={"owner": owner})
+    assert created.status_code == 201, created.text
+    return str(created.json()["token"])
+
+
+def test_an_admin_makes_a_token_shown_once_that_works(
+    client: TestClient, alice: dict[str, str], admin: dict[str, str]
+) -> None:
+    created = client.post("/v1/tokens", headers=admin, json={"owner": "alice"})
 
     assert created.status_code == 201
     assert created.headers["cache-control"] == "no-store"
@@ -22,6 +31,24 @@ def test_a_new_token_is_shown_once_and_works(client: TestClient, alice: dict[str
     listing = client.get("/v1/tokens", headers=alice)
     assert token[:12] in {t["prefix"] for t in listing.json()["items"]}
     assert token[12:] not in listing.text, "a listing must never carry a whole token"
+    own = client.post("/v1/tokens", headers=admin)  # no body: the admin's own
+    assert own.status_code == 201 and own.json()["owner"] == "root"
+    new_owner = client.post("/v1/tokens", headers=admin, json={"owner": "carol"})
+    assert client.get("/v1/me", headers=bearer(new_owner.json()["token"])).json() == {
+        "name": "carol", "is_admin": False,
+    }
+
+
+def test_an_owner_cannot_mint_tokens_so_a_leaked_one_cannot_outlive_its_revocation(
+    client: TestClient, alice: dict[str, str]
+) -> None:
+    before = client.get("/v1/tokens", headers=alice).json()["items"]
+    refused = client.post("/v1/tokens", headers=alice)
+    blank = client.post("/v1/tokens", headers=alice, json={"owner": "  "})
+
+    assert refused.status_code == 403 and "accum token create" in refused.json()["detail"]
+    assert blank.status_code == 422 and blank.json()["errors"][0]["loc"] == "body.owner"
+    assert client.get("/v1/tokens", headers=alice).json()["items"] == before
 
 
 def test_owners_list_their_own_tokens_and_admins_everyones(
@@ -36,9 +63,9 @@ def test_owners_list_their_own_tokens_and_admins_everyones(
 
 
 def test_revoking_by_prefix_refuses_the_token_at_once_and_keeps_it_listed_as_revoked(
-    client: TestClient, alice: dict[str, str]
+    client: TestClient, alice: dict[str, str], admin: dict[str, str]
 ) -> None:
-    token = client.post("/v1/tokens", headers=alice).json()["token"]
+    token = make_token(client, admin, "alice")
 
     assert client.delete(f"/v1/tokens/{token[:12]}", headers=alice).status_code == 204
 
@@ -63,7 +90,7 @@ def test_revoking_the_token_in_use_logs_out(client: TestClient, alice: dict[str,
 def test_another_owners_token_does_not_exist_for_you_but_an_admin_can_revoke_it(
     client: TestClient, alice: dict[str, str], bob: dict[str, str], admin: dict[str, str]
 ) -> None:
-    token = client.post("/v1/tokens", headers=alice).json()["token"]
+    token = make_token(client, admin, "alice")
     prefix = token[:12]
 
     by_bob = client.delete(f"/v1/tokens/{prefix}", headers=bob)
@@ -78,11 +105,11 @@ def test_another_owners_token_does_not_exist_for_you_but_an_admin_can_revoke_it(
     assert client.get("/v1/me", headers=bearer(token)).status_code == 401
 
 
-def test_a_whole_token_or_a_short_prefix_in_the_path_is_refused(
-    client: TestClient, alice: dict[str, str]
+def test_a_whole_token_or_a_malformed_prefix_in_the_path_is_refused(
+    client: TestClient, alice: dict[str, str], admin: dict[str, str]
 ) -> None:
-    token = client.post("/v1/tokens", headers=alice).json()["token"]
-    for value in (token, "accum_"):
+    token = make_token(client, admin, "alice")
+    for value in (token, "accum_", token[:11] + "%20"):
         response = client.delete(f"/v1/tokens/{value}", headers=alice)
 
         assert response.status_code == 422, response.text

@@ -1,5 +1,6 @@
-// Your API tokens: prefixes only (a token is shown once, when it is made), a new one, revoke
-// one. Revoking the token this browser uses logs it out. Admins see everyone's.
+// Your API tokens: prefixes only (a token is shown once, when it is made), revoke one.
+// Revoking the token this browser uses logs it out. Admins see everyone's and make new ones
+// (for themselves or any owner): a leaked owner token cannot mint more.
 
 import { api, tokenStore } from "../api.js";
 import { clear, el, errorBox } from "../dom.js";
@@ -13,8 +14,10 @@ export async function render({ root, signal, me }) {
   const body = el("tbody");
   const columns = [me?.is_admin && "Owner", "Prefix", "Created", ""].filter((c) => c !== false);
   const make = el("button", { type: "button", class: "primary", id: "make-token" }, "New token");
+  const forOwner = el("input", { id: "token-owner", placeholder: `owner (default: ${me?.name ?? "you"})`, "aria-label": "owner of the new token" });
   root.append(
-    el("div", { class: "toolbar" }, el("h1", {}, "Tokens"), el("span", { class: "spacer" }), make),
+    el("div", { class: "toolbar" }, el("h1", {}, "Tokens"), el("span", { class: "spacer" }),
+      me?.is_admin && forOwner, me?.is_admin && make),
     el("p", { class: "muted small" },
       "A token is shown once, when it is made. Revoke one you no longer use, or one that leaked: " +
       "it is refused from the next request."),
@@ -57,9 +60,10 @@ export async function render({ root, signal, me }) {
 
   make.addEventListener("click", async () => {
     try {
-      const created = await api("v1/tokens", { method: "POST", signal });
+      const owner = forOwner.value.trim();
+      const created = await api("v1/tokens", { method: "POST", body: owner ? { owner } : {}, signal });
       clear(shown, el("div", { class: "notice" },
-        el("p", {}, "Your new token, shown this once: copy it now."),
+        el("p", {}, `New token for ${created.owner}, shown this once: copy it now.`),
         el("code", { class: "mono", id: "new-token-value" }, created.token)));
       await refresh();
     } catch (error) {
