@@ -69,7 +69,7 @@ def list_tokens(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=TokenCreated,
-    responses=problem_responses((403, "Only an admin makes tokens")),
+    responses=problem_responses(400, (403, "Only an admin makes tokens"), 413),
 )
 def create_token(
     *,
