@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import HTTPException, status
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from services.store.db import retry_if_dropped
 from services.store.models import Owner
 from services.store.tokens import authenticate
 
@@ -52,13 +52,7 @@ def resolve_owner(token: str, session: Session) -> Owner:
     invalidated the pool's older connections and the lookup runs once more on a new one.
     A database that is really down fails again, and the request gets 503.
     """
-    try:
-        owner = authenticate(session, token)
-    except DBAPIError as exc:
-        if not exc.connection_invalidated:
-            raise
-        session.rollback()
-        owner = authenticate(session, token)
+    owner = retry_if_dropped(lambda: authenticate(session, token), before_retry=session.rollback)
     if owner is None:
         raise unauthorized(
             "invalid, unknown or revoked token; create one with `accum token create NAME`"

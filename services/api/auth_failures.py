@@ -30,6 +30,7 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from services.store import auth_failures as store_auth_failures
+from services.store.db import first_line
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class AuthFailureLimiter:
             return self._shared(address)
         except Exception as exc:  # a database outage must not turn a 401 into an error
             log.warning("failed token check from %s not shared (%s): counted in this process only",
-                        address, (str(exc).strip().splitlines() or [""])[0][:200])
+                        address, first_line(exc))
             return None
 
 

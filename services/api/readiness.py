@@ -10,7 +10,8 @@ import asyncio
 from collections.abc import Callable
 
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import DBAPIError
+
+from services.store.db import first_line, retry_if_dropped
 
 PROBE_TIMEOUT_S = 1.5
 
@@ -18,14 +19,12 @@ PROBE_TIMEOUT_S = 1.5
 def ping_database(engine: Engine) -> None:
     """SELECT 1; once more on a new connection when the pooled one was dropped (the API's
     pool has no pre-ping: after a database restart the first use of each finds it dead)."""
-    try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except DBAPIError as exc:
-        if not exc.connection_invalidated:
-            raise
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+    retry_if_dropped(lambda: _select_one(engine))
+
+
+def _select_one(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
 
 
 def ping_broker(url: str) -> None:
@@ -54,6 +53,5 @@ async def probe(check: Callable[[], None], timeout_s: float = PROBE_TIMEOUT_S) -
     except TimeoutError:
         return f"no answer within {timeout_s:g}s"
     except Exception as exc:  # any failure means "not ready"; the reason goes to the caller
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        return f"{type(exc).__name__}: {first_line}"[:300]
+        return f"{type(exc).__name__}: {first_line(exc, 300)}"[:300]
     return None

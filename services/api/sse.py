@@ -164,6 +164,7 @@ class _SharedPoll:
 _shared: dict[tuple[int, str], _SharedPoll] = {}
 _job_locks: dict[tuple[int, str], threading.Lock] = {}
 _registry_lock = threading.Lock()
+_swept_at_tick = -1  # the registry is swept once per tick, not after every stream's poll
 
 
 def _sent_so_far(state: StreamState) -> tuple[Any, ...]:
@@ -172,7 +173,8 @@ def _sent_so_far(state: StreamState) -> tuple[Any, ...]:
 
 
 def _copy_state(source: StreamState, target: StreamState) -> None:
-    for name in ("last_event_id", "names_checked_at", "attempts", "job_snapshot"):
+    """Every field of ``source`` into ``target`` (the metric steps as a copy of their own)."""
+    for name in (f.name for f in dataclasses.fields(StreamState)):
         setattr(target, name, getattr(source, name))
     target.metric_steps = dict(source.metric_steps)
 
@@ -193,10 +195,13 @@ def shared_poll(
         kept = StreamState()
         _copy_state(state, kept)
         _shared[job_key] = _SharedPoll(tick, key, messages, finished, kept)
+    global _swept_at_tick
     with _registry_lock:  # forget jobs nobody polled lately
-        for old in [k for k, v in _shared.items() if v.tick < tick - 2]:
-            del _shared[old]
-            _job_locks.pop(old, None)
+        if _swept_at_tick != tick:
+            _swept_at_tick = tick
+            for old in [k for k, v in _shared.items() if v.tick < tick - 2]:
+                del _shared[old]
+                _job_locks.pop(old, None)
     return messages, finished
 
 

@@ -13,11 +13,11 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from services.api.problems import Problem
-from services.store.db import database_unreachable
+from services.store.db import database_unreachable, first_line
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,9 @@ async def _on_database_error(request: Request, exc: Exception) -> JSONResponse:
 
 def database_unavailable_response(request: Request, exc: Exception) -> JSONResponse:
     """The 503 for a database that cannot be reached (`database_unreachable(exc)`)."""
-    first_line = (str(exc).strip().splitlines() or [""])[0][:200]
-    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, first_line)
+    log.warning(
+        "database unavailable on %s %s: %s", request.method, request.url.path, first_line(exc)
+    )
     return Problem(
         503,
         "Database Unavailable",
@@ -44,7 +45,8 @@ def database_unavailable_response(request: Request, exc: Exception) -> JSONRespo
 
 
 def install_database_unavailable_handler(app: FastAPI) -> None:
-    # DBAPIError too: a dropped connection may surface as another subclass, flagged
-    # connection_invalidated. DataError keeps its own, more specific handler (400).
-    for error in (OperationalError, InterfaceError, DBAPIError, PoolTimeout):
+    # DBAPIError covers OperationalError, InterfaceError and a dropped connection surfacing as
+    # another subclass (flagged connection_invalidated); handlers are found by the exception's
+    # class hierarchy, so DataError keeps its own, more specific handler (400).
+    for error in (DBAPIError, PoolTimeout):
         app.add_exception_handler(error, _on_database_error)

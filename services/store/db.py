@@ -14,8 +14,9 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -24,6 +25,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.settings import Settings
+
+T = TypeVar("T")
 
 # A request made while PostgreSQL is down must fail fast (the API answers 503), not hang on
 # a connect to a host that does not answer. libpq's minimum is 2 s; a refused connection (the
@@ -44,6 +47,27 @@ def database_unreachable(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     return isinstance(exc, OperationalError | InterfaceError | PoolTimeout)
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an error's message, cut to ``limit``: what a log line or a 503 quotes
+    (a driver's message can run to a dozen lines of context)."""
+    return (str(exc).strip().splitlines() or [""])[0][:limit]
+
+
+def retry_if_dropped(statement: Callable[[], T], before_retry: Callable[[], None] | None = None) -> T:
+    """Run ``statement``; once more when its connection turned out to be one the database
+    dropped (a restart, an idle timeout: the engine then renews the pool's older connections).
+    For a caller's first statement, which is safe to repeat, on an engine without pre-ping.
+    A database that is really down fails again."""
+    try:
+        return statement()
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        if before_retry is not None:
+            before_retry()
+        return statement()
 
 
 def make_engine(

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 
 FLUSH_EVERY_STEPS = 200
 FLUSH_EVERY_S = 1.0
-# How long synchronous writes wait out a database outage when no heartbeat says otherwise
-# (the default lease timeout: past that, another worker may own the job).
+# How long synchronous writes wait out a database outage when the caller gives neither a
+# heartbeat nor retry_for_s (tests): the default lease timeout.
 RETRY_WRITES_FOR_S = 60.0
 
 
@@ -56,6 +56,8 @@ class StoreCallback(Callback):
         total_steps: optimizer steps of the whole run (for ``progress``).
         keep_checkpoints: retention count (the best by val_loss is kept on top of these).
         heartbeat: its flags answer ``should_stop`` (cancel requested, lease lost).
+        retry_for_s: how long synchronous writes wait out a database outage (default: the
+            heartbeat's lease timeout; past it, another worker may own the job).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class StoreCallback(Callback):
         heartbeat: Heartbeat | None = None,
         flush_every_steps: int = FLUSH_EVERY_STEPS,
         flush_every_s: float = FLUSH_EVERY_S,
+        retry_for_s: float | None = None,
     ) -> None:
         self.sessions = sessions
         self.job_id, self.attempt, self.worker_id = job_id, attempt, worker_id
@@ -92,7 +95,9 @@ class StoreCallback(Callback):
         self._stopped = threading.Event()
         self._writer: threading.Thread | None = None
         self.flushes = 0
-        self.retry_for_s = heartbeat.lease_timeout_s if heartbeat is not None else RETRY_WRITES_FOR_S
+        if retry_for_s is None:
+            retry_for_s = heartbeat.lease_timeout_s if heartbeat is not None else RETRY_WRITES_FOR_S
+        self.retry_for_s = retry_for_s
         # (step, epoch) of the latest optimizer step: a checkpoint's row gets the 0-based epoch
         # its step belongs to, as metrics do. The trainer's own progress counter has already
         # moved on to the next epoch when it saves at an epoch's end (that is where a resume

@@ -33,24 +33,23 @@ def orphans(directory: Path, listed_steps: Iterable[int]) -> list[Path]:
 def remove_orphans(directory: Path, listed_steps: Iterable[int]) -> list[Path]:
     """Delete ``orphans(directory, listed_steps)``; returns them. A file that cannot be
     deleted (read-only disk) is logged and kept: it only wastes space."""
-    removed = []
-    for path in orphans(directory, listed_steps):
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning("could not remove orphan checkpoint file %s: %s", path, exc)
-            continue
-        removed.append(path)
+    removed = remove_files(orphans(directory, listed_steps))
     if removed:
         log.info("removed %d checkpoint files no row lists: %s", len(removed),
                  ", ".join(p.name for p in removed))
     return removed
 
 
-def remove_files(paths: Iterable[Path]) -> None:
-    """Delete pruned checkpoint files (after their rows' deletion committed)."""
+def remove_files(paths: Iterable[Path]) -> list[Path]:
+    """Delete checkpoint files (pruned ones after their rows' deletion committed, orphans);
+    returns those deleted. One that cannot be deleted is logged and kept: the next attempt's
+    ``remove_orphans`` tries again."""
+    removed = []
     for path in paths:
         try:
             path.unlink(missing_ok=True)
-        except OSError as exc:  # the next attempt's remove_orphans tries again
-            log.warning("could not remove pruned checkpoint %s: %s", path, exc)
+        except OSError as exc:
+            log.warning("could not remove checkpoint file %s: %s", path, exc)
+            continue
+        removed.append(path)
+    return removed

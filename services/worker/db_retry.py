@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from services.store.db import database_unreachable
+from services.store.db import database_unreachable, first_line
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def retry_while_unreachable(
             failures += 1
             if failures == 1:
                 log.warning("%s: database unreachable (%s); retrying for up to %.0fs", what,
-                            (str(exc).strip().splitlines() or [""])[0][:200], for_s)
+                            first_line(exc), for_s)
             time.sleep(delay)
             delay = min(delay * 2, MAX_DELAY_S)
             continue

@@ -116,6 +116,7 @@ def _rank_main(
             store_callback = StoreCallback(
                 session_factory(settings), attempt.job_id, attempt.attempt, attempt.worker_id,
                 total_steps=0, keep_checkpoints=spec.keep_checkpoints,
+                retry_for_s=settings.lease_timeout_s,  # rank 0 has no heartbeat of its own
             )
             callbacks.append(store_callback)
         run = build_run(

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from accumcore import load_checkpoint, save_checkpoint
+from accumcore import load_checkpoint
 from accumcore.checkpoint import CheckpointWriteError
 from services.spec import JobSpec
 from services.worker.build import build_run
@@ -38,26 +37,13 @@ def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heart
         history = run.trainer.fit(run.train_loader, **run.fit_kwargs)
         status = outcome(history.stopped, heartbeat)
         if status == HANDED_BACK:
-            checkpoint_where_stopped(run.trainer, callback, checkpoint_dir, history)
+            run.trainer.checkpoint()  # where it stopped: the store callback records it
     except CheckpointWriteError as exc:
         message = f"{exc.strerror or exc}; then `accum resume {attempt.job_id}` continues from there"
         raise CheckpointWriteError.of(exc.errno, message) from exc
     finally:
         callback.close()  # on_fit_end did it, unless fit raised: stop the writer thread
     return status
-
-
-def checkpoint_where_stopped(trainer: Any, callback: StoreCallback, checkpoint_dir: Path,
-                             history: Any) -> None:
-    """Checkpoint the last finished window of a stopped run (the window it stopped in is
-    dropped; ``state_dict`` is that boundary's), unless that step already has its file."""
-    step = trainer.global_step
-    written = {info.step for info in history.checkpoints}
-    if step == 0 or step in written or (checkpoint_dir / f"{step}.pt").exists():
-        return  # nothing trained yet, or resuming from this step's file changes nothing
-    last = history.steps[-1] if history.steps else None
-    info = save_checkpoint(trainer.state_dict(), checkpoint_dir / f"{step}.pt", metrics=last)
-    callback.on_checkpoint(trainer, info)
 
 
 def outcome(stopped: bool, heartbeat: Heartbeat) -> str | None:

@@ -341,6 +341,17 @@ class Trainer:
                 {"accumulation_steps": self.schedule.max_steps},
             )
 
+    def checkpoint(self) -> CheckpointInfo | None:
+        """Write ``checkpoint_dir/<step>.pt`` of the last window boundary now, e.g. after a
+        ``fit`` that ``should_stop`` ended (the window it stopped in is dropped: ``state_dict``
+        is that boundary's). Nothing when no step was trained yet, or this step already has
+        its checkpoint (written by ``fit`` or the one it resumed from); None on other ranks."""
+        if self.checkpoint_dir is None:
+            raise ValueError("checkpoint() needs checkpoint_dir: pass Trainer(checkpoint_dir=...)")
+        if self.global_step == 0 or self._last_checkpoint_step == self.global_step:
+            return None
+        return self._write_checkpoint()
+
     def _write_checkpoint(self) -> CheckpointInfo | None:
         assert self.checkpoint_dir is not None
         self._last_checkpoint_step = self.global_step

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.store import leases
@@ -19,6 +20,12 @@ MINIMAL_SPEC: dict[str, Any] = {
 }
 
 PROBLEM_JSON = "application/problem+json"
+
+
+def jobs_stored(session_factory: sessionmaker[Session]) -> int:
+    """How many job rows the store holds (a refused request must not add any)."""
+    with session_factory() as session:
+        return int(session.scalar(select(func.count()).select_from(Job)) or 0)
 
 
 def field_error(response: Any, loc: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import pytest
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -16,14 +16,10 @@ from services.api.deps import CurrentOwner, get_current_owner
 from services.api.main import create_app
 from services.api.owner_route import OwnerLookupRoute, check_owner_routes
 from services.settings import Settings
-from services.store.models import Job
+
+from .helpers import jobs_stored
 
 WRONG = {"Authorization": "Bearer accum_not-a-real-token"}
-
-
-def jobs_stored(session_factory: sessionmaker[Session]) -> int:
-    with session_factory() as session:
-        return int(session.scalar(select(func.count()).select_from(Job)) or 0)
 
 
 @pytest.mark.parametrize(

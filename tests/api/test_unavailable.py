@@ -6,11 +6,11 @@ error that is not an outage (a constraint, a bug) stays a 500 with an error id.
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from ports import free_port
 from sqlalchemy.exc import IntegrityError
 
 from services.api.main import create_app
@@ -21,14 +21,8 @@ from .helpers import MINIMAL_SPEC
 HEADERS = {"Authorization": "Bearer accum_" + "x" * 43}
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_requests_while_the_database_is_down_get_503_with_retry_after(tmp_path: Path) -> None:
-    down = Settings(home=tmp_path, database_url=f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/accum")
+    down = Settings(home=tmp_path, database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/accum")  # nothing listens
     with TestClient(create_app(down, run_reaper=False), raise_server_exceptions=False) as client:
         for method, path, body in [("GET", "/v1/jobs", None), ("POST", "/v1/jobs", MINIMAL_SPEC),
                                    ("GET", "/v1/jobs/0123456789abcdefghjkmnpqrs", None),

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from quick_bench import run_quick_bench
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_load_bench_quick_run_reports_every_figure(
     postgres_server_url: str, redis_url: str, tmp_path: Path

@@ -23,25 +23,20 @@ from typing import Any
 
 import pytest
 from api.conftest import alice, api_settings, bob, broker_messages, spec  # noqa: F401  (fixtures)
+from api.helpers import PROBLEM_JSON, jobs_stored
 from api_process import running_api
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.main import create_app
 from services.settings import Settings
-from services.store.models import Job, Owner
+from services.store.models import Owner
 from services.store.quotas import count_active_jobs
 
-PROBLEM_JSON = "application/problem+json"
 CAP = 5
 CONCURRENT_SUBMITS = 24
 TEN_MB = 10 * 1000 * 1000
-
-
-def jobs_stored(session_factory: sessionmaker[Session]) -> int:
-    with session_factory() as session:
-        return int(session.scalar(select(func.count()).select_from(Job)) or 0)
 
 
 def capped_client(api_settings: Settings, **limits: Any) -> TestClient:  # noqa: F811

@@ -5,22 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import job_specs
 from fastapi.testclient import TestClient
 
 from services.settings import Settings
 from services.worker.runner import run_job
 
 # Three optimizer steps with a checkpoint after each: a second or two of CPU.
-TINY_SPEC: dict[str, Any] = {
-    "model": "mlp",
-    "dataset": "digits",
-    "micro_batch_size": 16,
-    "accumulation_steps": 2,
-    "max_steps": 3,
-    "checkpoint_every": 1,
-    "optimizer": {"name": "sgd", "lr": 0.1},
-    "gpus": 0,
-}
+TINY_SPEC: dict[str, Any] = {**job_specs.TINY_SPEC, "checkpoint_every": 1}
 
 
 def train_job(

@@ -8,22 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_specs import TINY_SPEC
 
 from services.settings import Settings
 from services.store import jobs, tokens
 from services.store.migrate import upgrade
 from services.worker.db import session_factory
 from services.worker.enqueue import reset_enqueue_cache
-
-TINY_SPEC: dict[str, Any] = {
-    "model": "mlp",
-    "dataset": "digits",
-    "micro_batch_size": 16,
-    "accumulation_steps": 2,
-    "max_steps": 3,
-    "optimizer": {"name": "sgd", "lr": 0.1},
-    "gpus": 0,
-}
 
 
 @pytest.fixture

@@ -6,22 +6,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from job_specs import TINY_SPEC
 
 from services.settings import Settings
 from services.store import checkpoints, events, jobs, metrics
 from services.worker import training
 from services.worker.db import session_factory
 from services.worker.runner import run_job
-
-TINY_SPEC: dict[str, Any] = {
-    "model": "mlp",
-    "dataset": "digits",
-    "micro_batch_size": 16,
-    "accumulation_steps": 2,
-    "max_steps": 3,
-    "optimizer": {"name": "sgd", "lr": 0.1},
-    "gpus": 0,
-}
 
 
 def load(settings: Settings, job_id: str) -> Any:
