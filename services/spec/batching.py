@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from math import ceil
 
-from services.spec import catalog_names
+from services.catalog import configured_dataset
 from services.spec.job import AUTO, JobSpec
 
 
@@ -49,7 +49,7 @@ def effective_batch_size(spec: JobSpec, epoch: int = 0) -> int:
 def steps_per_epoch(spec: JobSpec, epoch: int, train_size: int | None = None) -> int:
     """Optimizer steps in `epoch`, counting the short last window."""
     size = (
-        catalog_names.train_size(spec.dataset.name, spec.dataset.options)
+        configured_dataset(spec.dataset.name, spec.dataset.options).train_size
         if train_size is None
         else train_size
     )

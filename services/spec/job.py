@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from services.spec import catalog_names
+from services.catalog import check_compatible, compatible_datasets
 from services.spec.errors import one_of, spec_error
 from services.spec.fields import SPEC_CONFIG, Bool, NonNegativeInt, PositiveFloat, PositiveInt
 from services.spec.parts import Optimizer, Scheduler, SchedulerSpec
@@ -192,11 +192,11 @@ class JobSpec(BaseModel):
         model = info.data.get("model")
         if model is None:  # the model failed validation and has its own error
             return dataset
-        reason = catalog_names.incompatibility(model.name, dataset.name)
+        reason = check_compatible(model.name, dataset.name)
         if reason is None:
             return dataset
         # The catalog's reason already names the datasets and models that would work.
-        raise spec_error("incompatible", reason, catalog_names.compatible_datasets(model.name))
+        raise spec_error("incompatible", reason, compatible_datasets(model.name))
 
     @field_validator("accumulation_steps")
     @classmethod

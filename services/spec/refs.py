@@ -7,8 +7,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, model_validator
 
-from accumcore import catalog
-from services.spec import catalog_names
+from services import catalog
 from services.spec.errors import not_allowed, spec_error
 from services.spec.fields import Bool
 
@@ -24,8 +23,9 @@ OPTION_MINIMUM = {"depth": 0}
 def _check_options(kind: str, name: str, options: Mapping[str, Any]) -> None:
     if not options:
         return
-    if reason := catalog_names.option_problem(kind, name, options):
-        raise spec_error("unknown_option", reason, catalog_names.declared_options(kind, name))
+    if reason := catalog.check_options(kind, name, options):
+        entry = catalog.MODELS[name] if kind == "model" else catalog.DATASETS[name]
+        raise spec_error("unknown_option", reason, list(entry.options))
     if kind == "dataset":
         # The catalog owns dataset option ranges (the same check `build_dataset` makes).
         try:
@@ -89,14 +89,15 @@ class DatasetRef(BaseModel):
         }
 
 
-def _named(kind: str, names: Callable[[], list[str]]) -> Callable[[Any], Any]:
-    """Accept `"mlp"` for `{"name": "mlp"}` and reject unknown names at the field itself."""
+def _named(kind: str, entries: Mapping[str, Any]) -> Callable[[Any], Any]:
+    """Accept `"mlp"` for `{"name": "mlp"}` and reject names not in the catalog's `entries`
+    at the field itself (read at validation time)."""
 
     def convert(value: Any) -> Any:
         if isinstance(value, str):
             value = {"name": value}
         if isinstance(value, Mapping) and isinstance(value.get("name"), str):
-            known = names()
+            known = sorted(entries)
             if value["name"] not in known:
                 raise not_allowed(kind, value["name"], known)
         return value
@@ -106,13 +107,9 @@ def _named(kind: str, names: Callable[[], list[str]]) -> Callable[[Any], Any]:
 
 Model = Annotated[
     ModelRef,
-    BeforeValidator(
-        _named("model", catalog_names.model_names), json_schema_input_type=str | ModelRef
-    ),
+    BeforeValidator(_named("model", catalog.MODELS), json_schema_input_type=str | ModelRef),
 ]
 Dataset = Annotated[
     DatasetRef,
-    BeforeValidator(
-        _named("dataset", catalog_names.dataset_names), json_schema_input_type=str | DatasetRef
-    ),
+    BeforeValidator(_named("dataset", catalog.DATASETS), json_schema_input_type=str | DatasetRef),
 ]

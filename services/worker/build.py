@@ -18,8 +18,8 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from accumcore import Callback, Trainer, fast_path
-from accumcore.catalog.build import DatasetBundle, build_dataset, build_loss, build_model
 from accumcore.data import make_loader
+from services.catalog.build import DatasetBundle, build_dataset, build_loss, build_model
 from services.spec import JobSpec, accumulation_at, effective_batch_size, world_size
 from services.spec import total_optimizer_steps as spec_total_steps
 

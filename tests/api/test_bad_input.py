@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from accumcore.catalog import DATASETS, MODELS
+from services.catalog import DATASETS, MODELS
 
 from .helpers import MINIMAL_SPEC, PROBLEM_JSON, field_error
 

@@ -13,8 +13,8 @@ from fastapi import FastAPI, HTTPException, Query
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from accumcore.catalog import DATASETS, MODELS
 from services.api.problems import PROBLEM_JSON, Problem, install_problem_handlers, invalid_body
+from services.catalog import DATASETS, MODELS
 from services.spec import JobSpec, parse_spec
 
 MINIMAL: dict[str, Any] = {

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from accumcore.catalog import DATASETS
+from services.catalog import DATASETS
 from services.spec import (
     accumulation_at,
     effective_batch_size,
@@ -112,7 +112,7 @@ def test_cpu_counts_as_one_process() -> None:
 
 
 def test_dataset_options_that_resize_the_epoch_are_honoured() -> None:
-    from accumcore.catalog.text_corpus import split
+    from services.catalog.text_corpus import split
 
     fake = spec(
         dataset={"name": "fake", "size": 37}, micro_batch_size=4, accumulation_steps=2, epochs=1
@@ -125,5 +125,5 @@ def test_dataset_options_that_resize_the_epoch_are_honoured() -> None:
         accumulation_steps=2,
         epochs=1,
     )
-    # The text dataset's training split is `split(max_len)[0]` (accumcore.catalog.datasets.text).
+    # The text dataset's training split is `split(max_len)[0]` (services.catalog.datasets.text).
     assert total_optimizer_steps(text) == simulated_steps(len(split(16)[0]), 4, {0: 2}, 1)

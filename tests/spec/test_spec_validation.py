@@ -1,6 +1,6 @@
 """JobSpec validation: every bad-input case of issue 3 fails at its field path, with the fix.
 
-The catalog (`accumcore.catalog`) is the oracle for names and compatibility, so the tests
+The catalog (`services.catalog`) is the oracle for names and compatibility, so the tests
 follow it rather than hard-coding its contents.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from accumcore.catalog import DATASETS, MODELS, check_compatible
+from services.catalog import DATASETS, MODELS, check_compatible
 from services.spec import JobSpec, parse_spec
 
 MINIMAL: dict[str, Any] = {

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from accumcore.catalog import datasets_listing, models_listing
 from services.api.deps import CurrentOwner
 from services.api.owner_route import OwnerLookupRoute
 from services.api.problem_docs import problem_responses
 from services.api.schemas import CatalogList
+from services.catalog import datasets_listing, models_listing
 
 router = APIRouter(
     route_class=OwnerLookupRoute,

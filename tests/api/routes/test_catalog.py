@@ -1,10 +1,10 @@
-"""The catalog over HTTP: every model and dataset of accumcore.catalog, with compatibility."""
+"""The catalog over HTTP: every model and dataset of services.catalog, with compatibility."""
 
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from accumcore.catalog import DATASETS, MODELS, check_compatible
+from services.catalog import DATASETS, MODELS, check_compatible
 
 
 def test_models_list_every_catalog_model_with_its_compatible_datasets(

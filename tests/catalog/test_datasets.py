@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from accumcore.catalog import DATASETS, configured_dataset
-from accumcore.catalog.build import DatasetUnavailable, build_dataset, build_loss, build_model
-from accumcore.catalog.text_corpus import PAD_ID, corpus_text, vocabulary
 from accumcore.data import make_loader
+from services.catalog import DATASETS, configured_dataset
+from services.catalog.build import DatasetUnavailable, build_dataset, build_loss, build_model
+from services.catalog.text_corpus import PAD_ID, corpus_text, vocabulary
 
 
 def test_digits_split_is_fixed_sized_and_independent_of_the_seed() -> None:

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from accumcore.catalog.build import build_dataset, build_loss, build_model
 from accumcore.data import make_loader
+from services.catalog.build import build_dataset, build_loss, build_model
 
 EFFECTIVE_BATCH = 16 * 4
 EPOCHS = 3

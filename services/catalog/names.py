@@ -1,8 +1,8 @@
 """Catalog of model and dataset names, torch-free.
 
 The API process validates job specs against these entries and must never import torch, so this
-module (and everything it imports) is plain Python. `accumcore.catalog.build` turns the names
-into real objects; `tests/accumcore/test_catalog_names.py` checks the two agree, and that the
+module (and everything it imports) is plain Python. `services.catalog.build` turns the names
+into real objects; `tests/catalog/test_names.py` checks the two agree, and that the
 torchvision list below equals `torchvision.models.list_models(module=torchvision.models)`.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from accumcore.catalog.text_corpus import TEXT_DEFAULT_MAX_LEN, corpus_stats
+from services.catalog.text_corpus import TEXT_DEFAULT_MAX_LEN, corpus_stats
 
 Task = Literal["classification", "language_modeling"]
 

@@ -29,7 +29,7 @@ class CorpusStats:
 
 @lru_cache(maxsize=1)
 def corpus_text() -> str:
-    return resources.files("accumcore.catalog").joinpath("data", CORPUS_FILE).read_text("utf-8")
+    return resources.files("services.catalog").joinpath("data", CORPUS_FILE).read_text("utf-8")
 
 
 @lru_cache(maxsize=1)

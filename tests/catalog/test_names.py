@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from accumcore.catalog import (
+from services.catalog import (
     DATASETS,
     MODELS,
     catalog_as_dict,
@@ -21,12 +21,12 @@ from accumcore.catalog import (
     require_dataset,
     require_model,
 )
-from accumcore.catalog.names import BUILTIN_MODELS, DIGITS_TOTAL, TORCHVISION_MODELS
+from services.catalog.names import BUILTIN_MODELS, DIGITS_TOTAL, TORCHVISION_MODELS
 
 
 def test_importing_the_catalog_does_not_import_torch_or_numpy() -> None:
     code = (
-        "import sys, accumcore.catalog as c; c.catalog_as_dict(); c.check_compatible('mlp', 'text');"
+        "import sys, services.catalog as c; c.catalog_as_dict(); c.check_compatible('mlp', 'text');"
         "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn') if m in sys.modules];"
         "assert not heavy, heavy"
     )
@@ -51,7 +51,7 @@ def test_digits_size_matches_scikit_learn() -> None:
     datasets = pytest.importorskip("sklearn.datasets")
     images, labels = datasets.load_digits(return_X_y=True)
     assert len(labels) == DIGITS_TOTAL
-    from accumcore.catalog.datasets import load_digits_arrays  # reads sklearn's file directly
+    from services.catalog.datasets import load_digits_arrays  # reads sklearn's file directly
 
     ours = load_digits_arrays()
     assert (ours[0] == images).all() and (ours[1] == labels).all()

@@ -5,7 +5,7 @@ shared CPU cores (the torchvision part costs about 40 s of CPU to build all 80 m
 35 s to step them; a step per dataset shape would triple the second figure):
 - datasets by input shape (digits 1x8x8; mnist and fashion_mnist 1x28x28; cifar10 and fake
   3x32x32); data-root datasets use random tensors of their shape here (and real files from
-  a tiny data root in test_catalog_datasets.py);
+  a tiny data root in test_datasets.py);
 - a torchvision model's build depends only on (num_classes, fed side), and its input adapter
   turns every group into the same (B, 3, side, side) batch: each group is checked through the
   adapter, and the whole model steps once on the group needing the most adapting (grayscale,
@@ -23,9 +23,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from accumcore.catalog import DATASETS, MODELS, compatible_datasets
-from accumcore.catalog.build import build_dataset, build_loss, build_model
-from accumcore.catalog.models import AdaptedImageModel, torchvision_input_side
+from services.catalog import DATASETS, MODELS, compatible_datasets
+from services.catalog.build import build_dataset, build_loss, build_model
+from services.catalog.models import AdaptedImageModel, torchvision_input_side
 
 BATCH = 2
 

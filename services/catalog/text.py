@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import Dataset
 
-from accumcore.catalog.text_corpus import PAD_ID, encode
+from services.catalog.text_corpus import PAD_ID, encode
 
 IGNORE_INDEX = -100
 

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from accumcore.catalog.names import DIGITS_VAL_SIZE, DatasetInfo
-from accumcore.catalog.text import CharSequences, pad_collate
-from accumcore.catalog.text_corpus import split
+from services.catalog.names import DIGITS_VAL_SIZE, DatasetInfo
+from services.catalog.text import CharSequences, pad_collate
+from services.catalog.text_corpus import split
 
 # The digits split never depends on the job's seed: every job validates on the same 360 images.
 DIGITS_SPLIT_SEED = 0

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from accumcore.catalog.names import ModelInfo
+from services.catalog.names import ModelInfo
 
 
 def torchvision_input_side(info: ModelInfo, image_size: int) -> int:

@@ -1,6 +1,6 @@
 """Build datasets, models and losses from catalog names (imports torch).
 
-    from accumcore.catalog.build import build_dataset, build_model, build_loss
+    from services.catalog.build import build_dataset, build_model, build_loss
     bundle = build_dataset("digits")
     model = build_model("small_cnn", bundle)
     loss_fn = build_loss(bundle)
@@ -18,18 +18,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from accumcore.catalog import (
+from services.catalog import (
     check_compatible,
     check_options,
     configured_dataset,
     require_dataset,
     require_model,
 )
-from accumcore.catalog import datasets as _datasets
-from accumcore.catalog import models as _models
-from accumcore.catalog.datasets import DatasetBundle, DatasetUnavailable, default_data_root
-from accumcore.catalog.names import DatasetInfo
-from accumcore.catalog.text import IGNORE_INDEX
+from services.catalog import datasets as _datasets
+from services.catalog import models as _models
+from services.catalog.datasets import DatasetBundle, DatasetUnavailable, default_data_root
+from services.catalog.names import DatasetInfo
+from services.catalog.text import IGNORE_INDEX
 
 __all__ = [
     "DatasetBundle",

@@ -1,11 +1,11 @@
 """Catalog of models and datasets by name: descriptions, sizes and compatibility, torch-free.
 
-    from accumcore.catalog import MODELS, DATASETS, check_compatible
+    from services.catalog import MODELS, DATASETS, check_compatible
     MODELS["resnet18"].description; DATASETS["digits"].train_size
     check_compatible("tiny_transformer", "digits")  # -> reason string, or None when compatible
 
 The API process imports this to validate specs and serve `GET /v1/catalog/...`; importing it
-must not import torch (tests check). Building the objects lives in `accumcore.catalog.build`.
+must not import torch (tests check). Building the objects lives in `services.catalog.build`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from accumcore.catalog.names import DATASETS, MODELS, DatasetInfo, ModelInfo, Task
-from accumcore.catalog.text_corpus import corpus_stats
+from services.catalog.names import DATASETS, MODELS, DatasetInfo, ModelInfo, Task
+from services.catalog.text_corpus import corpus_stats
 
 __all__ = [
     "DATASETS",
