@@ -18,17 +18,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.catalog import (
-    check_compatible,
-    check_options,
-    configured_dataset,
-    require_dataset,
-    require_model,
-)
 from services.catalog import datasets as _datasets
 from services.catalog import models as _models
 from services.catalog.datasets import DatasetBundle, DatasetUnavailable, default_data_root
-from services.catalog.names import DatasetInfo
+from services.catalog.names import (
+    DatasetInfo,
+    check_compatible,
+    configured_dataset,
+    configured_model,
+    require_dataset,
+    require_model,
+)
 from services.catalog.text import IGNORE_INDEX
 
 __all__ = [
@@ -79,16 +79,15 @@ def build_model(name: str, dataset: DatasetBundle | DatasetInfo | str, **options
     3 channels, small images upsampled to the model's minimum side); see `catalog.models`.
 
     Raises:
-        ValueError: unknown name or option, or a model incompatible with the dataset.
+        ValueError: unknown name, option or option value, or a model incompatible with the
+            dataset.
     """
     model_info = require_model(name)
     info = _dataset_info(dataset)
     reason = check_compatible(name, info.name)
     if reason:
         raise ValueError(reason)
-    reason = check_options("model", name, options)
-    if reason:
-        raise ValueError(reason)
+    configured_model(name, options)  # option names and ranges: what the spec checks at submit
     if model_info.source == "torchvision":
         assert info.image_size is not None
         return _models.build_torchvision(model_info, info.num_classes, info.image_size)

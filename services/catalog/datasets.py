@@ -66,26 +66,6 @@ class DatasetBundle:
     info: DatasetInfo  # reflects the options used (e.g. fake's image_size)
     collate_fn: Callable[[list[Any]], Any] | None = None  # None: the default collate
 
-    @property
-    def task(self) -> str:
-        return self.info.task
-
-    @property
-    def num_classes(self) -> int:
-        return self.info.num_classes
-
-    @property
-    def in_channels(self) -> int | None:
-        return self.info.channels
-
-    @property
-    def image_size(self) -> int | None:
-        return self.info.image_size
-
-    @property
-    def vocab_size(self) -> int | None:
-        return self.info.vocab_size
-
 
 class NormalisedImages(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """uint8 images (N, H, W) or (N, H, W, C) scaled to [0, 1] and normalised per channel on

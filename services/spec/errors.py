@@ -7,7 +7,7 @@ context carries only `allowed`, the list of valid values where there is a closed
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidatorFunctionWrapHandler, WrapValidator
@@ -30,17 +30,15 @@ def not_allowed(what: str, value: Any, allowed: Sequence[str]) -> PydanticCustom
     )
 
 
-def one_of(what: str, allowed: Sequence[str] | Callable[[], Sequence[str]]) -> WrapValidator:
+def one_of(what: str, allowed: Sequence[str]) -> WrapValidator:
     """Annotate a `str`/`Literal` field so a bad value fails with the list of allowed ones.
 
-    `allowed` may be a callable so catalog names are read at validation time, not import time.
     The wrapped type still drives the JSON schema (an enum for a Literal).
     """
 
     def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        names = list(allowed() if callable(allowed) else allowed)
-        if isinstance(value, str) and value in names:
+        if isinstance(value, str) and value in allowed:
             return value
-        raise not_allowed(what, value, names)
+        raise not_allowed(what, value, allowed)
 
     return WrapValidator(validate)

@@ -10,7 +10,6 @@ from pydantic import ConfigDict, Field, Strict
 # strings or booleans ("16" or true is a mistake in a spec, not a micro-batch size).
 SPEC_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-Int = Annotated[int, Strict()]
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
 NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
 Float = Annotated[float, Strict()]  # strict floats still accept JSON integers

@@ -16,30 +16,18 @@ from services.spec.fields import Bool
 _REF_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
-# Every model option is a size or a count; an MLP may have no hidden layer (a linear model).
-OPTION_MINIMUM = {"depth": 0}
-
-
 def _check_options(kind: str, name: str, options: Mapping[str, Any]) -> None:
     if not options:
         return
     if reason := catalog.check_options(kind, name, options):
         entry = catalog.MODELS[name] if kind == "model" else catalog.DATASETS[name]
         raise spec_error("unknown_option", reason, list(entry.options))
-    if kind == "dataset":
-        # The catalog owns dataset option ranges (the same check `build_dataset` makes).
-        try:
-            catalog.configured_dataset(name, options)
-        except ValueError as exc:
-            raise spec_error("option_value", str(exc)) from None
-        return
-    for key, value in options.items():
-        minimum = OPTION_MINIMUM.get(key, 1)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise spec_error(
-                "option_value",
-                f"{kind} {name!r} option {key} must be an integer >= {minimum}; got {value!r}",
-            )
+    # The catalog owns option ranges (the same checks `build_model` and `build_dataset` make).
+    configured = catalog.configured_model if kind == "model" else catalog.configured_dataset
+    try:
+        configured(name, options)
+    except ValueError as exc:
+        raise spec_error("option_value", str(exc)) from None
 
 
 class ModelRef(BaseModel):

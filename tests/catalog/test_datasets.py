@@ -4,15 +4,18 @@ counts, data-root datasets read from a (tiny, handmade) root, and clear errors w
 from __future__ import annotations
 
 import struct
+import tomllib
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 import torch
 
+import services.catalog
 from accumcore.data import make_loader
 from services.catalog import DATASETS, configured_dataset
 from services.catalog.build import DatasetUnavailable, build_dataset, build_loss, build_model
-from services.catalog.text_corpus import PAD_ID, corpus_text, vocabulary
+from services.catalog.text_corpus import CORPUS_FILE, PAD_ID, corpus_text, vocabulary
 
 
 def test_digits_split_is_fixed_sized_and_independent_of_the_seed() -> None:
@@ -39,7 +42,7 @@ def test_fake_data_is_deterministic_per_seed_and_honours_options() -> None:
     assert not torch.equal(a.train[0][0], a.val[0][0])
     assert (len(a.train), len(a.val)) == (4, 2) and a.info.train_size == 4
     small = build_dataset("fake", image_size=8, num_classes=3, size=2, val_size=1)
-    assert small.train[0][0].shape == (3, 8, 8) and small.num_classes == 3
+    assert small.train[0][0].shape == (3, 8, 8) and small.info.num_classes == 3
     assert build_model("mlp", small)(small.train[0][0][None]).shape == (1, 3)
     with pytest.raises(ValueError, match="option size must be an integer >= 1, got 0"):
         build_dataset("fake", size=0)
@@ -77,6 +80,20 @@ def test_text_targets_are_the_next_character() -> None:
 
 def test_text_corpus_is_tens_of_kilobytes() -> None:
     assert 20_000 < len(corpus_text()) < 200_000
+
+
+def test_text_corpus_is_package_data_of_services() -> None:
+    """An installed (non-editable) package has only the files package-data names: the corpus
+    is read through importlib.resources from `services.catalog`, so `services` must list it."""
+    root = Path(__file__).resolve().parents[2]
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]
+    corpus = Path(services.catalog.__file__).parent / "data" / CORPUS_FILE
+    assert corpus.is_file()
+    relative = corpus.relative_to(Path(services.__file__).parent).as_posix()
+    assert any(fnmatch(relative, pattern) for pattern in package_data["services"]), relative
+    assert "accumcore" not in package_data
 
 
 def test_text_max_len_option_bounds_sequence_length() -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import math
 from collections import defaultdict
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -30,14 +29,7 @@ from services.catalog.models import AdaptedImageModel, torchvision_input_side
 BATCH = 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_intra_op_thread() -> Iterator[None]:
-    """The test machine's two cores are shared: with more intra-op threads torch mostly spins
-    (measured: efficientnet_b0's step took 7 s of CPU with 2 threads under load, 0.13 s with 1)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def image_groups(model: str) -> dict[tuple[int, ...], list[str]]:
@@ -126,7 +118,7 @@ def test_tiny_transformer_steps_on_padded_text_batches() -> None:
     assert bundle.collate_fn is not None
     inputs, targets = bundle.collate_fn([bundle.train[i] for i in range(4)])
     logits = model(inputs)
-    assert logits.shape == (*inputs.shape, bundle.vocab_size)
+    assert logits.shape == (*inputs.shape, bundle.info.vocab_size)
     build_loss(bundle)(logits, targets).backward()
     assert_all_grads_finite(model)
 
@@ -173,6 +165,9 @@ def test_bad_model_requests_say_what_is_allowed() -> None:
         build_model("mlp", "digits", width=3)
     with pytest.raises(ValueError, match="accepted options: none"):
         build_model("resnet18", "digits", weights="IMAGENET1K_V1")
+    # The ranges the spec refuses at submit (the catalog's configured_model), refused here too.
+    with pytest.raises(ValueError, match="model 'mlp' option hidden must be an integer >= 1"):
+        build_model("mlp", "digits", hidden=2.5)
 
 
 def test_builtin_options_change_the_model() -> None:

@@ -12,12 +12,14 @@ import pytest
 from services.catalog import (
     DATASETS,
     MODELS,
-    catalog_as_dict,
     check_compatible,
     check_options,
     compatible_datasets,
     compatible_models,
     configured_dataset,
+    configured_model,
+    datasets_listing,
+    models_listing,
     require_dataset,
     require_model,
 )
@@ -26,7 +28,7 @@ from services.catalog.names import BUILTIN_MODELS, DIGITS_TOTAL, TORCHVISION_MOD
 
 def test_importing_the_catalog_does_not_import_torch_or_numpy() -> None:
     code = (
-        "import sys, services.catalog as c; c.catalog_as_dict(); c.check_compatible('mlp', 'text');"
+        "import sys, services.catalog as c; c.models_listing(); c.datasets_listing(); c.check_compatible('mlp', 'text');"
         "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn') if m in sys.modules];"
         "assert not heavy, heavy"
     )
@@ -110,6 +112,23 @@ def test_check_options_lists_accepted_options() -> None:
         check_options("optimizer", "sgd", {})
 
 
+def test_configured_model_checks_option_names_and_ranges_without_torch() -> None:
+    assert configured_model("mlp") == MODELS["mlp"]
+    assert configured_model("mlp", {"hidden": 64, "depth": 0}) == MODELS["mlp"]  # a linear model
+    for name, bad in (
+        ("mlp", {"hidden": 0}),
+        ("mlp", {"hidden": 2.5}),
+        ("mlp", {"hidden": True}),
+        ("mlp", {"depth": -1}),
+        ("small_cnn", {"width": "8"}),
+    ):
+        key = next(iter(bad))
+        with pytest.raises(ValueError, match=rf"model '{name}' option {key} must be an integer >="):
+            configured_model(name, bad)
+    with pytest.raises(ValueError, match="accepted options: hidden, depth"):
+        configured_model("mlp", {"width": 3})
+
+
 def test_configured_dataset_applies_options_without_torch() -> None:
     assert configured_dataset("digits") == DATASETS["digits"]
     fake = configured_dataset("fake", {"size": 10, "image_size": 16, "num_classes": 4})
@@ -128,8 +147,8 @@ def test_configured_dataset_applies_options_without_torch() -> None:
         configured_dataset("text", {"max_length": 16})
 
 
-def test_catalog_as_dict_is_json_and_lists_every_entry_with_compatibility() -> None:
-    listing = json.loads(json.dumps(catalog_as_dict()))
+def test_listings_are_json_and_list_every_entry_with_compatibility() -> None:
+    listing = json.loads(json.dumps({"models": models_listing(), "datasets": datasets_listing()}))
     models = {item["name"]: item for item in listing["models"]}
     datasets = {item["name"]: item for item in listing["datasets"]}
     assert set(models) == set(MODELS) and set(datasets) == set(DATASETS)
