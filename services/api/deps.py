@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from services.api.auth import PendingOwner, bearer_token
-from services.api.problems import Problem
+from services.api.errors import Problem
 from services.settings import Settings
 from services.store.models import Owner
 

@@ -32,8 +32,7 @@ from starlette.routing import BaseRoute
 
 from services.api.auth import PendingOwner
 from services.api.deps import get_current_owner
-from services.api.problems import http_problem_response
-from services.api.unavailable import database_unavailable_response
+from services.api.errors import database_unavailable_response, http_problem_response
 from services.store.db import database_unreachable
 
 

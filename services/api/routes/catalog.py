@@ -6,8 +6,8 @@ from fastapi import APIRouter
 
 from accumcore.catalog import datasets_listing, models_listing
 from services.api.deps import CurrentOwner
+from services.api.errors import problem_responses
 from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
 from services.api.schemas import CatalogList
 
 router = APIRouter(

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Header, HTTPException, Path, Response, status
 from fastapi.responses import FileResponse
 
 from services.api.deps import CurrentOwner, SessionDep, SettingsDep
+from services.api.errors import problem_responses
 from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, CheckpointList, CheckpointPublic
 from services.settings import Settings

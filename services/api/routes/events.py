@@ -8,8 +8,8 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from services.api.deps import CurrentOwner, SessionDep
+from services.api.errors import problem_responses
 from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, EventList, EventPublic
 from services.api.sse import job_stream, open_stream

@@ -10,10 +10,8 @@ from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from sqlalchemy.orm import Session
 
 from services.api.deps import CurrentOwner, SessionDep, SettingsDep
-from services.api.errors import invalid_field
+from services.api.errors import Problem, invalid_field, problem_responses
 from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
-from services.api.problems import Problem
 from services.api.schemas import JobPage, JobPublic, JobStatus
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.settings import Settings

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from services.api.deps import CurrentOwner
+from services.api.errors import problem_responses
 from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
 from services.api.schemas import OwnerPublic
 
 router = APIRouter(

@@ -10,9 +10,8 @@ from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
 from services.api.deps import CurrentOwner, SessionDep
-from services.api.errors import invalid_field
+from services.api.errors import invalid_field, problem_responses
 from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, MetricPage
 from services.store import metrics as store_metrics

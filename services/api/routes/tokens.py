@@ -16,8 +16,8 @@ from fastapi import APIRouter, Body, HTTPException, Path, Query, Response, statu
 from pydantic import BaseModel, Field
 
 from services.api.deps import CurrentOwner, SessionDep
+from services.api.errors import problem_responses
 from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
 from services.api.schemas import TokenCreated, TokenList, TokenPublic
 from services.store import tokens as store_tokens
 
