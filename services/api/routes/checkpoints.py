@@ -44,7 +44,7 @@ def list_checkpoints(*, session: SessionDep, owner: CurrentOwner, job_id: str) -
     """The job's retained checkpoints, oldest step first."""
     job_or_404(session, job_id, owner)
     rows = store_checkpoints.list_checkpoints(session, job_id)
-    return CheckpointList(items=[CheckpointPublic.from_row(c) for c in rows])
+    return CheckpointList(items=[CheckpointPublic.model_validate(c) for c in rows])
 
 
 @router.get(

@@ -59,4 +59,4 @@ def read_events(
         stream = job_stream(request.app.state.session_factory, job_id, state)
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
     rows = store_events.list_events(session, job_id, after_id=after_id, limit=limit)
-    return EventList(items=[EventPublic.from_row(e) for e in rows])
+    return EventList(items=[EventPublic.model_validate(e) for e in rows])

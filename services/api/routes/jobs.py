@@ -61,9 +61,14 @@ def owner_names(session: Session, owner: Owner, jobs: list[Job]) -> dict[int, st
     return names | store_tokens.owner_names(session, others) if others else names
 
 
+def with_owner(job: Job, names: dict[int, str]) -> JobPublic:
+    """The job as answered, with its owner's name from `names` (`owner_names`)."""
+    return JobPublic.model_validate(job).model_copy(update={"owner": names.get(job.owner_id)})
+
+
 def job_public(session: Session, owner: Owner, job: Job) -> JobPublic:
     """The job as answered, with its owner's name."""
-    return JobPublic.from_row(job, owner_names(session, owner, [job]).get(job.owner_id))
+    return with_owner(job, owner_names(session, owner, [job]))
 
 
 def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
@@ -167,7 +172,7 @@ def list_jobs(
         raise invalid_field(("query", "cursor"), str(exc), cursor) from exc
     names = owner_names(session, owner, rows)
     return JobPage(
-        items=[JobPublic.from_row(j, names.get(j.owner_id)) for j in rows], next_cursor=next_cursor
+        items=[with_owner(j, names) for j in rows], next_cursor=next_cursor
     )
 
 
