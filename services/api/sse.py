@@ -34,7 +34,7 @@ from services.store import events as store_events
 from services.store import metrics as store_metrics
 from services.store.db import database_unreachable
 from services.store.jobs import is_finished, load_job
-from services.store.metric_points import read_new_points
+from services.store.metrics import read_new_points
 from services.store.models import Job
 
 POLL_INTERVAL_S = 0.5
