@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -183,7 +183,7 @@ async def _on_request_validation(request: Request, exc: Exception) -> JSONRespon
     return problem.response()
 
 
-async def http_problem_response(request: Request, exc: Exception) -> JSONResponse:
+async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers or {})
     if exc.status_code == 401:
@@ -226,11 +226,6 @@ async def _on_database_error(request: Request, exc: Exception) -> JSONResponse:
     recovers on its own once the database answers."""
     if not database_unreachable(exc):
         raise exc  # a real bug (bad SQL, constraint): the 500 handler logs it with an error id
-    return database_unavailable_response(request, exc)
-
-
-def database_unavailable_response(request: Request, exc: Exception) -> JSONResponse:
-    """The 503 for a database that cannot be reached (`database_unreachable(exc)`)."""
     log.warning(
         "database unavailable on %s %s: %s", request.method, request.url.path, first_line(exc)
     )
@@ -257,25 +252,12 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     ).response()
 
 
-# May answer a request instead of its 422 (a bad token's 401: services/api/owner_route.py).
-BeforeValidationError = Callable[[Request], Awaitable[JSONResponse | None]]
-
-
-def install_error_handlers(
-    app: FastAPI, *, before_validation_error: BeforeValidationError | None = None
-) -> None:
+def install_error_handlers(app: FastAPI) -> None:
     """Make every error answer of `app` an RFC 9457 problem+json body, and put the `Problem`
     schema into its OpenAPI document."""
-
-    async def on_request_validation(request: Request, exc: Exception) -> JSONResponse:
-        answer = await before_validation_error(request) if before_validation_error else None
-        if answer is not None:
-            return answer
-        return await _on_request_validation(request, exc)
-
     app.add_exception_handler(Problem, _on_problem)
-    app.add_exception_handler(RequestValidationError, on_request_validation)
-    app.add_exception_handler(StarletteHTTPException, http_problem_response)
+    app.add_exception_handler(RequestValidationError, _on_request_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
     # Handlers are found by the exception's class hierarchy: DataError (400) is more specific
     # than DBAPIError, which covers OperationalError, InterfaceError and a dropped connection
     # surfacing as another subclass (flagged connection_invalidated).

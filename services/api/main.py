@@ -21,7 +21,6 @@ from fastapi import FastAPI
 from services.api.auth_failures import AuthFailureLimiter, shared_failure_log
 from services.api.body_limit import BodySizeLimitMiddleware
 from services.api.errors import install_error_handlers
-from services.api.owner_route import check_owner_routes, token_refusal
 from services.api.routes import (
     catalog,
     checkpoints,
@@ -107,13 +106,12 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     )
     app.state.telemetry = telemetry = Telemetry()
 
-    install_error_handlers(app, before_validation_error=token_refusal)
+    install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     # Added last, so outermost: it times everything, 413s and error answers included.
     app.add_middleware(LatencyMiddleware, observe=telemetry.observe_request)
     for router in ROUTERS:
         app.include_router(router)
-    check_owner_routes(app)
     dashboard.mount_assets(app)
     return app
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from accumcore.catalog import datasets_listing, models_listing
-from services.api.deps import CurrentOwner
+from services.api.auth import CurrentOwner
 from services.api.errors import problem_responses
-from services.api.owner_route import OwnerLookupRoute
 from services.api.schemas import CatalogList
 
 router = APIRouter(
-    route_class=OwnerLookupRoute,
     prefix="/v1/catalog",
     tags=["catalog"],
     responses=problem_responses(401, 429, 503),

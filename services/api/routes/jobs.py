@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from sqlalchemy.orm import Session
 
-from services.api.deps import CurrentOwner, SessionDep, SettingsDep
+from services.api.auth import CurrentOwner
+from services.api.deps import SessionDep, SettingsDep
 from services.api.errors import Problem, invalid_field, problem_responses
-from services.api.owner_route import OwnerLookupRoute
 from services.api.schemas import JobPage, JobPublic, JobStatus
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.settings import Settings
@@ -30,7 +30,6 @@ from services.worker.enqueue import enqueue_job
 log = logging.getLogger(__name__)
 
 router = APIRouter(
-    route_class=OwnerLookupRoute,
     prefix="/v1/jobs",
     tags=["jobs"],
     responses=problem_responses(401, 422, 429, 503),

@@ -9,9 +9,9 @@ from fastapi import APIRouter, Query, Response
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
-from services.api.deps import CurrentOwner, SessionDep
+from services.api.auth import CurrentOwner
+from services.api.deps import SessionDep
 from services.api.errors import invalid_field, problem_responses
-from services.api.owner_route import OwnerLookupRoute
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, MetricPage
 from services.store import metrics as store_metrics
@@ -19,7 +19,6 @@ from services.store.downsample import downsample_metrics
 from services.store.errors import InvalidCursor
 
 router = APIRouter(
-    route_class=OwnerLookupRoute,
     prefix="/v1/jobs",
     tags=["metrics"],
     responses=problem_responses(401, 422, 429, 503),
