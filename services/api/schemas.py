@@ -43,8 +43,8 @@ class WorkerInfo(BaseModel):
     gpu: str | None
 
 
-# `owner` is not an attribute of the row: the /v1/jobs routes add it
-# (`model_copy(update={"owner": name})`); stream messages leave it out. (A docstring here
+# `owner` is not an attribute of the row: the /v1/jobs routes set it on the model
+# (`routes/jobs.py`, `with_owner`); stream messages leave it out. (A docstring here
 # would become the schema's description in the OpenAPI document.)
 class JobPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)

