@@ -337,7 +337,7 @@ def main() -> None:
     parser = _common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each load phase")
     args = parser.parse_args()
-    # --quick: a smoke run (tests/api/test_bench.py) that exercises every phase briefly.
+    # --quick: a smoke run (tests/bench/test_api_bench.py) that exercises every phase briefly.
     seconds = 0.5 if args.quick else args.seconds
     repeats = 3 if args.quick else 30
     points = 3000 if args.quick else METRIC_POINTS

@@ -188,9 +188,9 @@ class Stack:
         import torch  # lazily: most tests using this module never load a checkpoint
 
         with self.sessions() as session:
-            latest = checkpoints.latest_checkpoint(session, job_id)
-        assert latest is not None, f"job {job_id} has no checkpoint"
-        return dict(torch.load(Path(latest.uri), weights_only=True)["model"])
+            kept = checkpoints.list_checkpoints(session, job_id)
+        assert kept, f"job {job_id} has no checkpoint"
+        return dict(torch.load(Path(kept[-1].uri), weights_only=True)["model"])
 
     def checkpoint_problems(self, job_id: str) -> list[str]:
         """What is wrong with the job's checkpoint files: a listed checkpoint whose file is

@@ -1,26 +1,42 @@
-"""Bearer-token authentication: every request looks its token up, so a revoked token is
-refused on the very next request, in every API process.
+"""Bearer-token authentication: `CurrentOwner` is the owner of the request's token.
 
-There is deliberately no cache of valid tokens: any cache would keep a revoked token working
-until its entry expires (this used to be a 5 s cache). The lookup is one indexed read by the
-token's sha256, on the request's own database session, and it is the request's first
-statement, in the route's own thread (`PendingOwner`, services/api/owner_route.py): it costs
-no thread hop of its own, and it stands in for the connection pool's pre-ping (a connection
-the server dropped is replaced and the lookup tried once more). bench/api.py measures POST
-/v1/jobs with it.
+    @router.get("/{job_id}")
+    def read_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobPublic: ...
+
+Every request looks its token up, so a revoked token is refused on the very next request, in
+every API process. There is deliberately no cache of valid tokens: any cache would keep a
+revoked token working until its entry expires (this used to be a 5 s cache). The lookup is one
+indexed read by the token's sha256 on the request's own session (no connection checkout of
+its own), and it is the request's first statement, so it stands in for the pool's pre-ping: a
+connection the server dropped is replaced and the lookup tried once more.
+
+What a request gets, in order: 429 when its address sent too many bad tokens lately (before
+the token is read: services/api/auth_failures.py), 401 for a missing, malformed, unknown or
+revoked token, and only then a 422 for its parameters or body: FastAPI solves a route's
+dependencies before it validates the route's own parameters, and the first dependency that
+raises answers. (A body that is not JSON at all is answered 400 before any dependency runs.)
+
+`get_current_owner` is a plain `def`, so FastAPI runs it in the thread pool: one hop more per
+request than looking the token up inside the route's own hop, which an `APIRoute` subclass
+did until bench/notes.md ("One plain CurrentOwner dependency") measured the difference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import HTTPException, status
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from services.api.deps import SessionDep
+from services.api.errors import Problem
 from services.store.db import retry_if_dropped
 from services.store.models import Owner
 from services.store.tokens import authenticate
+
+# Declares the scheme in OpenAPI (the "Authorize" button in /docs); errors are ours (401).
+bearer_scheme = HTTPBearer(auto_error=False, description="`accum token create NAME` prints one")
 
 
 def unauthorized(detail: str) -> HTTPException:
@@ -44,11 +60,10 @@ def bearer_token(authorization: str | None) -> str:
 
 
 def resolve_owner(token: str, session: Session) -> Owner:
-    """The owner of `token` from the store, else 401. Runs on the request's own session, so
-    the lookup costs no extra connection checkout (one indexed read by the token's sha256).
+    """The owner of `token` from the store, else 401.
 
-    It is the request's first statement, so it is safe to repeat: when its connection turns
-    out to be one the database dropped (a restart, an idle timeout), the engine has already
+    The request's first statement, so it is safe to repeat: when its connection turns out to
+    be one the database dropped (a restart, an idle timeout), the engine has already
     invalidated the pool's older connections and the lookup runs once more on a new one.
     A database that is really down fails again, and the request gets 503.
     """
@@ -60,29 +75,31 @@ def resolve_owner(token: str, session: Session) -> Owner:
     return owner
 
 
-@dataclass(slots=True)
-class PendingOwner:
-    """A well-formed bearer token whose owner is not yet looked up: what `CurrentOwner`
-    hands the route, replaced by the `Owner` before the route's code runs
-    (services/api/owner_route.py), in the thread that runs the route."""
+def get_current_owner(
+    request: Request,
+    session: SessionDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> Owner:
+    """The owner of the request's bearer token (401 otherwise), looked up on every request;
+    429 first for an address with too many failed token checks lately."""
+    limiter = request.app.state.auth_failures
+    address = request.client.host if request.client else "unknown"
+    if (wait_s := limiter.retry_after(address)) is not None:
+        raise Problem(
+            429,
+            "Too Many Requests",
+            f"too many requests with a bad token from {address}; retry in {wait_s} s with a "
+            "valid token (`accum token create NAME` makes one)",
+            headers={"Retry-After": str(wait_s)},
+            retry_after_s=wait_s,
+        )
+    authorization = request.headers.get("authorization")
+    try:
+        return resolve_owner(bearer_token(authorization), session)
+    except HTTPException:
+        if authorization:  # a token was tried and failed (no header at all is no guess)
+            limiter.record_failure(address)
+        raise
 
-    token: str
-    session: Session
-    on_failure: Callable[[], None]  # counts the failed check against the client's address
-    owner: Owner | None = None  # once looked up
 
-    def resolve(self) -> Owner:
-        """The token's owner (401 if none); blocking: call it from a worker thread."""
-        try:
-            self.owner = resolve_owner(self.token, self.session)
-        except HTTPException:
-            self.on_failure()
-            raise
-        return self.owner
-
-    def resolve_in_new_session(self, sessions: Callable[[], Session]) -> Owner:
-        """`resolve` on a session of its own: the request's is closed once the route is
-        skipped (its parameters failed validation)."""
-        with sessions() as session:
-            self.session = session
-            return self.resolve()
+CurrentOwner = Annotated[Owner, Depends(get_current_owner)]

@@ -14,7 +14,7 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api.problems import PROBLEM_JSON
+from services.api.errors import PROBLEM_JSON
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB
 

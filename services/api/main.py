@@ -20,10 +20,7 @@ from fastapi import FastAPI
 
 from services.api.auth_failures import AuthFailureLimiter, shared_failure_log
 from services.api.body_limit import BodySizeLimitMiddleware
-from services.api.errors import install_data_error_handler
-from services.api.owner_route import check_owner_routes, token_refusal
-from services.api.problem_docs import install_problem_docs
-from services.api.problems import install_problem_handlers
+from services.api.errors import install_error_handlers
 from services.api.routes import (
     catalog,
     checkpoints,
@@ -37,7 +34,6 @@ from services.api.routes import (
     tokens,
 )
 from services.api.telemetry import LatencyMiddleware, Telemetry
-from services.api.unavailable import install_database_unavailable_handler
 from services.settings import Settings, get_settings
 from services.store.db import make_engine, make_session_factory
 from services.worker.reaper import LeaseReaper
@@ -110,16 +106,12 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     )
     app.state.telemetry = telemetry = Telemetry()
 
-    install_problem_handlers(app, before_validation_error=token_refusal)
-    install_problem_docs(app)
-    install_data_error_handler(app)
-    install_database_unavailable_handler(app)
+    install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     # Added last, so outermost: it times everything, 413s and error answers included.
     app.add_middleware(LatencyMiddleware, observe=telemetry.observe_request)
     for router in ROUTERS:
         app.include_router(router)
-    check_owner_routes(app)
     dashboard.mount_assets(app)
     return app
 

@@ -1,6 +1,6 @@
-"""Public JSON shapes of the API (response models), built from store rows.
-
-Builders read ORM rows into plain models here, so routes stay guard / do / return.
+"""Public JSON shapes of the API (response models), read from store rows by pydantic
+(`from_attributes`): `JobPublic.model_validate(job)`. What a row may hold empty (NULL
+JSON columns) is normalised by the validators here, so routes stay guard / do / return.
 """
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-
-from services.store.models import Checkpoint, Job, JobEvent
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Steps and ids are INTEGER columns (32-bit on PostgreSQL): larger query values are refused
 # as 422 instead of overflowing in the driver.
@@ -19,10 +17,20 @@ MAX_INT32 = 2**31 - 1
 JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
 
 
+def empty_if_null(value: Any) -> Any:
+    """A JSON column the row holds as NULL (or empty) is answered as `{}`."""
+    return value or {}
+
+
 class Progress(BaseModel):
     epoch: int = 0
     optimizer_step: int = 0
     total_optimizer_steps: int | None = None
+
+    # The worker writes the counts as it goes: a job not yet started has none, or nulls.
+    _zero_if_null = field_validator("epoch", "optimizer_step", mode="before")(
+        lambda count: count or 0
+    )
 
 
 class JobError(BaseModel):
@@ -35,7 +43,12 @@ class WorkerInfo(BaseModel):
     gpu: str | None
 
 
+# `owner` is not an attribute of the row: the /v1/jobs routes set it on the model
+# (`routes/jobs.py`, `with_owner`); stream messages leave it out. (A docstring here
+# would become the schema's description in the OpenAPI document.)
 class JobPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     id: str
     name: str | None
     status: JobStatus
@@ -54,37 +67,15 @@ class JobPublic(BaseModel):
         None, description="The owner's name (in the /v1/jobs answers; not in stream messages)"
     )
 
+    _empty_if_null = field_validator("progress", "latest_metrics", mode="before")(empty_if_null)
+
+    @field_validator("error", mode="before")
     @classmethod
-    def from_row(cls, job: Job, owner: str | None = None) -> JobPublic:
-        error = job.error
-        progress = job.progress or {}
-        return cls(
-            id=job.id,
-            name=job.name,
-            status=job.status,  # type: ignore[arg-type]
-            spec=job.spec,
-            effective_batch_size=job.effective_batch_size,
-            progress=Progress(
-                epoch=progress.get("epoch") or 0,
-                optimizer_step=progress.get("optimizer_step") or 0,
-                total_optimizer_steps=progress.get("total_optimizer_steps"),
-            ),
-            attempts=job.attempts,
-            error=JobError(
-                type=str(error.get("type", "Error")), message=str(error.get("message", ""))
-            )
-            if error
-            else None,
-            created_at=job.created_at,
-            started_at=job.started_at,
-            finished_at=job.finished_at,
-            latest_metrics=job.latest_metrics or {},
-            queue=job.queue,
-            worker=WorkerInfo(host=job.worker_host, gpu=job.worker_gpu)
-            if job.worker_host or job.worker_gpu
-            else None,
-            owner=owner,
-        )
+    def _error(cls, error: Any) -> Any:
+        # The worker stores what it caught as a free-form dict: show its type and message.
+        if not error:
+            return None
+        return {"type": str(error.get("type", "Error")), "message": str(error.get("message", ""))}
 
 
 class OwnerPublic(BaseModel):
@@ -115,6 +106,8 @@ class JobPage(BaseModel):
 
 
 class EventPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     id: int
     kind: str
     message: str
@@ -122,16 +115,7 @@ class EventPublic(BaseModel):
     attempt: int
     created_at: datetime
 
-    @classmethod
-    def from_row(cls, event: JobEvent) -> EventPublic:
-        return cls(
-            id=event.id,
-            kind=event.kind,
-            message=event.message,
-            data=event.data or {},
-            attempt=event.attempt,
-            created_at=event.created_at,
-        )
+    _empty_if_null = field_validator("data", mode="before")(empty_if_null)
 
 
 class EventList(BaseModel):
@@ -155,6 +139,8 @@ class MetricPage(BaseModel):
 
 
 class CheckpointPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     step: int
     epoch: int | None = Field(description=EPOCH_DOC)
     size_bytes: int
@@ -163,17 +149,7 @@ class CheckpointPublic(BaseModel):
     metrics: dict[str, Any]
     is_best: bool
 
-    @classmethod
-    def from_row(cls, row: Checkpoint) -> CheckpointPublic:
-        return cls(
-            step=row.step,
-            epoch=row.epoch,
-            size_bytes=row.size_bytes,
-            sha256=row.sha256,
-            created_at=row.created_at,
-            metrics=row.metrics or {},
-            is_best=row.is_best,
-        )
+    _empty_if_null = field_validator("metrics", mode="before")(empty_if_null)
 
 
 class CheckpointList(BaseModel):

@@ -34,7 +34,7 @@ from services.store import events as store_events
 from services.store import metrics as store_metrics
 from services.store.db import database_unreachable
 from services.store.jobs import is_finished, load_job
-from services.store.metric_points import read_new_points
+from services.store.metrics import read_new_points
 from services.store.models import Job
 
 POLL_INTERVAL_S = 0.5
@@ -102,13 +102,13 @@ def poll(
         if snapshot != state.job_snapshot:
             state.job_snapshot = snapshot
             state.names_checked_at = 0.0  # progress moved: new metric names may have appeared
-            out.append(sse_message("status", JobPublic.from_row(job)))
+            out.append(sse_message("status", JobPublic.model_validate(job)))
         endings: list[bytes] = []
         for event in store_events.list_events(
             session, job_id, after_id=state.last_event_id, limit=EVENTS_PER_POLL
         ):
             state.last_event_id = event.id
-            message = sse_message("job_event", EventPublic.from_row(event), event.id)
+            message = sse_message("job_event", EventPublic.model_validate(event), event.id)
             # A final outcome goes after the metrics read in the same poll: the job's last
             # evaluation was written before it finished, and a watcher should see it so.
             (endings if event.kind in TERMINAL_EVENT_KINDS else out).append(message)

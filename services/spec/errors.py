@@ -2,7 +2,7 @@
 
 Messages are written in full here (f-strings) rather than as pydantic templates; the error
 context carries only `allowed`, the list of valid values where there is a closed set, which
-`services.api.problems` copies into the response's `errors[].allowed`.
+`services.api.errors` copies into the response's `errors[].allowed`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Usage::
         job, created = jobs.create_job(session, owner=owner, spec=spec)
 
 One module per table: ``tokens`` (owners, API tokens), ``jobs`` (API-side job lifecycle),
-``leases`` (worker-side claim/renew/progress/finish/reap), ``events``, ``metrics``,
+``leases`` (worker-side claim/renew/progress/finish/reap), ``events``, ``metrics`` (with
+``metric_blocks``, their per-block extremes, and ``downsample``, which reads them),
 ``checkpoints``. None of them commits. ``migrate.upgrade(url)`` creates the schema.
 """
 

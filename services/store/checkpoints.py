@@ -83,17 +83,6 @@ def get_checkpoint(session: Session, job_id: str, step: int) -> Checkpoint | Non
     return session.get(Checkpoint, (job_id, step))
 
 
-def latest_checkpoint(session: Session, job_id: str) -> Checkpoint | None:
-    """The checkpoint with the highest step (the one a resumed attempt starts from)."""
-    query = (
-        select(Checkpoint)
-        .where(Checkpoint.job_id == job_id)
-        .order_by(Checkpoint.step.desc())
-        .limit(1)
-    )
-    return session.scalars(query).first()
-
-
 def checkpoints_to_prune(
     session: Session, job_id: str, keep_last: int, keep_best_by: str | None = "val_loss"
 ) -> list[Checkpoint]:

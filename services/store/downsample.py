@@ -15,12 +15,16 @@ from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.orm import Session
 
 from services.store.metric_blocks import BLOCK_STEPS
+from services.store.metrics import POINT, Point
 from services.store.models import Metric, MetricBlock
 
 
-def downsample_metrics(session: Session, job_id: str, name: str, max_points: int) -> list[Metric]:
+def downsample_metrics(
+    session: Session, job_id: str, name: str, max_points: int
+) -> list[Point]:
     """At most ``max_points`` points of metric ``name``, in step order, keeping each bucket's
     minimum and maximum. Fewer points than ``max_points``: all of them. NULL values are skipped.
+    Points are rows of the ``metrics.POINT`` columns, as ``metrics.read_metrics`` returns.
 
     With buckets at least two blocks wide, a bucket is the set of blocks whose first step falls
     in its step range (``bucket_of_block``): its extremes are exact over those blocks.
@@ -31,7 +35,7 @@ def downsample_metrics(session: Session, job_id: str, name: str, max_points: int
     # Counting stops at max_points + 1 rows: a short curve costs one index range.
     probe = select(Metric.step).where(*of_metric).limit(max_points + 1).subquery()
     if (session.scalar(select(func.count()).select_from(probe)) or 0) <= max_points:
-        return list(session.scalars(select(Metric).where(*of_metric).order_by(Metric.step)))
+        return list(session.execute(select(*POINT).where(*of_metric).order_by(Metric.step)))
     # Two ends of the primary-key range; min()/max() with the NULL filter would read all rows.
     first = select(Metric.step).where(*of_metric).order_by(Metric.step).limit(1)
     lo = session.scalar(first)
@@ -50,7 +54,8 @@ def downsample_metrics(session: Session, job_id: str, name: str, max_points: int
 # IN list the planner, lacking statistics for a fresh job, may filter all rows instead.)
 _PG_POINTS_AT = text(
     """
-    SELECT m.* FROM unnest(CAST(:steps AS integer[])) AS wanted(step)
+    SELECT m.name, m.step, m.epoch, m.value, m.ts, m.attempt
+    FROM unnest(CAST(:steps AS integer[])) AS wanted(step)
     CROSS JOIN LATERAL (
         SELECT * FROM metrics WHERE job_id = :job_id AND name = :name AND step = wanted.step
         LIMIT 1  -- keeps the subquery a per-step probe (the planner cannot flatten it)
@@ -60,16 +65,16 @@ _PG_POINTS_AT = text(
 )
 
 
-def _points_at(session: Session, job_id: str, name: str, steps: list[int]) -> list[Metric]:
+def _points_at(session: Session, job_id: str, name: str, steps: list[int]) -> list[Point]:
     if session.get_bind().dialect.name == "postgresql":
         statement = _PG_POINTS_AT.bindparams(steps=steps, job_id=job_id, name=name)
-        return list(session.scalars(select(Metric).from_statement(statement)))
+        return list(session.execute(statement.columns(*POINT)))
     query = (
-        select(Metric)
+        select(*POINT)
         .where(Metric.job_id == job_id, Metric.name == name, Metric.step.in_(steps))
         .order_by(Metric.step)
     )
-    return list(session.scalars(query))
+    return list(session.execute(query))
 
 
 def bucket_of_block(block: int, lo: int, hi: int, buckets: int) -> int:

@@ -120,6 +120,13 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
+    @property
+    def worker(self) -> dict[str, str | None] | None:
+        """Where the job runs or last ran (``host``, ``gpu``); None before a worker took it."""
+        if not (self.worker_host or self.worker_gpu):
+            return None
+        return {"host": self.worker_host, "gpu": self.worker_gpu}
+
 
 class JobEvent(Base):
     """The lifecycle log of a job (kinds listed in docs/architecture.md)."""

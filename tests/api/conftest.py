@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from job_specs import MINIMAL_SPEC
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.main import create_app
 from services.settings import Settings
 from services.store import tokens
-
-from .helpers import MINIMAL_SPEC
 
 
 @pytest.fixture

@@ -10,15 +10,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.store import leases
 from services.store.models import Job
 
-MINIMAL_SPEC: dict[str, Any] = {
-    "model": "mlp",
-    "dataset": "digits",
-    "micro_batch_size": 16,
-    "accumulation_steps": 4,
-    "epochs": 1,
-    "optimizer": {"name": "sgd", "lr": 0.1},
-}
-
 PROBLEM_JSON = "application/problem+json"
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi.testclient import TestClient
+from job_specs import MINIMAL_SPEC
 
 from services.catalog import DATASETS, MODELS
 
-from .helpers import MINIMAL_SPEC, PROBLEM_JSON, field_error
+from .helpers import PROBLEM_JSON, field_error
 
 DROP = object()  # a change that removes the field
 

@@ -7,8 +7,7 @@ import json
 from typing import Any
 
 from fastapi.testclient import TestClient
-
-from .helpers import MINIMAL_SPEC
+from job_specs import MINIMAL_SPEC
 
 JUNK_VALUES: list[Any] = [
     None, True, -1, 0, 2**70, -(2**70), 1e308, "", "x" * 5000, "\x00", "☃", [], {}, [1, "a"],

@@ -15,14 +15,13 @@ from typing import Any
 
 import httpx
 import pytest
+from job_specs import MINIMAL_SPEC
 from ports import free_port
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.client import parse_sse
 from services.settings import Settings
 from services.store import events, leases, metrics, tokens
-
-from .helpers import MINIMAL_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 

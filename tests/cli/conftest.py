@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import ACCUM, Server, accum_env, run_accum, wait_until_ready
+from job_specs import MINIMAL_SPEC
 from ports import free_port
 
 from services.client import AccumClient
@@ -115,12 +116,4 @@ def seed(api_server: Server) -> Iterator[Seeder]:
 @pytest.fixture
 def tiny_spec() -> dict[str, Any]:
     """The smallest real job: an MLP on digits for one epoch."""
-    return {
-        "name": "cli-tiny",
-        "model": "mlp",
-        "dataset": "digits",
-        "micro_batch_size": 16,
-        "accumulation_steps": 4,
-        "epochs": 1,
-        "optimizer": {"name": "sgd", "lr": 0.1},
-    }
+    return {"name": "cli-tiny", **MINIMAL_SPEC, "optimizer": dict(MINIMAL_SPEC["optimizer"])}

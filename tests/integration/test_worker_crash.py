@@ -21,9 +21,9 @@ def wait_for_first_checkpoint(stack: Any, job_id: str, timeout: float = 90.0) ->
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with stack.sessions() as session:
-            latest = checkpoints.latest_checkpoint(session, job_id)
-        if latest is not None:
-            return latest.step
+            kept = checkpoints.list_checkpoints(session, job_id)
+        if kept:
+            return kept[-1].step
         time.sleep(0.005)
     raise AssertionError(f"no checkpoint after {timeout}s\n{stack.worker_logs()}")
 

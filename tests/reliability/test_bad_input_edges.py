@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 from api.conftest import alice, api_settings  # noqa: F401  (fixtures)
-from api.helpers import MINIMAL_SPEC, PROBLEM_JSON
+from api.helpers import PROBLEM_JSON
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from job_specs import MINIMAL_SPEC
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from job_specs import MINIMAL_SPEC
 
 from services.spec import JobSpec, parse_spec, spec_hash
 
-MINIMAL: dict[str, Any] = {
-    "model": "mlp",
-    "dataset": "digits",
-    "micro_batch_size": 16,
-    "accumulation_steps": 4,
-    "epochs": 1,
-    "optimizer": {"name": "sgd", "lr": 0.1},
-}
-
 
 def test_defaults_are_filled_and_names_become_objects() -> None:
-    normalised = parse_spec(MINIMAL).normalised()
+    normalised = parse_spec(MINIMAL_SPEC).normalised()
     assert set(normalised) == set(JobSpec.model_fields)
     assert normalised["name"] == "mlp-digits"
     assert normalised["model"] == {"name": "mlp"}
@@ -41,7 +33,7 @@ def test_defaults_are_filled_and_names_become_objects() -> None:
 def test_adamw_and_step_scheduler_defaults() -> None:
     normalised = parse_spec(
         {
-            **MINIMAL,
+            **MINIMAL_SPEC,
             "optimizer": {"name": "adamw", "lr": 1e-3},
             "scheduler": {"name": "step", "step_size": 10},
         }
@@ -57,16 +49,16 @@ def test_adamw_and_step_scheduler_defaults() -> None:
 
 def test_normalised_spec_parses_back_to_the_same_spec() -> None:
     for raw in (
-        MINIMAL,
+        MINIMAL_SPEC,
         {
-            **MINIMAL,
+            **MINIMAL_SPEC,
             "accumulation_steps": None,
             "effective_batch_size": 64,
             "micro_batch_size": "auto",
         },
-        {**MINIMAL, "accumulation_steps": {"0": 8, "2": 2}, "scheduler": "cosine", "name": "run 1"},
+        {**MINIMAL_SPEC, "accumulation_steps": {"0": 8, "2": 2}, "scheduler": "cosine", "name": "run 1"},
         {
-            **MINIMAL,
+            **MINIMAL_SPEC,
             "epochs": None,
             "max_steps": 7,
             "dataset": {"name": "digits", "data_root": "/data"},
@@ -79,29 +71,29 @@ def test_normalised_spec_parses_back_to_the_same_spec() -> None:
 
 
 def test_hash_is_stable_under_key_order_and_shorthand() -> None:
-    reordered = dict(reversed(list(MINIMAL.items())))
+    reordered = dict(reversed(list(MINIMAL_SPEC.items())))
     spelled_out = {
-        **MINIMAL,
+        **MINIMAL_SPEC,
         "model": {"name": "mlp"},
         "precision": "fp32",
         "optimizer": {"lr": 0.1, "name": "sgd", "momentum": 0},
     }
-    hashes = {spec_hash(parse_spec(raw).normalised()) for raw in (MINIMAL, reordered, spelled_out)}
+    hashes = {spec_hash(parse_spec(raw).normalised()) for raw in (MINIMAL_SPEC, reordered, spelled_out)}
     assert len(hashes) == 1
     assert len(hashes.pop()) == 64
 
 
 def test_hash_changes_with_any_setting() -> None:
-    base = spec_hash(parse_spec(MINIMAL).normalised())
+    base = spec_hash(parse_spec(MINIMAL_SPEC).normalised())
     for change in (
         {"seed": 1},
         {"epochs": 2},
         {"optimizer": {"name": "sgd", "lr": 0.2}},
         {"name": "other"},
     ):
-        assert spec_hash(parse_spec({**MINIMAL, **change}).normalised()) != base
+        assert spec_hash(parse_spec({**MINIMAL_SPEC, **change}).normalised()) != base
 
 
 def test_hash_ignores_key_order_of_the_normalised_dict_itself() -> None:
-    normalised = parse_spec(MINIMAL).normalised()
+    normalised = parse_spec(MINIMAL_SPEC).normalised()
     assert spec_hash(dict(reversed(list(normalised.items())))) == spec_hash(normalised)

@@ -11,24 +11,17 @@ import sys
 from typing import Any
 
 import pytest
+from job_specs import MINIMAL_SPEC
 from pydantic import ValidationError
 
 from services.catalog import DATASETS, MODELS, check_compatible
 from services.spec import JobSpec, parse_spec
 
-MINIMAL: dict[str, Any] = {
-    "model": "mlp",
-    "dataset": "digits",
-    "micro_batch_size": 16,
-    "accumulation_steps": 4,
-    "epochs": 1,
-    "optimizer": {"name": "sgd", "lr": 0.1},
-}
 DROP = object()
 
 
 def spec_with(**changes: Any) -> dict[str, Any]:
-    spec = {**MINIMAL}
+    spec = {**MINIMAL_SPEC}
     for key, value in changes.items():
         if value is DROP:
             spec.pop(key, None)
@@ -58,7 +51,7 @@ def an_incompatible_pair() -> tuple[str, str]:
 
 
 def test_minimal_spec_from_the_issue_is_valid() -> None:
-    spec = parse_spec(MINIMAL)
+    spec = parse_spec(MINIMAL_SPEC)
     assert (spec.model.name, spec.dataset.name) == ("mlp", "digits")
     assert (spec.micro_batch_size, spec.accumulation_steps, spec.epochs) == (16, 4, 1)
 
@@ -66,7 +59,7 @@ def test_minimal_spec_from_the_issue_is_valid() -> None:
 def test_json_text_is_parsed_like_a_dict() -> None:
     import json
 
-    assert parse_spec(json.dumps(MINIMAL)) == parse_spec(MINIMAL)
+    assert parse_spec(json.dumps(MINIMAL_SPEC)) == parse_spec(MINIMAL_SPEC)
 
 
 @pytest.mark.parametrize("field", ["model", "dataset"])

@@ -6,18 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from job_specs import MINIMAL_SPEC
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.store import Job, Owner, jobs, tokens
-
-MINIMAL_SPEC: dict[str, Any] = {
-    "model": "mlp",
-    "dataset": "digits",
-    "micro_batch_size": 16,
-    "accumulation_steps": 4,
-    "epochs": 1,
-    "optimizer": {"name": "sgd", "lr": 0.1},
-}
 
 
 @pytest.fixture

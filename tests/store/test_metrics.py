@@ -11,9 +11,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import InvalidCursor, Job, MetricBlock, metrics
+from services.store import InvalidCursor, Job, MetricBlock, downsample, metrics
 from services.store.metric_blocks import BLOCK_STEPS
-from services.store.metric_points import read_metric_points
 
 
 def write(
@@ -144,7 +143,7 @@ def test_bad_reads_are_refused(
         with pytest.raises(ValueError, match="limit"):
             metrics.read_metrics(session, job.id, limit=0)
         with pytest.raises(ValueError, match="max_points must be at least 2"):
-            metrics.downsample_metrics(session, job.id, "loss", 1)
+            downsample.downsample_metrics(session, job.id, "loss", 1)
         with pytest.raises(ValueError, match="must be >= 0"):
             metrics.write_metrics(session, job.id, 1, [{"name": "x", "step": -1, "value": 1.0}])
         with pytest.raises(ValueError, match="1 to 100 characters"):
@@ -187,8 +186,8 @@ def test_downsampling_keeps_each_buckets_min_and_max(
     points[3000] = (3001, -3.0)
     write(session_factory, job.id, 1, [{"name": "loss", "step": s, "value": v} for s, v in points])
     with session_factory() as session:
-        sampled = metrics.downsample_metrics(session, job.id, "loss", max_points=200)
-        few = metrics.downsample_metrics(session, job.id, "loss", max_points=10_000)
+        sampled = downsample.downsample_metrics(session, job.id, "loss", max_points=200)
+        few = downsample.downsample_metrics(session, job.id, "loss", max_points=10_000)
     got = [(m.step, m.value) for m in sampled]
     assert 100 < len(got) <= 200
     assert got == reference_min_max(points, 200)
@@ -255,7 +254,7 @@ def test_long_curves_downsample_from_blocks_keeping_min_and_max(
         )
     assert len(points) // 25 >= 2 * BLOCK_STEPS  # buckets two blocks wide: the block path
     with session_factory() as session:
-        sampled = metrics.downsample_metrics(session, job.id, "loss", max_points=50)
+        sampled = downsample.downsample_metrics(session, job.id, "loss", max_points=50)
     got = [(m.step, m.value) for m in sampled]
     assert 25 < len(got) <= 50
     assert got == reference_from_blocks(points, 50)
@@ -286,7 +285,7 @@ def test_blocks_after_a_resume_equal_blocks_written_once(
     assert blocks_of(session_factory, resumed.id) == blocks_of(session_factory, fresh.id)
     with session_factory() as session:
         curves = [
-            [(m.step, m.value) for m in metrics.downsample_metrics(session, job.id, "loss", 40)]
+            [(m.step, m.value) for m in downsample.downsample_metrics(session, job.id, "loss", 40)]
             for job in (resumed, fresh)
         ]
     assert curves[0] == curves[1] and len(curves[0]) <= 40
@@ -311,24 +310,44 @@ def test_a_metric_logged_only_after_the_checkpoint_leaves_no_block(
     assert blocks_of(session_factory, job.id) == [("loss", 0, 5, 1, 1.0, 1, 1.0)]
 
 
-def test_plain_row_pages_match_orm_pages(
+# The API's hot paths: a dashboard's poll of every name after a step (``since_step`` without
+# ``name``), and a live stream's read of each name past its own frontier.
+NAMES = ("grad_norm", "loss", "lr")
+
+
+def job_with_curves(session_factory: sessionmaker[Session], make_job: Callable[..., Job], steps: int) -> str:
+    job = make_job()
+    rows = [{"name": n, "step": s, "epoch": 0, "value": s / 10} for s in range(1, steps + 1) for n in NAMES]
+    rows.append({"name": "val_loss", "step": 5, "epoch": 0, "value": 0.5})
+    with session_factory.begin() as session:
+        metrics.write_metrics(session, job.id, 1, rows)
+    return job.id
+
+
+def test_since_step_without_a_name_pages_every_name_after_the_step(
     session_factory: sessionmaker[Session], make_job: Callable[..., Job]
 ) -> None:
-    job = make_job()
-    write(
-        session_factory,
-        job.id,
-        1,
-        [r for s in range(1, 30) for r in metrics.metric_rows(s, 1, {"a": s, "b": -s})],
-    )
+    job_id = job_with_curves(session_factory, make_job, steps=10)
     with session_factory() as session:
-        for kwargs in ({}, {"name": "b"}, {"since_step": 20}):
-            pages: list[list[tuple]] = [[], []]
-            for reader, into in ((metrics.read_metrics, pages[0]), (read_metric_points, pages[1])):
-                cursor = None
-                while True:
-                    page, cursor = reader(session, job.id, limit=4, cursor=cursor, **kwargs)
-                    into += [(m.name, m.step, m.epoch, m.value, m.ts) for m in page]
-                    if cursor is None:
-                        break
-            assert pages[0] == pages[1] and pages[0]
+        first, cursor = metrics.read_metrics(session, job_id, since_step=7, limit=5)
+        rest, end = metrics.read_metrics(session, job_id, since_step=7, limit=5, cursor=cursor)
+        nothing, _ = metrics.read_metrics(session, job_id, since_step=10)
+    got = [(m.name, m.step) for m in first + rest]
+    assert got == [(n, s) for n in NAMES for s in (8, 9, 10)]  # val_loss (step 5) is before 7
+    assert end is None and nothing == []
+
+
+def test_new_points_start_past_each_names_frontier(
+    session_factory: sessionmaker[Session], make_job: Callable[..., Job]
+) -> None:
+    job_id = job_with_curves(session_factory, make_job, steps=10)
+    frontiers = {"loss": 8, "lr": None, "val_loss": 5, "grad_norm": 10}
+    with session_factory() as session:
+        rows = metrics.read_new_points(session, job_id, frontiers, limit=1000)
+        cut = metrics.read_new_points(session, job_id, frontiers, limit=3)
+        none = metrics.read_new_points(session, job_id, {}, limit=1000)
+    assert [(m.name, m.step) for m in rows] == [("loss", 9), ("loss", 10)] + [("lr", s) for s in range(1, 11)]
+    assert [m.value for m in rows[:2]] == [0.9, 1.0]
+    # A cut page keeps (name, step) order: the names after the cut come next time.
+    assert [(m.name, m.step) for m in cut] == [("loss", 9), ("loss", 10), ("lr", 1)]
+    assert none == []

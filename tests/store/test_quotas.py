@@ -6,18 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from job_specs import MINIMAL_SPEC
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.store import Job, Owner, jobs, quotas
 from services.store.errors import ActiveJobCapReached
-
-SPEC = {
-    "model": "mlp",
-    "dataset": "digits",
-    "micro_batch_size": 16,
-    "accumulation_steps": 4,
-    "optimizer": {"name": "sgd", "lr": 0.1},
-}
 
 
 def submit(
@@ -25,7 +18,7 @@ def submit(
 ) -> Job:
     with session_factory.begin() as session:
         job, _ = jobs.create_job(
-            session, owner=owner, spec=SPEC, idempotency_key=key, max_active_jobs=cap
+            session, owner=owner, spec=MINIMAL_SPEC, idempotency_key=key, max_active_jobs=cap
         )
     return job
 

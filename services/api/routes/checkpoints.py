@@ -9,16 +9,15 @@ from urllib.parse import unquote, urlsplit
 from fastapi import APIRouter, Header, HTTPException, Path, Response, status
 from fastapi.responses import FileResponse
 
-from services.api.deps import CurrentOwner, SessionDep, SettingsDep
-from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
+from services.api.auth import CurrentOwner
+from services.api.deps import SessionDep, SettingsDep
+from services.api.errors import problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, CheckpointList, CheckpointPublic
 from services.settings import Settings
 from services.store import checkpoints as store_checkpoints
 
 router = APIRouter(
-    route_class=OwnerLookupRoute,
     prefix="/v1/jobs",
     tags=["checkpoints"],
     responses=problem_responses(401, 422, 429, 503),
@@ -44,7 +43,7 @@ def list_checkpoints(*, session: SessionDep, owner: CurrentOwner, job_id: str) -
     """The job's retained checkpoints, oldest step first."""
     job_or_404(session, job_id, owner)
     rows = store_checkpoints.list_checkpoints(session, job_id)
-    return CheckpointList(items=[CheckpointPublic.from_row(c) for c in rows])
+    return CheckpointList(items=[CheckpointPublic.model_validate(c) for c in rows])
 
 
 @router.get(

@@ -7,16 +7,15 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
-from services.api.deps import CurrentOwner, SessionDep
-from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
+from services.api.auth import CurrentOwner
+from services.api.deps import SessionDep
+from services.api.errors import problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, EventList, EventPublic
 from services.api.sse import job_stream, open_stream
 from services.store import events as store_events
 
 router = APIRouter(
-    route_class=OwnerLookupRoute,
     prefix="/v1/jobs",
     tags=["events"],
     responses=problem_responses(401, 422, 429, 503),
@@ -59,4 +58,4 @@ def read_events(
         stream = job_stream(request.app.state.session_factory, job_id, state)
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
     rows = store_events.list_events(session, job_id, after_id=after_id, limit=limit)
-    return EventList(items=[EventPublic.from_row(e) for e in rows])
+    return EventList(items=[EventPublic.model_validate(e) for e in rows])

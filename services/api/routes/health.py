@@ -7,8 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, status
 
-from services.api.problem_docs import problem_responses
-from services.api.problems import Problem
+from services.api.errors import Problem, problem_responses
 from services.api.readiness import ping_broker, ping_database, probe
 from services.worker.app import broker_url
 

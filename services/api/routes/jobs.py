@@ -9,11 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from sqlalchemy.orm import Session
 
-from services.api.deps import CurrentOwner, SessionDep, SettingsDep
-from services.api.errors import invalid_field
-from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
-from services.api.problems import Problem
+from services.api.auth import CurrentOwner
+from services.api.deps import SessionDep, SettingsDep
+from services.api.errors import Problem, invalid_field, problem_responses
 from services.api.schemas import JobPage, JobPublic, JobStatus
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.settings import Settings
@@ -32,7 +30,6 @@ from services.worker.enqueue import enqueue_job
 log = logging.getLogger(__name__)
 
 router = APIRouter(
-    route_class=OwnerLookupRoute,
     prefix="/v1/jobs",
     tags=["jobs"],
     responses=problem_responses(401, 422, 429, 503),
@@ -63,9 +60,16 @@ def owner_names(session: Session, owner: Owner, jobs: list[Job]) -> dict[int, st
     return names | store_tokens.owner_names(session, others) if others else names
 
 
+def with_owner(job: Job, names: dict[int, str]) -> JobPublic:
+    """The job as answered, with its owner's name from `names` (`owner_names`)."""
+    public = JobPublic.model_validate(job)
+    public.owner = names.get(job.owner_id)  # (model_copy(update=...) costs 6 us more a job)
+    return public
+
+
 def job_public(session: Session, owner: Owner, job: Job) -> JobPublic:
     """The job as answered, with its owner's name."""
-    return JobPublic.from_row(job, owner_names(session, owner, [job]).get(job.owner_id))
+    return with_owner(job, owner_names(session, owner, [job]))
 
 
 def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
@@ -169,7 +173,7 @@ def list_jobs(
         raise invalid_field(("query", "cursor"), str(exc), cursor) from exc
     names = owner_names(session, owner, rows)
     return JobPage(
-        items=[JobPublic.from_row(j, names.get(j.owner_id)) for j in rows], next_cursor=next_cursor
+        items=[with_owner(j, names) for j in rows], next_cursor=next_cursor
     )
 
 

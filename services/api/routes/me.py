@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from services.api.deps import CurrentOwner
-from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
+from services.api.auth import CurrentOwner
+from services.api.errors import problem_responses
 from services.api.schemas import OwnerPublic
 
 router = APIRouter(
-    route_class=OwnerLookupRoute,
     prefix="/v1/me",
     tags=["owners"],
     responses=problem_responses(401, 429, 503),

@@ -9,18 +9,16 @@ from fastapi import APIRouter, Query, Response
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
-from services.api.deps import CurrentOwner, SessionDep
-from services.api.errors import invalid_field
-from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
+from services.api.auth import CurrentOwner
+from services.api.deps import SessionDep
+from services.api.errors import invalid_field, problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, MetricPage
 from services.store import metrics as store_metrics
+from services.store.downsample import downsample_metrics
 from services.store.errors import InvalidCursor
-from services.store.metric_points import read_metric_points
 
 router = APIRouter(
-    route_class=OwnerLookupRoute,
     prefix="/v1/jobs",
     tags=["metrics"],
     responses=problem_responses(401, 422, 429, 503),
@@ -87,12 +85,12 @@ def read_metrics(
         rows = [
             m
             for n in names
-            for m in store_metrics.downsample_metrics(session, job_id, n, max_points)
+            for m in downsample_metrics(session, job_id, n, max_points)
             if since_step is None or m.step > since_step
         ]
         return page_response(rows, None)
     try:
-        rows, next_cursor = read_metric_points(
+        rows, next_cursor = store_metrics.read_metrics(
             session, job_id, name=name, since_step=since_step, limit=limit, cursor=cursor
         )
     except InvalidCursor as exc:

@@ -15,14 +15,13 @@ from typing import Annotated
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Response, status
 from pydantic import BaseModel, Field
 
-from services.api.deps import CurrentOwner, SessionDep
-from services.api.owner_route import OwnerLookupRoute
-from services.api.problem_docs import problem_responses
+from services.api.auth import CurrentOwner
+from services.api.deps import SessionDep
+from services.api.errors import problem_responses
 from services.api.schemas import TokenCreated, TokenList, TokenPublic
 from services.store import tokens as store_tokens
 
 router = APIRouter(
-    route_class=OwnerLookupRoute,
     prefix="/v1/tokens",
     tags=["tokens"],
     responses=problem_responses(401, 422, 429, 503),

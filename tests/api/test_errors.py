@@ -1,35 +1,35 @@
-"""services.api.problems: every error answer is RFC 9457 problem+json, built on a tiny app.
+"""services.api.errors: every error answer is RFC 9457 problem+json.
 
-The app here has one route per kind of failure, plus the real `JobSpec` as a body, so the
-422 shape (dotted field path, allowed values) is checked end to end through FastAPI.
+Most tests run a tiny app with one route per kind of failure, plus the real `JobSpec` as a
+body, so the 422 shape (dotted field path, allowed values) is checked end to end through
+FastAPI; the database ones run the real app (503 for an outage, 500 for a bug).
+(A real PostgreSQL restart under a real API is tests/reliability/test_postgres_restart.py.)
 """
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.testclient import TestClient
+from job_specs import MINIMAL_SPEC
+from ports import free_port
 from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
 
-from services.api.problems import PROBLEM_JSON, Problem, install_problem_handlers, invalid_body
+from services.api.errors import PROBLEM_JSON, Problem, install_error_handlers, validation_problem
+from services.api.main import create_app
 from services.catalog import DATASETS, MODELS
+from services.settings import Settings
 from services.spec import JobSpec, parse_spec
-
-MINIMAL: dict[str, Any] = {
-    "model": "mlp",
-    "dataset": "digits",
-    "micro_batch_size": 16,
-    "accumulation_steps": 4,
-    "epochs": 1,
-    "optimizer": {"name": "sgd", "lr": 0.1},
-}
 
 
 def make_app() -> FastAPI:
     app = FastAPI()
-    install_problem_handlers(app)
+    install_error_handlers(app)
 
     @app.post("/jobs")
     def submit(spec: JobSpec) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def make_app() -> FastAPI:
         try:
             return parse_spec(body).normalised()
         except ValidationError as exc:
-            raise invalid_body(exc) from exc
+            raise validation_problem(exc.errors(include_url=False), ("body",)) from exc
 
     @app.get("/items")
     def items(
@@ -79,12 +79,12 @@ def assert_problem(response: Any, status: int) -> dict[str, Any]:
 
 
 def test_valid_spec_passes_through(client: TestClient) -> None:
-    assert client.post("/jobs", json=MINIMAL).json()["name"] == "mlp-digits"
+    assert client.post("/jobs", json=MINIMAL_SPEC).json()["name"] == "mlp-digits"
 
 
 def test_422_names_the_dotted_field_path(client: TestClient) -> None:
     body = assert_problem(
-        client.post("/jobs", json={**MINIMAL, "optimizer": {"name": "sgd", "lr": -1}}), 422
+        client.post("/jobs", json={**MINIMAL_SPEC, "optimizer": {"name": "sgd", "lr": -1}}), 422
     )
     assert [e["loc"] for e in body["errors"]] == ["body.optimizer.lr"]
     assert "body.optimizer.lr" in body["detail"]
@@ -104,7 +104,7 @@ def test_422_names_the_dotted_field_path(client: TestClient) -> None:
 def test_422_lists_allowed_values_for_closed_sets(
     client: TestClient, change: dict[str, Any], loc: str, names: list[str]
 ) -> None:
-    body = assert_problem(client.post("/jobs", json={**MINIMAL, **change}), 422)
+    body = assert_problem(client.post("/jobs", json={**MINIMAL_SPEC, **change}), 422)
     (error,) = body["errors"]
     assert error["loc"] == loc
     assert error["allowed"] == names
@@ -112,7 +112,7 @@ def test_422_lists_allowed_values_for_closed_sets(
 
 def test_422_reports_every_error_and_open_fields_have_no_allowed_list(client: TestClient) -> None:
     body = assert_problem(
-        client.post("/jobs", json={**MINIMAL, "epochs": 0, "surprise": 1, "micro_batch_size": -2}),
+        client.post("/jobs", json={**MINIMAL_SPEC, "epochs": 0, "surprise": 1, "micro_batch_size": -2}),
         422,
     )
     assert {e["loc"] for e in body["errors"]} == {
@@ -141,8 +141,8 @@ def test_pydantic_literal_errors_outside_the_spec_get_allowed_too(client: TestCl
 
 
 def test_hand_validated_body_gives_the_same_shape(client: TestClient) -> None:
-    via_model = client.post("/jobs", json={**MINIMAL, "model": "nope"}).json()
-    by_hand = assert_problem(client.post("/raw", json={**MINIMAL, "model": "nope"}), 422)
+    via_model = client.post("/jobs", json={**MINIMAL_SPEC, "model": "nope"}).json()
+    by_hand = assert_problem(client.post("/raw", json={**MINIMAL_SPEC, "model": "nope"}), 422)
     assert by_hand["errors"] == via_model["errors"]
 
 
@@ -194,8 +194,44 @@ def test_raised_problem_carries_extension_members(client: TestClient) -> None:
 def test_unexpected_error_is_500_problem_with_an_id_and_no_internals(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level("ERROR", logger="services.api.problems"):
+    with caplog.at_level("ERROR", logger="services.api.errors"):
         body = assert_problem(client.get("/boom"), 500)
     assert len(body["error_id"]) == 32 and body["error_id"] in body["detail"]
     assert "secret" not in str(body)
     assert any(body["error_id"] in record.getMessage() for record in caplog.records)
+
+
+# A well-formed token: the lookup, the request's first statement, meets the outage.
+TOKEN = {"Authorization": "Bearer accum_" + "x" * 43}
+
+
+def test_requests_while_the_database_is_down_get_503_with_retry_after(tmp_path: Path) -> None:
+    down = Settings(home=tmp_path, database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/accum")  # nothing listens
+    with TestClient(create_app(down, run_reaper=False), raise_server_exceptions=False) as client:
+        for method, path, body in [("GET", "/v1/jobs", None), ("POST", "/v1/jobs", MINIMAL_SPEC),
+                                   ("GET", "/v1/jobs/0123456789abcdefghjkmnpqrs", None),
+                                   # invalid body: the token is looked up before the 422
+                                   ("POST", "/v1/jobs", {"model": "mlp"})]:
+            started = time.monotonic()
+            response = client.request(method, path, json=body, headers=TOKEN)
+            elapsed = time.monotonic() - started
+            assert response.status_code == 503, (method, path, response.text)
+            assert response.headers["content-type"] == "application/problem+json"
+            assert int(response.headers["retry-after"]) > 0
+            problem = response.json()
+            assert problem["status"] == 503 and "retry" in problem["detail"]
+            assert elapsed < 3, f"{method} {path} took {elapsed:.1f} s with the database down"
+
+
+def test_a_database_error_that_is_not_an_outage_stays_a_500(tmp_path: Path) -> None:
+    app = create_app(Settings(home=tmp_path), run_reaper=False)
+
+    def violate() -> None:
+        raise IntegrityError("INSERT INTO jobs ...", {}, Exception("duplicate key"))
+
+    app.add_api_route("/test-only/violation", violate)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.get("/test-only/violation")
+    assert response.status_code == 500
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "error_id" in response.json()

@@ -11,12 +11,12 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from services.api.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
-from services.api.problems import PROBLEM_JSON, install_problem_handlers
+from services.api.errors import PROBLEM_JSON, install_error_handlers
 
 
 def make_app(limit: int = MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI()
-    install_problem_handlers(app)
+    install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=limit)
 
     @app.post("/json")
