@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
+from accum import AccumClient
 from services.cli.config import resolve_client_config
-from services.client import AccumClient
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 # `accum watch` exits with the job's final status: scripts can tell the outcomes apart.

@@ -35,9 +35,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from accum import AccumClient
     from services.cli.local import LocalService, LocalServiceError, Terminated, sigterm_as_exception
     from services.cli.watch import watch_job
-    from services.client import AccumClient
     from services.settings import get_settings
 
     spec = load_spec(args.spec)

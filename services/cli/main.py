@@ -21,10 +21,10 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from accum import AccumAPIError
 from services.cli import admin, demo, jobs, results, server, watch
 from services.cli.common import UsageError
 from services.cli.config import ConfigError
-from services.client import AccumAPIError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,8 +21,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from accum import AccumAPIError, AccumClient
 from services.cli.common import EXIT_CODES, FINAL_STATUSES, make_client
-from services.client import AccumAPIError, AccumClient
 
 RECONNECT_DELAY_S = 1.0
 MAX_RECONNECTS = 60  # consecutive failures, one second apart

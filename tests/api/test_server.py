@@ -18,7 +18,7 @@ import pytest
 from ports import free_port
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.client import parse_sse
+from accum import parse_sse
 from services.settings import Settings
 from services.store import events, leases, metrics, tokens
 

@@ -18,7 +18,7 @@ import pytest
 from cli_helpers import ACCUM, Server, accum_env, run_accum, wait_until_ready
 from ports import free_port
 
-from services.client import AccumClient
+from accum import AccumClient
 
 START_TIMEOUT_S = 30.0
 

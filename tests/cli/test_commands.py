@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from accum import AccumClient
 from services.cli.main import main
-from services.client import AccumClient
 
 
 def accum(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from accum import parse_sse
 from services.api import sse
-from services.client import parse_sse
 from services.store import checkpoints, events, leases, metrics
 from services.store.models import Job
 from services.store.types import utcnow
