@@ -6,11 +6,13 @@ Builders read ORM rows into plain models here, so routes stay guard / do / retur
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired
 
 from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
 
 from services.store.models import Checkpoint, Job, JobEvent
+from services.store.nonfinite import Label, label, split_latest
 
 # Steps and ids are INTEGER columns (32-bit on PostgreSQL): larger query values are refused
 # as 422 instead of overflowing in the driver.
@@ -19,8 +21,18 @@ MAX_INT32 = 2**31 - 1
 JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
 
 
+EPOCH_DOC = (
+    "0-based index of the epoch (the first epoch is 0); the CLI and the dashboard show it "
+    "counted from 1"
+)
+NONFINITE_DOC = (
+    "NaN, inf or -inf when the value is not a finite number (`value` is null then: JSON has "
+    "no such numbers); absent otherwise"
+)
+
+
 class Progress(BaseModel):
-    epoch: int = 0
+    epoch: int = Field(0, description=EPOCH_DOC)
     optimizer_step: int = 0
     total_optimizer_steps: int | None = None
 
@@ -47,7 +59,14 @@ class JobPublic(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    latest_metrics: dict[str, Any]
+    latest_metrics: dict[str, Any] = Field(
+        description="The latest value of each metric; null where it is not finite "
+        "(see nonfinite_metrics)"
+    )
+    nonfinite_metrics: dict[str, Label] = Field(
+        default_factory=dict,
+        description="The latest_metrics that are NaN, inf or -inf, by name (a diverged run)",
+    )
     queue: str
     worker: WorkerInfo | None
     owner: str | None = Field(
@@ -58,6 +77,7 @@ class JobPublic(BaseModel):
     def from_row(cls, job: Job, owner: str | None = None) -> JobPublic:
         error = job.error
         progress = job.progress or {}
+        latest, nonfinite = split_latest(job.latest_metrics or {})
         return cls(
             id=job.id,
             name=job.name,
@@ -78,7 +98,8 @@ class JobPublic(BaseModel):
             created_at=job.created_at,
             started_at=job.started_at,
             finished_at=job.finished_at,
-            latest_metrics=job.latest_metrics or {},
+            latest_metrics=latest,
+            nonfinite_metrics=nonfinite,
             queue=job.queue,
             worker=WorkerInfo(host=job.worker_host, gpu=job.worker_gpu)
             if job.worker_host or job.worker_gpu
@@ -138,15 +159,35 @@ class EventList(BaseModel):
     items: list[EventPublic]
 
 
-EPOCH_DOC = "0-based index of the epoch the optimizer step belongs to (the first epoch is 0)"
-
-
 class MetricPoint(BaseModel):
     name: str
     step: int
     epoch: int | None = Field(description=EPOCH_DOC)
     value: float | None
     ts: datetime
+    nonfinite: Label | None = Field(None, description=NONFINITE_DOC)
+
+
+class MetricPointDict(TypedDict):
+    """A MetricPoint as a plain dict: the metrics page and the SSE stream serialise these
+    without building models (the hot path of a dashboard)."""
+
+    name: str
+    step: int
+    epoch: int | None
+    value: float | None
+    ts: datetime
+    nonfinite: NotRequired[Label]
+
+
+def metric_point(
+    name: str, step: int, epoch: int | None, value: float | None, ts: Any
+) -> MetricPointDict:
+    """One point as answered: a NaN or infinity is a JSON null with its `nonfinite` label."""
+    item: MetricPointDict = {"name": name, "step": step, "epoch": epoch, "value": value, "ts": ts}
+    if (named := label(value)) is not None:
+        item["nonfinite"] = named
+    return item
 
 
 class MetricPage(BaseModel):
