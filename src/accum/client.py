@@ -240,6 +240,10 @@ class AccumClient:
     def readyz(self) -> JSON:
         return self._json("GET", "/readyz")
 
+    def me(self) -> JSON:
+        """Who the token belongs to: `{"name", "is_admin"}`."""
+        return self._json("GET", "/v1/me")
+
     # -- jobs -------------------------------------------------------------------------
     def submit(self, spec: JSON, idempotency_key: str | None = None) -> JSON:
         """POST /v1/jobs; the same idempotency key and body return the same job."""
@@ -330,8 +334,21 @@ class AccumClient:
         return target
 
     # -- events -----------------------------------------------------------------------
-    def events(self, job_id: str) -> list[JSON]:
-        return list(self._json("GET", f"/v1/jobs/{job_id}/events").get("items", []))
+    def events(
+        self, job_id: str, after_id: int | None = None, limit: int | None = None
+    ) -> list[JSON]:
+        """One page of the job's lifecycle events, oldest first (`after_id`: newer ones)."""
+        params = {k: v for k, v in {"after_id": after_id, "limit": limit}.items() if v is not None}
+        return list(self._json("GET", f"/v1/jobs/{job_id}/events", params=params).get("items", []))
+
+    def all_events(self, job_id: str, page_size: int = 1000) -> list[JSON]:
+        """Every lifecycle event of the job, oldest first (all pages)."""
+        events: list[JSON] = []
+        while True:
+            page = self.events(job_id, after_id=events[-1]["id"] if events else None, limit=page_size)
+            events.extend(page)
+            if len(page) < page_size:
+                return events
 
     def stream_events(self, job_id: str) -> Iterator[tuple[str, JSON]]:
         """Live (event, data) pairs from the SSE stream until `end` or the server closes it.
