@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import httpx
 from worker_stack import Stack
 
-from services.store import events, leases, metrics
+from services.store import checkpoints, events, leases, metrics
 from services.store.models import Job
 from services.store.types import utcnow
 
@@ -66,6 +67,16 @@ class Run:
     def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
         with self.stack.sessions.begin() as session:
             events.add_event(session, self.id, kind, message, data or {}, attempt=1)
+
+    def restart_from(self, step: int) -> Run:
+        """The worker is lost; another takes the job over from its checkpoint at `step`."""
+        with self.stack.sessions.begin() as session:
+            checkpoints.add_checkpoint(session, self.id, step, f"/nowhere/{step}.pt", 1, "0" * 64)
+        later = utcnow() + timedelta(seconds=FAKE_LEASE_S + 1)
+        worker = f"fake-{uuid.uuid4().hex[:6]}"
+        with self.stack.sessions.begin() as session:
+            assert leases.claim_job(session, self.id, worker, "node-8", "cpu", FAKE_LEASE_S, now=later)
+        return Run(self.stack, self.id, worker)
 
     def finish(self, status: str, error: dict[str, str] | None = None) -> None:
         with self.stack.sessions.begin() as session:

@@ -117,7 +117,6 @@ def shoot(url: str, token: str, stack: Any, out: Path) -> None:
         time.sleep(8)  # a few hundred steps and an evaluation to draw
         pages = {
             "jobs": "#/jobs",
-            "job": f"#/jobs/{short[2]}",
             "job-running": f"#/jobs/{long_id}",
             "job-diverged": f"#/jobs/{bad}",
             "compare": f"#/compare?ids={short[0]},{short[1]}&metrics=loss,val_loss",

@@ -114,3 +114,37 @@ def test_a_diverged_run_shows_nan_and_inf_as_such(
 
     page.goto("/#/jobs?q=diverged")
     expect(page.locator(f"tr[data-job-id='{run.id}'] td[data-label=Loss]")).to_have_text("NaN")
+
+
+def test_axes_smoothing_log_scale_and_restarts(logged_in: Any, deployment: Deployment) -> None:
+    """x by samples seen (step x the effective batch 16 x 2), the EMA drawn over a faint raw
+    curve whose legend stays the raw value, a log y axis, and attempt 2's restart on the axis."""
+    page = logged_in
+    run = deployment.run("restarted")
+    run.metrics("loss", {s: 1 / s for s in range(1, 9)})
+    run = run.restart_from(5)
+    run.metrics("loss", {s: 1 / s for s in range(6, 21)})
+    run.finish("succeeded")
+    page.goto(f"/#/jobs/{run.id}")
+    chart = "#chart-loss"
+    expect(page.locator(chart)).to_have_attribute("data-points", "20")
+    expect(page.locator(chart)).to_have_attribute("data-restarts", "5")
+    expect(page.locator("#attempts tbody tr")).to_have_count(2)
+    expect(page.locator("#attempts tbody tr[data-attempt='1']")).to_contain_text("worker lost")
+    expect(page.locator("#attempts tbody tr[data-attempt='2'] td").last).to_have_text("5")
+
+    page.select_option("#x-axis", "samples")
+    page.wait_for_timeout(200)
+    assert x_range(page, chart) == (32, 640)
+    page.select_option("#x-axis", "step")
+
+    page.fill("#smoothing", "0.6")
+    page.wait_for_timeout(200)
+    assert page.locator(f"{chart} .u-legend .u-series:not([hidden])").count() == 3  # x, loss, val_loss
+    hover_step(page, chart, 4)
+    assert legend(page, chart)[:2] == ["4", "0.25"]  # the raw value, not the average
+
+    page.locator(f"{chart} .log-toggle").check()
+    page.wait_for_timeout(200)
+    expect(page.locator(chart)).to_have_attribute("data-points", "20")
+    page.fill("#smoothing", "0")

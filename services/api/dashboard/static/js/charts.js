@@ -7,7 +7,7 @@
 // data-x-range ("min,max" of the x axis as drawn).
 
 import { el } from "./dom.js";
-import { grouped } from "./format.js";
+import { batchSize, grouped } from "./format.js";
 
 export const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
 export const X_MODES = {
@@ -93,7 +93,7 @@ export function xContext(job, series) {
     const i = series.epochs.findIndex((e) => e !== null && e >= 1);
     if (i > 0) perEpoch = series.steps[i] - 1;
   }
-  return { perEpoch, batch: job.effective_batch_size ?? null };
+  return { perEpoch, batch: batchSize(job) };
 }
 
 function xOf(mode, context, series, i) {
