@@ -135,9 +135,10 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     model = (spec.get("model") or {}).get("name", spec.get("model"))
     dataset = (spec.get("dataset") or {}).get("name", spec.get("dataset"))
     status = job["status"]
-    attempts = job.get("attempts")
-    if isinstance(attempts, int) and attempts > 1:
-        status += f" (attempt {attempts})"
+    attempts = job.get("attempts")  # a count, or (newer servers) the list of attempts
+    count = len(attempts) if isinstance(attempts, list) else attempts
+    if isinstance(count, int) and count > 1:
+        status += f" (attempt {count})"
     queue = str(job.get("queue") or spec.get("queue") or "-")
     if isinstance(job.get("queue_position"), int) and job["status"] == "queued":
         queue += f", position {job['queue_position']} in line"  # 1 = next to run
