@@ -65,7 +65,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     f"{job.get('effective_batch_size')}",
                     flush=True,
                 )
-                final = watch_job(client, job_id)
+                final = watch_job(client, job_id, interrupt_hint=False)  # the service stops too
                 accuracy = _final_accuracy(client, final)
                 checkpoints = client.checkpoints(job_id)
         except LocalServiceError as exc:
