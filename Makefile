@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The stamp changes whenever the dependency list or the pins change, so `make` reinstalls then only.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install browser test test-reliability reliability-report demo up lint bench clean
+.PHONY: install browser test test-reliability reliability-report demo up lint bench clean screenshots
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ lint: install
 
 bench: install
 	$(PY) bench/run_all.py
+
+# PNGs of the dashboard's main pages at 1366x900 and 390x844, for the README (about 2 min).
+screenshots: install browser
+	$(PY) tests/dashboard/screenshots.py docs/screenshots
 
 clean:
 	rm -rf $(VENV) .accum .pytest_cache

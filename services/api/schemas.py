@@ -5,10 +5,14 @@ JSON columns) is normalised by the validators here, so routes stay guard / do / 
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from typing_extensions import TypedDict
+
+from services.store.nonfinite import Label, label, split_latest
 
 # Steps and ids are INTEGER columns (32-bit on PostgreSQL): larger query values are refused
 # as 422 instead of overflowing in the driver.
@@ -17,13 +21,23 @@ MAX_INT32 = 2**31 - 1
 JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
 
 
+EPOCH_DOC = (
+    "0-based index of the epoch (the first epoch is 0); the CLI and the dashboard show it "
+    "counted from 1"
+)
+NONFINITE_DOC = (
+    "NaN, inf or -inf when the value is not a finite number (`value` is null then: JSON has "
+    "no such numbers); absent otherwise"
+)
+
+
 def empty_if_null(value: Any) -> Any:
     """A JSON column the row holds as NULL (or empty) is answered as `{}`."""
     return value or {}
 
 
 class Progress(BaseModel):
-    epoch: int = 0
+    epoch: int = Field(0, description=EPOCH_DOC)
     optimizer_step: int = 0
     total_optimizer_steps: int | None = None
 
@@ -60,7 +74,14 @@ class JobPublic(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    latest_metrics: dict[str, Any]
+    latest_metrics: dict[str, Any] = Field(
+        description="The latest value of each metric; null where it is not finite "
+        "(see nonfinite_metrics)"
+    )
+    nonfinite_metrics: dict[str, Label] = Field(
+        default_factory=dict,
+        description="The latest_metrics that are NaN, inf or -inf, by name (a diverged run)",
+    )
     queue: str
     worker: WorkerInfo | None
     owner: str | None = Field(
@@ -76,6 +97,14 @@ class JobPublic(BaseModel):
         if not error:
             return None
         return {"type": str(error.get("type", "Error")), "message": str(error.get("message", ""))}
+
+    @model_validator(mode="after")
+    def _split_nonfinite(self) -> Self:
+        # The store keeps a non-finite latest value as its label ("NaN", "inf", "-inf"):
+        # answered as null, with the label in nonfinite_metrics.
+        self.latest_metrics, labels = split_latest(self.latest_metrics)
+        self.nonfinite_metrics = {**labels, **self.nonfinite_metrics}
+        return self
 
 
 class OwnerPublic(BaseModel):
@@ -122,15 +151,36 @@ class EventList(BaseModel):
     items: list[EventPublic]
 
 
-EPOCH_DOC = "0-based index of the epoch the optimizer step belongs to (the first epoch is 0)"
-
-
 class MetricPoint(BaseModel):
     name: str
     step: int
     epoch: int | None = Field(description=EPOCH_DOC)
     value: float | None
     ts: datetime
+    nonfinite: Label | None = Field(None, description=NONFINITE_DOC)
+
+
+class MetricPointDict(TypedDict):
+    """A MetricPoint as a plain dict: the metrics page and the SSE stream serialise these
+    without building models (the hot path of a dashboard)."""
+
+    name: str
+    step: int
+    epoch: int | None
+    value: float | None
+    ts: datetime
+    nonfinite: NotRequired[Label]
+
+
+def metric_point(
+    name: str, step: int, epoch: int | None, value: float | None, ts: Any
+) -> MetricPointDict:
+    """One point as answered: a NaN or infinity is a JSON null with its `nonfinite` label."""
+    item: MetricPointDict = {"name": name, "step": step, "epoch": epoch, "value": value, "ts": ts}
+    # The finite case first, in one comparison (a NaN fails it): a page has a thousand points.
+    if value is None or not -math.inf < value < math.inf:
+        item["nonfinite"] = label(value)  # type: ignore[typeddict-item]
+    return item
 
 
 class MetricPage(BaseModel):

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from pydantic_core import to_jsonable_python
+from pydantic_core import to_json
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.api.schemas import EventPublic, JobPublic
+from services.api.schemas import EventPublic, JobPublic, metric_point
 from services.store import events as store_events
 from services.store import metrics as store_metrics
 from services.store.db import database_unreachable
@@ -52,11 +52,12 @@ TERMINAL_EVENT_KINDS = frozenset({"succeeded", "failed", "cancelled"})
 
 def sse_message(event: str, data: Any, event_id: int | None = None) -> bytes:
     """One SSE message: `event: <type>` and a single-line JSON `data:` field (values encoded
-    as the REST answers encode them, e.g. timestamps). Job events carry their id, so a client
+    as the REST answers encode them: timestamps, and a NaN or infinity as null, since a bare
+    NaN would make a browser's JSON.parse throw). Job events carry their id, so a client
     that reconnects with `Last-Event-ID` continues after the last one it saw."""
-    payload = json.dumps(to_jsonable_python(data), separators=(",", ":"))
+    payload = to_json(data, inf_nan_mode="null")
     head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {event}\ndata: {payload}\n\n".encode()
+    return b"%sevent: %s\ndata: %s\n\n" % (head.encode(), event.encode(), payload)
 
 
 @dataclass
@@ -138,9 +139,10 @@ def _new_metrics(session: Session, job: Job, state: StreamState) -> list[bytes]:
 
 @functools.lru_cache(maxsize=16_384)  # ~10 s of a fast job's rows, ~5 MB
 def metric_message(name: str, step: int, epoch: int | None, value: float | None, ts: Any) -> bytes:
-    """One `metric` message. Every watcher of a job sends the same rows: encoded once per row
+    """One `metric` message, the same object as a point of `GET .../metrics` (with its
+    `nonfinite` label). Every watcher of a job sends the same rows: encoded once per row
     (not once per watcher), since encoding was most of the API's work with 100 watchers."""
-    return sse_message("metric", {"name": name, "step": step, "epoch": epoch, "value": value, "ts": ts})
+    return sse_message("metric", metric_point(name, step, epoch, value, ts))
 
 
 # --- one database poll per job and tick, shared by the streams that are in step -------------

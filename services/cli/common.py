@@ -1,24 +1,35 @@
-"""Helpers every command shares: the client from the resolved config, spec files, output."""
+"""Helpers every command shares: the client from the resolved config, spec files, job ids,
+and API messages put in the CLI's words."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from accum import AccumClient
 from services.cli.config import resolve_client_config
-from services.client import AccumClient
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 # `accum watch` exits with the job's final status: scripts can tell the outcomes apart.
 EXIT_CODES = {"succeeded": 0, "failed": 3, "cancelled": 4}
+FULL_ID = 26
+SHORT_ID = 12
+MIN_PREFIX = 4
+PREFIX_SCAN_PAGE = 500
+ID_CHARACTERS = re.compile(r"[0-9a-z]+")
 
 
 class UsageError(Exception):
     """Bad command-line input (exit code 2), e.g. a spec file that cannot be read."""
+
+
+class CommandError(Exception):
+    """A command that cannot do what was asked (exit code 1), said in one line."""
 
 
 def make_client() -> AccumClient:
@@ -48,10 +59,6 @@ def load_spec(path: str) -> dict[str, Any]:
     return spec
 
 
-def print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, sort_keys=True, default=str))
-
-
 def format_progress(job: dict[str, Any]) -> str:
     progress = job.get("progress") or {}
     step, total = progress.get("optimizer_step"), progress.get("total_optimizer_steps")
@@ -60,8 +67,57 @@ def format_progress(job: dict[str, Any]) -> str:
     return f"{step}/{total}" if total else str(step)
 
 
-def print_table(headers: list[str], rows: list[list[str]]) -> None:
-    """Plain aligned columns: readable in a terminal, greppable in scripts (no truncation)."""
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    for line in [headers, *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+def short_id(job_id: str) -> str:
+    """The first characters of a job id: what tables show and what `resolve_job_id` takes.
+    Ids start with their creation time in milliseconds (10 characters), so 12 tell apart jobs
+    submitted in different milliseconds; the full id is always accepted."""
+    return job_id[:SHORT_ID]
+
+
+def resolve_job_id(client: AccumClient, given: str) -> str:
+    """A job id from its full form or a unique prefix of it (as git takes commit ids).
+
+    Ids sort by creation time and the API lists newest first, so the scan stops at the first
+    page whose ids sort below the prefix: a recent job costs one request.
+    """
+    text = given.strip().lower()
+    if len(text) >= FULL_ID or not ID_CHARACTERS.fullmatch(text):
+        return given  # the API says whether such a job exists
+    if len(text) < MIN_PREFIX:
+        raise UsageError(f"job id {given!r} is too short: give at least {MIN_PREFIX} characters")
+    matches: list[str] = []
+    cursor = None
+    while True:
+        page = client.jobs(limit=PREFIX_SCAN_PAGE, cursor=cursor)
+        ids = [str(j["id"]) for j in page.get("items", [])]
+        matches += [i for i in ids if i.startswith(text)]
+        cursor = page.get("next_cursor")
+        if not cursor or not ids or ids[-1][: len(text)] < text or len(matches) > 1:
+            break
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise CommandError(f"no job id starts with {given!r}; list yours with `accum jobs`")
+    shown = ", ".join(short_id(m) for m in matches[:5])
+    raise CommandError(f"job id {given!r} is ambiguous ({shown}...); give more characters")
+
+
+# The API's answers name its routes; a CLI user wants the command that does the same.
+_ROUTES_AS_COMMANDS = [
+    (re.compile(r"(?:GET|POST) /v1/jobs/([0-9a-z]+)/checkpoints\b"), r"`accum checkpoints \1`"),
+    (re.compile(r"POST /v1/jobs/([0-9a-z]+)/resume\b"), r"`accum resume \1`"),
+    (re.compile(r"POST /v1/jobs/([0-9a-z]+)/cancel\b"), r"`accum cancel \1`"),
+    (re.compile(r"GET /v1/jobs/([0-9a-z]+)\b"), r"`accum status \1`"),
+    (re.compile(r"GET /v1/jobs\b"), "`accum jobs`"),
+    (re.compile(r"GET /v1/tokens\b"), "`accum token list`"),
+    (re.compile(r"GET /v1/catalog/(models|datasets)\b"), r"`accum catalog \1`"),
+]
+
+
+def in_cli_words(message: str) -> str:
+    """An API message with its route names replaced by the commands that do the same."""
+    for pattern, command in _ROUTES_AS_COMMANDS:
+        message = pattern.sub(command, message)
+    if re.search(r"\b(model|dataset): .*\(\d+ choices: ", message):
+        message += "; `accum catalog` lists them"
+    return message

@@ -35,9 +35,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from accum import AccumClient
     from services.cli.local import LocalService, LocalServiceError, Terminated, sigterm_as_exception
     from services.cli.watch import watch_job
-    from services.client import AccumClient
     from services.settings import get_settings
 
     spec = load_spec(args.spec)
@@ -65,7 +65,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     f"{job.get('effective_batch_size')}",
                     flush=True,
                 )
-                final = watch_job(client, job_id)
+                final = watch_job(client, job_id, interrupt_hint=False)  # the service stops too
                 accuracy = _final_accuracy(client, final)
                 checkpoints = client.checkpoints(job_id)
         except LocalServiceError as exc:

@@ -1,18 +1,36 @@
-"""Job commands: submit, jobs, status, cancel, resume."""
+"""Job commands: submit, jobs, status, cancel, resume. ID is a job id or a unique prefix."""
 
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 from typing import Any
 
 from services.cli.common import (
     EXIT_CODES,
+    FINAL_STATUSES,
     format_progress,
     load_spec,
     make_client,
+    resolve_job_id,
+    short_id,
+)
+from services.cli.output import (
+    duration,
+    epoch,
+    grouped,
+    latest_value,
+    parse_time,
+    print_fields,
     print_json,
     print_table,
+    when,
+    when_short,
 )
+
+# Metrics `accum status` prints, in this order, when the job has them (then any others).
+SHOWN_FIRST = ("loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s")
+SKIPPED = {"step", "epoch", "step_time_s", "items_per_s"}
 
 
 def register(commands: Any) -> None:
@@ -30,7 +48,7 @@ def register(commands: Any) -> None:
     listing.set_defaults(func=cmd_jobs)
 
     status = commands.add_parser("status", help="show one job")
-    status.add_argument("job_id", metavar="ID")
+    status.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
     status.add_argument("--json", action="store_true", help="print the job as JSON")
     status.set_defaults(func=cmd_status)
 
@@ -39,7 +57,7 @@ def register(commands: Any) -> None:
         ("resume", "re-queue a failed or cancelled job from its latest checkpoint"),
     ):
         sub = commands.add_parser(verb, help=helptext)
-        sub.add_argument("job_id", metavar="ID")
+        sub.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
         sub.set_defaults(func=cmd_cancel if verb == "cancel" else cmd_resume)
 
 
@@ -52,7 +70,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         else:
             print(
                 f"submitted job {job['id']} ({job.get('name') or 'unnamed'}): "
-                f"{job['status']}, effective batch {job.get('effective_batch_size')}"
+                f"{job['status']}, effective batch {batch(job)}"
             )
         if not args.watch:
             return 0
@@ -65,78 +83,134 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     with make_client() as client:
         page = client.jobs(status=args.status, limit=args.limit)
+        admin = bool(client.me().get("is_admin")) if not args.json else False
     if args.json:
         print_json(page)
         return 0
-    rows = [
-        [str(j["id"]), str(j.get("name") or ""), j["status"], format_progress(j),
-         str(j.get("created_at") or "")]
-        for j in page.get("items", [])
-    ]
-    if not rows:
+    items = page.get("items", [])
+    if not items:
         print("no jobs" + (f" with status {args.status}" if args.status else ""))
         return 0
-    print_table(["ID", "NAME", "STATUS", "STEP", "CREATED"], rows)
+    headers = ["ID", "NAME", "STATUS", "STEP", "CREATED"] + (["OWNER"] if admin else [])
+    rows = [
+        [short_id(str(j["id"])), str(j.get("name") or ""), j["status"], format_progress(j),
+         when_short(j.get("created_at"))] + ([str(j.get("owner") or "")] if admin else [])
+        for j in items
+    ]
+    print_table(headers, rows, flex="NAME")
     if page.get("next_cursor"):
         print(f"(more: accum jobs --limit {args.limit * 2})")
     return 0
 
 
-def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
+def batch(job: dict[str, Any]) -> str:
+    """`16 x 4 x 1 GPU = 64`: the effective batch and its factors (m x N x GPUs)."""
+    spec = job.get("spec") or {}
+    m, n, gpus = spec.get("micro_batch_size"), spec.get("accumulation_steps"), spec.get("gpus", 1)
+    total = job.get("effective_batch_size")
+    shown = grouped(total) if isinstance(total, int) else "?"
+    if not isinstance(m, int) or not isinstance(n, int):
+        # "auto" micro-batch or an epoch schedule of N: only the product is fixed
+        return f"{shown} (m {m}, N {n})" if m is not None else shown
+    device = "CPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus != 1 else ''}"
+    return f"{m} x {n} x {device} = {shown}"
+
+
+def eta(job: dict[str, Any]) -> str | None:
+    """Time left at the latest samples/s: steps to go x samples per step / samples per s."""
     progress = job.get("progress") or {}
+    step, total = progress.get("optimizer_step") or 0, progress.get("total_optimizer_steps")
+    speed = (job.get("latest_metrics") or {}).get("samples_per_s")
+    size = job.get("effective_batch_size")
+    if job.get("status") != "running" or not total or not size:
+        return None
+    if not isinstance(speed, int | float) or speed <= 0:
+        return None
+    return f"{duration((total - step) * size / speed)} (at {grouped(round(speed))} samples/s)"
+
+
+def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
+    spec = job.get("spec") or {}
+    progress = job.get("progress") or {}
+    model = (spec.get("model") or {}).get("name", spec.get("model"))
+    dataset = (spec.get("dataset") or {}).get("name", spec.get("dataset"))
+    status = job["status"]
+    attempts = job.get("attempts")  # a count, or (newer servers) the list of attempts
+    count = len(attempts) if isinstance(attempts, list) else attempts
+    if isinstance(count, int) and count > 1:
+        status += f" (attempt {count})"
+    queue = str(job.get("queue") or spec.get("queue") or "-")
+    if isinstance(job.get("queue_position"), int) and job["status"] == "queued":
+        queue += f", position {job['queue_position']} in line"  # 1 = next to run
+    total = progress.get("total_optimizer_steps")
+    step = progress.get("optimizer_step") or 0
+    percent = f" ({100 * step / total:.0f}%)" if total else ""
+    epochs = spec.get("epochs")
     fields = [
         ("id", str(job["id"])),
         ("name", str(job.get("name") or "")),
-        ("status", job["status"]),
-        ("progress", f"step {format_progress(job)}, epoch {_epoch(progress, job)}"),
-        ("effective batch", str(job.get("effective_batch_size"))),
-        ("attempts", str(job.get("attempts"))),
-        ("created", str(job.get("created_at"))),
-        ("started", str(job.get("started_at") or "-")),
-        ("finished", str(job.get("finished_at") or "-")),
+        ("status", status),
+        ("model", f"{model} on {dataset}"),
+        ("batch", f"{batch(job)}  (m x N x GPUs)"),
+        ("queue", queue),
+        ("progress", f"step {format_progress(job)}{percent}, epoch "
+                     f"{epoch(progress.get('epoch'))}{f' of {epochs}' if epochs else ''}"),
     ]
+    if (left := eta(job)) is not None:
+        fields.append(("eta", left))
+    exactness = job.get("exactness")
+    if isinstance(exactness, dict) and exactness.get("checked"):
+        verdict = "first window = big batch" if exactness.get("passed") else "NOT exact"
+        error = exactness.get("rel_error")
+        shown = f", rel. error {error:.2g}" if isinstance(error, int | float) else ""
+        fields.append(("exactness", f"{verdict}{shown}"))
+    worker = job.get("worker") or {}
+    if worker:
+        fields.append(("worker", " ".join(str(v) for v in worker.values() if v)))
+    fields += [
+        ("created", when(job.get("created_at"))),
+        ("started", when(job.get("started_at"))),
+        ("finished", when(job.get("finished_at"))),
+    ]
+    if job.get("started_at") and job["status"] in FINAL_STATUSES and job.get("finished_at"):
+        start, end = parse_time(job["started_at"]), parse_time(job["finished_at"])
+        if start and end:
+            fields.append(("took", duration((end - start).total_seconds())))
+    elif job.get("started_at") and job["status"] == "running":
+        start = parse_time(job["started_at"])
+        if start:
+            fields.append(("running for", duration((datetime.now(UTC) - start).total_seconds())))
     error = job.get("error")
     if error:
         fields.append(("error", f"{error.get('type')}: {error.get('message')}"))
-    for name, value in sorted((job.get("latest_metrics") or {}).items()):
-        if name in ("step", "epoch"):  # already in the progress line
-            continue
-        shown = f"{value:.6g}" if isinstance(value, float) else str(value)
-        fields.append((name, shown))
+    latest = job.get("latest_metrics") or {}
+    names = [n for n in SHOWN_FIRST if n in latest]
+    names += sorted(n for n in latest if n not in names and n not in SKIPPED)
+    fields += [(name, latest_value(job, name)) for name in names]
     return fields
-
-
-def _epoch(progress: dict[str, Any], job: dict[str, Any]) -> str:
-    """1-based for people (the API counts from 0), with the total when the spec has one."""
-    epoch = progress.get("epoch")
-    if not isinstance(epoch, int):
-        return "-"
-    total = (job.get("spec") or {}).get("epochs")
-    return f"{epoch + 1} of {total}" if total else str(epoch + 1)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     with make_client() as client:
-        job = client.job(args.job_id)
+        job = client.job(resolve_job_id(client, args.job_id))
     if args.json:
         print_json(job)
         return 0
-    fields = describe_job(job)
-    width = max(len(k) for k, _ in fields)
-    for key, value in fields:
-        print(f"{key.ljust(width)}  {value}")
+    print_fields(describe_job(job))
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     with make_client() as client:
-        job = client.cancel(args.job_id)
-    print(f"job {args.job_id}: {job.get('status', 'cancel requested')}")
+        job_id = resolve_job_id(client, args.job_id)
+        job = client.cancel(job_id)
+    print(f"job {job_id}: {job.get('status', 'cancel requested')}")
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     with make_client() as client:
-        job = client.resume(args.job_id)
-    print(f"job {args.job_id}: {job.get('status', 'queued')}")
+        job_id = resolve_job_id(client, args.job_id)
+        job = client.resume(job_id)
+    print(f"job {job_id}: {job.get('status', 'queued')}")
     return 0

@@ -2,14 +2,16 @@
 
     accum up                         # local service (API + worker, SQLite), prints URL + token
     accum submit examples/digits_small_cnn.yaml --watch
-    accum jobs | status ID | watch ID | cancel ID | resume ID
-    accum metrics ID --name loss --csv | checkpoints ID | download ID [STEP] -o model.pt
+    accum jobs | status ID | watch ID | cancel ID | resume ID    # ID: the id or a unique prefix
+    accum metrics ID [--name loss] [--all] [--csv] | checkpoints ID | download ID [STEP] -o model.pt
+    accum catalog [models|datasets]
     accum token create NAME [--admin] | token list [NAME] | token revoke PREFIX|TOKEN
     accum db upgrade | api | worker | demo
 
 Server URL and token come from ACCUM_URL / ACCUM_TOKEN, else from ACCUM_HOME/local.json
 (written by `accum up`). Exit codes: 0 ok, 1 error (one line on stderr), 2 usage; `watch`
-exits 3 when the job failed and 4 when it was cancelled.
+exits 3 when the job failed and 4 when it was cancelled, 130 on Ctrl-C. Epochs are counted
+from 1 in everything printed (the API's `epoch` fields count from 0).
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from services.cli import admin, demo, jobs, results, server, watch
-from services.cli.common import UsageError
+from accum import AccumAPIError, __version__
+from services.cli import admin, catalog, demo, jobs, results, server, watch
+from services.cli.common import CommandError, UsageError, in_cli_words
 from services.cli.config import ConfigError
-from services.client import AccumAPIError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Server and token: ACCUM_URL / ACCUM_TOKEN, else ACCUM_HOME/local.json "
         "(written by `accum up`).",
     )
+    parser.add_argument("--version", action="version", version=f"accum {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (server, jobs, watch, results, admin, demo):
+    for module in (server, jobs, watch, results, catalog, admin, demo):
         module.register(commands)
     return parser
 
@@ -48,8 +51,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"accum {args.command}: {exc}", file=sys.stderr)
         return 2
-    except (AccumAPIError, ConfigError) as exc:
-        print(f"accum {args.command}: {exc}", file=sys.stderr)
+    except (AccumAPIError, ConfigError, CommandError) as exc:
+        print(f"accum {args.command}: {in_cli_words(str(exc))}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # `accum metrics ID --csv | head`: the reader left; exit quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except OSError as exc:
+        # A file the command reads or writes (`download -o /no/such/dir/x.pt`): one line.
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"accum {args.command}: cannot use{where}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     except ValidationError as exc:
         # Settings read from ACCUM_* variables: each error already says how to fix it.
@@ -58,11 +71,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        # `accum metrics ID --csv | head`: the reader left; exit quietly, as Unix tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,12 @@ The step range is cut into ``max_points // 2`` equal buckets and each bucket kee
 and its highest point, so spikes and dips survive (unlike averaging or striding). Long curves
 read the per-block extremes in ``metric_blocks`` (one row per 64 steps) instead of every
 point; short ones, or buckets narrower than two blocks, read the points. Read-only.
+
+Non-finite points (services/store/nonfinite.py) are kept where a reader needs them to see a
+run diverge: a short history has every point; in a long one, +-inf are values like any
+other (so a bucket's extreme), and a NaN tail (a diverged run: the trainer stops it within a
+few steps) keeps its first and last point. A NaN in the middle of a long run's bucket is not
+kept (finding it would read every row); the job's events say where steps were skipped.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ def downsample_metrics(
     session: Session, job_id: str, name: str, max_points: int
 ) -> list[Point]:
     """At most ``max_points`` points of metric ``name``, in step order, keeping each bucket's
-    minimum and maximum. Fewer points than ``max_points``: all of them. NULL values are skipped.
+    minimum and maximum. Fewer points than ``max_points``: all of them, NaN (NULL) included;
+    otherwise buckets of the numbers, and the first and last step of a NaN tail.
     Points are rows of the ``metrics.POINT`` columns, as ``metrics.read_metrics`` returns.
 
     With buckets at least two blocks wide, a bucket is the set of blocks whose first step falls
@@ -31,23 +38,43 @@ def downsample_metrics(
     """
     if max_points < 2:
         raise ValueError(f"max_points must be at least 2 (a min and a max), got {max_points}")
-    of_metric = (Metric.job_id == job_id, Metric.name == name, Metric.value.is_not(None))
+    every_row = (Metric.job_id == job_id, Metric.name == name)
+    of_metric = (*every_row, Metric.value.is_not(None))
     # Counting stops at max_points + 1 rows: a short curve costs one index range.
-    probe = select(Metric.step).where(*of_metric).limit(max_points + 1).subquery()
+    probe = select(Metric.step).where(*every_row).limit(max_points + 1).subquery()
     if (session.scalar(select(func.count()).select_from(probe)) or 0) <= max_points:
-        return list(session.execute(select(*POINT).where(*of_metric).order_by(Metric.step)))
+        return list(session.execute(select(*POINT).where(*every_row).order_by(Metric.step)))
+    tail = _nan_tail(session, every_row)
     # Two ends of the primary-key range; min()/max() with the NULL filter would read all rows.
     first = select(Metric.step).where(*of_metric).order_by(Metric.step).limit(1)
     lo = session.scalar(first)
     hi = session.scalar(first.order_by(None).order_by(Metric.step.desc()))
-    assert lo is not None and hi is not None  # more than max_points rows exist
-    buckets = max_points // 2
+    buckets = (max_points - len(tail)) // 2
+    if lo is None or hi is None or buckets < 1:  # nothing but NaN, or no room beside the tail
+        return _points_at(session, job_id, name, tail)
     if (hi - lo + 1) // buckets >= 2 * BLOCK_STEPS:
         steps = _extremes_from_blocks(session, job_id, name, lo, hi, buckets)
     else:
         bucket = cast(Metric.step - lo, BigInteger) * buckets // (hi - lo + 1)
         steps = _extremes_from_points(session, of_metric, bucket)
-    return _points_at(session, job_id, name, sorted(steps))
+    return _points_at(session, job_id, name, sorted(steps | set(tail)))
+
+
+def _nan_tail(session: Session, every_row: tuple[Any, ...]) -> list[int]:
+    """The first and last step of the NaN run that ends the metric, as far as its last
+    ``BLOCK_STEPS`` rows show it (an index range read backwards); [] if it ends in a number."""
+    last = session.execute(
+        select(Metric.step, Metric.value)
+        .where(*every_row)
+        .order_by(Metric.step.desc())
+        .limit(BLOCK_STEPS)
+    ).all()
+    run = []
+    for step, value in last:
+        if value is not None:
+            break
+        run.append(step)
+    return sorted({run[0], run[-1]}) if run else []
 
 
 # The steps arrive as one array; each is looked up by the full primary key. (With a plain

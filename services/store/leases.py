@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from services.store.events import add_event
 from services.store.models import ACTIVE_STATUSES, FINISHED_STATUSES, Checkpoint, Job
+from services.store.nonfinite import json_safe
 from services.store.types import utcnow
 
 
@@ -133,7 +134,7 @@ def update_progress(
     worker_id: str | None = None,
 ) -> bool:
     """Merge ``progress`` ({epoch, optimizer_step, total_optimizer_steps}) and ``latest_metrics``
-    into the job row. With ``worker_id`` only while that worker holds the lease (a worker that
+    into the job row (a non-finite metric as its label: services/store/nonfinite.py). With ``worker_id`` only while that worker holds the lease (a worker that
     lost its lease cannot overwrite its successor's progress). Returns whether it wrote.
     Does not commit.
     """
@@ -143,7 +144,8 @@ def update_progress(
     if current is None:
         return False
     merged_progress = {**(current.progress or {}), **(progress or {})}
-    merged_metrics = {**(current.latest_metrics or {}), **(latest_metrics or {})}
+    # A JSON column cannot hold NaN or infinity (PostgreSQL refuses the whole write): labels.
+    merged_metrics = {**(current.latest_metrics or {}), **json_safe(latest_metrics or {})}
     query = update(Job).where(Job.id == job_id)
     if worker_id is not None:
         query = query.where(Job.lease_owner == worker_id, Job.status.in_(ACTIVE_STATUSES))

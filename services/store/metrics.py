@@ -56,9 +56,19 @@ def _aware(ts: datetime | None) -> datetime | None:
     return ts
 
 
-def _finite(value: Any) -> float | None:
+def _storable(value: Any) -> float | None:
+    """NaN (and None) as NULL, which SQLite makes of a NaN anyway; +-inf and numbers as floats
+    (services/store/nonfinite.py)."""
     value = float(value) if value is not None else None
-    return value if value is not None and math.isfinite(value) else None
+    return None if value is None or math.isnan(value) else value
+
+
+def _json_number(value: float | None) -> float | str | None:
+    """A value for the JSON document PostgreSQL unpacks: JSON has no infinity, but a string
+    such as "Infinity" is read by double precision's own input function."""
+    if value is not None and math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
 
 
 # One statement whatever the batch size: the rows travel as one JSON document that PostgreSQL
@@ -81,7 +91,7 @@ def write_metrics(
     """Insert metric rows (``name``, ``step``, ``value``, optional ``epoch``, ``ts``); a row for
     an existing (job, name, step) replaces it, so a resumed attempt that re-logs a step shows
     it once, with the newest value. One statement per batch (plus the per-block extremes of
-    the steps it touched). Non-finite values are stored as NULL. Returns the number of rows
+    the steps it touched). NaN is stored as NULL, +-inf as themselves. Returns the number of rows
     written. Raises ValueError for a negative step, an over-long name or a naive ``ts``.
     Does not commit.
     """
@@ -91,7 +101,8 @@ def write_metrics(
     if session.get_bind().dialect.name == "postgresql":
         document = json.dumps(
             [
-                {**{k: v[k] for k in ("name", "step", "epoch", "value")}, "ts": v["ts"].isoformat()}
+                {"name": v["name"], "step": v["step"], "epoch": v["epoch"],
+                 "value": _json_number(v["value"]), "ts": v["ts"].isoformat()}
                 for v in values
             ]
         )
@@ -129,7 +140,7 @@ def _normalise(
             "step": step,
             "attempt": attempt,
             "epoch": int(epoch) if epoch is not None else None,
-            "value": _finite(row.get("value")),
+            "value": _storable(row.get("value")),
             "ts": _aware(row.get("ts")) or now,
         }
     return list(unique.values())

@@ -148,7 +148,8 @@ class Metric(Base):
 
     The primary key (job_id, name, step) is the uniqueness rule (a resumed attempt overwrites
     its predecessor's rows, so each step appears once) and the index for reading one metric in
-    step order. ``value`` is NULL for non-finite values (NaN/inf), which JSON cannot carry.
+    step order. ``value`` is NULL for a NaN (SQLite cannot hold one) and +-inf as themselves
+    (services/store/nonfinite.py).
     """
 
     __tablename__ = "metrics"

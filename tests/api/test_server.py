@@ -19,7 +19,7 @@ from job_specs import MINIMAL_SPEC
 from ports import free_port
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.client import parse_sse
+from accum import parse_sse
 from services.settings import Settings
 from services.store import events, leases, metrics, tokens
 

@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -49,3 +50,18 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float)
     raise RuntimeError(f"the API at {url} was not ready within {timeout} s")
 
 
+
+
+def accum_in_process(capsys: Any, *args: str) -> tuple[int, str, str]:
+    """`accum ARGS` through the console script's target, in this process: (code, out, err)."""
+    from services.cli.main import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_fits(text: str, columns: int = 80) -> None:
+    """Every line of a command's output fits the terminal (COLUMNS=80 in these tests)."""
+    wide = [line for line in text.splitlines() if len(line) > columns]
+    assert not wide, f"lines wider than {columns} columns: {wide}"

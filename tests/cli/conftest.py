@@ -19,7 +19,7 @@ from cli_helpers import ACCUM, Server, accum_env, run_accum, wait_until_ready
 from job_specs import MINIMAL_SPEC
 from ports import free_port
 
-from services.client import AccumClient
+from accum import AccumClient
 
 START_TIMEOUT_S = 30.0
 
@@ -63,7 +63,15 @@ def cli_env(api_server: Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.setenv("ACCUM_HOME", str(tmp_path / "client-home"))
     monkeypatch.setenv("ACCUM_URL", api_server.url)
     monkeypatch.setenv("ACCUM_TOKEN", api_server.token)
+    monkeypatch.setenv("COLUMNS", "80")  # every command's output is checked at 80 columns
     return api_server
+
+
+@pytest.fixture(scope="session")
+def admin_token(api_server: Server) -> str:
+    created = run_accum("token", "create", "cli-admin", "--admin", env=api_server.env)
+    assert created.returncode == 0, created.stderr
+    return created.stdout.strip()
 
 
 class Seeder:
@@ -87,6 +95,38 @@ class Seeder:
         ]
         with self.sessions.begin() as session:
             write_metrics(session, job_id, 0, rows)
+
+    def rows(self, job_id: str, rows: list[dict[str, Any]], attempt: int = 1) -> None:
+        """Metric rows as given (name, step, epoch, value, ts: the worker's own)."""
+        from services.store.metrics import write_metrics
+
+        with self.sessions.begin() as session:
+            write_metrics(session, job_id, attempt, rows)
+
+    def claim(self, job_id: str, worker: str, now: Any = None) -> None:
+        """The job taken by `worker` (a takeover when `now` is past the holder's lease)."""
+        from services.store.leases import claim_job
+
+        with self.sessions.begin() as session:
+            assert claim_job(session, job_id, worker, f"host-{worker}", None, 60, now=now)
+
+    def event(self, job_id: str, kind: str, message: str, data: dict[str, Any], attempt: int) -> None:
+        from services.store.events import add_event
+
+        with self.sessions.begin() as session:
+            add_event(session, job_id, kind, message, data, attempt=attempt)
+
+    def progress(self, job_id: str, step: int, latest: dict[str, Any], epoch: int = 0) -> None:
+        from services.store.leases import update_progress
+
+        with self.sessions.begin() as session:
+            update_progress(session, job_id, {"optimizer_step": step, "epoch": epoch}, latest)
+
+    def finish(self, job_id: str, worker: str, status: str, error: dict[str, Any] | None = None) -> None:
+        from services.store.leases import finish_job
+
+        with self.sessions.begin() as session:
+            assert finish_job(session, job_id, worker, status, error)
 
     def checkpoint(self, job_id: str, step: int, content: bytes, sha256: str | None = None) -> Path:
         """A checkpoint file and its row; `sha256` overrides the recorded hash (corruption)."""
@@ -117,3 +157,11 @@ def seed(api_server: Server) -> Iterator[Seeder]:
 def tiny_spec() -> dict[str, Any]:
     """The smallest real job: an MLP on digits for one epoch."""
     return {"name": "cli-tiny", **MINIMAL_SPEC, "optimizer": dict(MINIMAL_SPEC["optimizer"])}
+
+
+@pytest.fixture
+def job_with_metrics(client: AccumClient, seed: Seeder, tiny_spec: dict[str, Any]) -> str:
+    """A queued job with `loss` and `lr` at steps 1..4 (value 1/step); its id."""
+    job_id = str(client.submit(tiny_spec)["id"])
+    seed.metrics(job_id, steps=4, names=("loss", "lr"))
+    return job_id

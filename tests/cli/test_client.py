@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.client import AccumAPIError, AccumClient, parse_sse
+from accum import AccumAPIError, AccumClient, parse_sse
 
 
 def test_submit_returns_the_normalised_job(client: AccumClient, tiny_spec: dict[str, Any]) -> None:

@@ -81,7 +81,7 @@ def test_up_runs_a_job_that_watch_follows_to_success(
         assert watched.returncode == 0, watched.stdout + watched.stderr
         assert f"job {job_id} succeeded" in watched.stdout
         # Lifecycle events and the epoch-end evaluation came through the SSE stream.
-        assert "[started]" in watched.stdout and "val_accuracy" in watched.stdout
+        assert "  started  " in watched.stdout and "val_accuracy" in watched.stdout
 
         metrics = run_accum("metrics", job_id, "--name", "loss", "--csv", env=env)
         steps = [int(line.split(",")[1]) for line in metrics.stdout.splitlines()[1:]]

@@ -62,6 +62,9 @@ def test_log_in_with_a_token_and_see_the_jobs_list(
     page.fill("#token", "accum_not-a-token")
     page.click("button[type=submit]")
     expect(page.locator(".error")).to_contain_text("Token refused")
+    # The API quotes the command in backticks: shown as code, not as literal backticks.
+    expect(page.locator(".error code")).to_have_text("accum token create NAME")
+    assert "`" not in page.locator(".error").inner_text()
 
     page.fill("#token", deployment.token)
     page.click("button[type=submit]")
@@ -109,6 +112,7 @@ def test_a_running_job_charts_live_and_is_cancelled(
     expect(page.locator("#timeline [data-kind=started]")).to_be_visible()
     shot(page, "job-running")
 
+    page.once("dialog", lambda dialog: dialog.accept())  # "Cancel job long-run? ..."
     page.click("#cancel")
     expect(page.locator(".status")).to_have_text("cancelled", timeout=30_000)
     expect(page.locator("#timeline [data-kind=cancelled]")).to_be_visible()
@@ -126,7 +130,7 @@ def test_compare_two_jobs_on_one_chart(
         deployment.stack.wait(job_id, ("succeeded",))
     page.goto(f"/#/compare?ids={','.join(compared)}")
 
-    chart = page.locator("#compare-chart")
+    chart = page.locator("#compare-loss")
     expect(chart).to_have_attribute("data-series", "2")
     expect(chart).to_have_attribute("data-points", str(2 * SHORT_STEPS))
     expect(page.locator("#compare-table tbody tr")).to_have_count(2)
@@ -184,6 +188,8 @@ def test_make_a_token_and_revoke_it(logged_in: Any, deployment: Deployment, shot
     token = value.inner_text()
     made = page.locator(f"#tokens-table tr[data-prefix='{token[:12]}']")
     expect(made).to_be_visible()
+    page.click("#copy-token")  # the clipboard, or (refused in a headless browser) a selection
+    expect(page.locator("#copy-token")).to_have_text(re.compile(r"^(Copied|Selected: press Ctrl-C)$"))
     assert httpx.get(f"{deployment.url}/v1/me", headers={"Authorization": f"Bearer {token}"}).status_code == 200
     shot(page, "tokens")
 
@@ -192,3 +198,13 @@ def test_make_a_token_and_revoke_it(logged_in: Any, deployment: Deployment, shot
     expect(made).to_have_count(0)
     assert httpx.get(f"{deployment.url}/v1/me", headers={"Authorization": f"Bearer {token}"}).status_code == 401
     expect(in_use).to_be_visible()  # this browser's own token is untouched
+
+
+def test_a_job_that_is_not_yours_says_so_and_leads_back(logged_in: Any) -> None:
+    page = logged_in
+    page.goto("/#/jobs/0000000000000000000000000z")
+
+    expect(page.locator("#not-found")).to_contain_text("does not exist, or it belongs to another owner")
+    assert "/v1/" not in page.locator("main").inner_text()
+    page.click("#not-found a.button")
+    expect(page).to_have_url(re.compile(r"#/jobs$"))

@@ -20,7 +20,7 @@ import httpx
 from api_process import running_api
 from worker_stack import Stack
 
-from services.client import AccumClient
+from accum import AccumClient
 from services.settings import Settings
 from services.store import leases, metrics, tokens
 from services.store.migrate import upgrade

@@ -24,7 +24,7 @@ from api_process import running_api
 from sqlalchemy import select
 from worker_stack import Stack
 
-from services.client import AccumClient
+from accum import AccumClient
 from services.settings import Settings
 from services.store import tokens
 from services.store.migrate import upgrade

@@ -20,7 +20,7 @@ import pytest
 from api_process import running_api
 from worker_stack import Stack
 
-from services.client import AccumClient
+from accum import AccumClient
 from services.store import tokens
 from services.worker.enqueue import enqueue_job
 

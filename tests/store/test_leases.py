@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -145,6 +146,23 @@ def test_update_progress_merges_into_the_row(
     stored = load(session_factory, job.id)
     assert stored.progress == {"epoch": 1, "optimizer_step": 12, "total_optimizer_steps": 40}
     assert stored.latest_metrics == {"loss": 0.5, "val_loss": 0.7}
+
+
+def test_non_finite_latest_metrics_are_stored_as_labels(
+    session_factory: sessionmaker[Session], make_job: Callable[..., Job]
+) -> None:
+    """A JSON column has no NaN (PostgreSQL refuses the whole write): a diverged run's latest
+    loss is kept as "NaN", and the worker's progress write still goes through."""
+    job = make_job(total_optimizer_steps=40)
+    claim(session_factory, job.id, "w1")
+    with session_factory.begin() as session:
+        assert leases.update_progress(
+            session, job.id, {"optimizer_step": 2},
+            {"loss": math.nan, "grad_norm": math.inf, "lr": -math.inf, "val_loss": 0.5}, "w1",
+        )
+    assert load(session_factory, job.id).latest_metrics == {
+        "loss": "NaN", "grad_norm": "inf", "lr": "-inf", "val_loss": 0.5,
+    }
 
 
 @pytest.mark.parametrize("outcome", ["succeeded", "failed", "cancelled"])

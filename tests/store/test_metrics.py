@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.store import InvalidCursor, Job, MetricBlock, downsample, metrics
 from services.store.metric_blocks import BLOCK_STEPS
+from services.store.nonfinite import label
 
 
 def write(
@@ -47,9 +48,11 @@ def test_write_and_read_one_step(
         assert metrics.latest_steps(session, job.id) == {"grad_norm": 3, "loss": 3, "lr": 3}
 
 
-def test_non_finite_values_are_stored_as_null(
+def test_nan_is_stored_as_null_and_infinities_as_themselves(
     session_factory: sessionmaker[Session], make_job: Callable[..., Job]
 ) -> None:
+    """SQLite cannot hold a NaN (it becomes NULL), so a NULL value is a NaN on both backends;
+    +-inf survive (PostgreSQL's JSON batch carries them as strings)."""
     job = make_job()
     write(
         session_factory,
@@ -57,10 +60,31 @@ def test_non_finite_values_are_stored_as_null(
         1,
         [
             {"name": "loss", "step": s, "value": v}
-            for s, v in [(1, math.nan), (2, math.inf), (3, 1.5)]
+            for s, v in [(1, math.nan), (2, math.inf), (3, -math.inf), (4, 1.5)]
         ],
     )
-    assert [value for *_, value, _ in all_metrics(session_factory, job.id)] == [None, None, 1.5]
+    assert [value for *_, value, _ in all_metrics(session_factory, job.id)] == [
+        None, math.inf, -math.inf, 1.5,
+    ]
+    with session_factory() as session:
+        assert [label(m.value) for m in downsample.downsample_metrics(session, job.id, "loss", 10)] == [
+            "NaN", "inf", "-inf", None,
+        ]
+
+
+def test_a_diverged_tail_survives_downsampling(
+    session_factory: sessionmaker[Session], make_job: Callable[..., Job]
+) -> None:
+    """A long run whose loss went NaN at step 4,001: the downsample keeps the numbers' extremes
+    and the first and last step of the NaN run, within max_points."""
+    job = make_job()
+    points = [(s, 1 / s if s <= 4000 else math.nan) for s in range(1, 4011)]
+    write(session_factory, job.id, 1, [{"name": "loss", "step": s, "value": v} for s, v in points])
+    with session_factory() as session:
+        sampled = downsample.downsample_metrics(session, job.id, "loss", max_points=50)
+    assert len(sampled) <= 50
+    assert [m.step for m in sampled if m.value is None] == [4001, 4010]
+    assert sampled[0].step == 1 and max(m.step for m in sampled if m.value is not None) == 4000
 
 
 def test_rewriting_a_step_keeps_one_row_with_the_latest_value(

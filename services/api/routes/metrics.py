@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
@@ -13,7 +12,7 @@ from services.api.auth import CurrentOwner
 from services.api.deps import SessionDep
 from services.api.errors import invalid_field, problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
-from services.api.schemas import MAX_INT32, MetricPage
+from services.api.schemas import MAX_INT32, MetricPage, MetricPointDict, metric_point
 from services.store import metrics as store_metrics
 from services.store.downsample import downsample_metrics
 from services.store.errors import InvalidCursor
@@ -30,16 +29,8 @@ router = APIRouter(
 METRIC_NAME = r"^[A-Za-z0-9_.:/-]+$"
 
 
-class _Point(TypedDict):
-    name: str
-    step: int
-    epoch: int | None
-    value: float | None
-    ts: datetime
-
-
 class _Page(TypedDict):
-    items: list[_Point]
+    items: list[MetricPointDict]
     next_cursor: str | None
 
 
@@ -51,10 +42,7 @@ _PAGE_JSON = TypeAdapter(_Page)
 
 def page_response(rows: list[Any], next_cursor: str | None) -> Response:
     """The page as JSON; rows come from our own store, so they need no validation."""
-    items: list[_Point] = [
-        {"name": m.name, "step": m.step, "epoch": m.epoch, "value": m.value, "ts": m.ts}
-        for m in rows
-    ]
+    items = [metric_point(m.name, m.step, m.epoch, m.value, m.ts) for m in rows]
     body = _PAGE_JSON.dump_json({"items": items, "next_cursor": next_cursor})
     return Response(body, media_type="application/json")
 

@@ -4,6 +4,7 @@ test_server.py)."""
 from __future__ import annotations
 
 import json
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -12,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from accum import parse_sse
 from services.api import sse
-from services.client import parse_sse
 from services.store import checkpoints, events, leases, metrics
 from services.store.models import Job
 from services.store.types import utcnow
@@ -154,3 +155,37 @@ def test_a_poll_sends_the_final_outcome_after_the_metrics_written_before_it(
     ]
     assert finished and "metric" in kinds and "succeeded" in kinds
     assert kinds.index("metric") < kinds.index("succeeded")
+
+
+def test_a_diverged_run_streams_nan_and_infinities_as_valid_json(
+    submitted: dict[str, Any], session_factory: sessionmaker[Session]
+) -> None:
+    """A bare NaN in a `data:` line would make a browser's JSON.parse throw and drop the
+    stream: non-finite values go out as null with their label, in metrics and job objects."""
+    job_id = submitted["id"]
+    with session_factory() as session:
+        state = sse.open_stream(session, session.get(Job, job_id))  # type: ignore[arg-type]
+    with session_factory.begin() as session:
+        leases.claim_job(session, job_id, "w1", "h", None, lease_timeout_s=60, now=utcnow())
+        metrics.write_metrics(session, job_id, 1, [
+            {"name": "loss", "step": s, "value": v}
+            for s, v in [(1, 0.5), (2, math.nan), (3, math.inf), (4, -math.inf)]
+        ])
+        leases.update_progress(session, job_id, {"optimizer_step": 2}, {"loss": math.nan}, "w1")
+    messages, _ = sse.poll(session_factory, job_id, state)
+
+    decoded = [
+        (m.split(b"\n")[0].removeprefix(b"event: ").decode(), json.loads(m.split(b"data: ")[1]))
+        for m in messages if m.startswith(b"event: ")
+    ]
+    for message in messages:  # strict JSON, as a browser parses it: no bare NaN or Infinity
+        json.loads(message.split(b"data: ")[1], parse_constant=reject_constant)
+    points = [(d["step"], d["value"], d.get("nonfinite")) for e, d in decoded if e == "metric"]
+    assert points == [(1, 0.5, None), (2, None, "NaN"), (3, None, "inf"), (4, None, "-inf")]
+    status = next(d for e, d in decoded if e == "status")
+    assert status["latest_metrics"]["loss"] is None
+    assert status["nonfinite_metrics"] == {"loss": "NaN"}
+
+
+def reject_constant(name: str) -> float:
+    raise AssertionError(f"{name} is not JSON")

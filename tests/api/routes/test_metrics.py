@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -11,6 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.store import metrics
+from services.store.models import Job
 
 
 def write_curve(session_factory: sessionmaker[Session], job_id: str, steps: int) -> dict[int, float]:
@@ -122,3 +124,27 @@ def test_bad_metric_parameters_are_422(
 
     assert response.status_code == 422, response.text
     assert [e["loc"] for e in response.json()["errors"]] == [loc]
+
+
+def test_nan_and_infinities_are_null_with_their_label(
+    client: TestClient, alice: dict[str, str], submitted: dict[str, Any], session_factory: sessionmaker[Session]
+) -> None:
+    """JSON has no NaN: the value is null (as before, so numeric clients keep working) and
+    `nonfinite` says which, in pages and in downsampled histories; the job names its own."""
+    job_id = submitted["id"]
+    rows = [(1, 0.5), (2, math.nan), (3, math.inf), (4, -math.inf)]
+    with session_factory.begin() as session:
+        metrics.write_metrics(session, job_id, 1, [{"name": "loss", "step": s, "value": v} for s, v in rows])
+        session.get(Job, job_id).latest_metrics = {"loss": "NaN", "val_loss": 0.25}  # as stored
+
+    for params in ({"name": "loss"}, {"name": "loss", "max_points": 10}):
+        response = client.get(f"/v1/jobs/{job_id}/metrics", params=params, headers=alice)
+        json.loads(response.content, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+        items = response.json()["items"]
+        assert [(p["value"], p.get("nonfinite")) for p in items] == [
+            (0.5, None), (None, "NaN"), (None, "inf"), (None, "-inf"),
+        ]
+        assert "nonfinite" not in items[0]  # finite points keep their old shape
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert job["latest_metrics"] == {"loss": None, "val_loss": 0.25}
+    assert job["nonfinite_metrics"] == {"loss": "NaN"}

@@ -112,3 +112,11 @@ export function sleep(ms, signal) {
     signal?.addEventListener("abort", () => { clearTimeout(timer); resolve(); }, { once: true });
   });
 }
+
+// The server's OpenAPI document (no token needed), read once: what this server offers, so the
+// page shows features a newer server has (a worker registry, job priorities) and no others.
+let described = null;
+export function openapi() {
+  described ??= fetch("openapi.json", { cache: "no-store" }).then((r) => (r.ok ? r.json() : {})).catch(() => ({}));
+  return described;
+}

@@ -7,6 +7,7 @@ export function el(tag, attrs = {}, ...children) {
     if (value === undefined || value === null || value === false) continue;
     if (key === "class") node.className = value;
     else if (key === "dataset") Object.assign(node.dataset, value);
+    else if (key === "style") node.style.cssText = value;
     else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
     else if (key in node && typeof value !== "string") node[key] = value;
     else node.setAttribute(key, value === true ? "" : value);
@@ -20,6 +21,13 @@ export function clear(node, ...children) {
   return node;
 }
 
+// Messages from the API quote commands in backticks (`accum token create NAME`): shown as
+// code, not as literal backticks.
+export function richText(text) {
+  return String(text).split(/(`[^`]+`)/).filter(Boolean).map((part) =>
+    part.startsWith("`") && part.endsWith("`") ? el("code", {}, part.slice(1, -1)) : part);
+}
+
 export function errorBox(error) {
-  return el("p", { class: "error", role: "alert" }, String(error.message || error));
+  return el("p", { class: "error", role: "alert" }, richText(error.message || error));
 }

@@ -1,8 +1,14 @@
-// How jobs are shown: status badges, progress bars, effective batch, ages, numbers.
+// How jobs are shown: status badges, progress bars, effective batch, times, numbers.
+// Epochs: the API counts from 0 (the trainer's index); everything shown here counts from 1.
+// Non-finite values: the API sends null with a label ("NaN", "inf", "-inf") beside it
+// (`nonfinite` on a metric point, `nonfinite_metrics` on a job); they are shown by name.
 
 import { el } from "./dom.js";
 
 export const ACTIVE = new Set(["queued", "running", "cancelling"]);
+export const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
+const GROUPED = new Intl.NumberFormat("en");
+const SHORT_ID = 12;
 
 export function statusBadge(status) {
   return el("span", { class: `status status-${status}`, dataset: { status } }, status);
@@ -15,9 +21,9 @@ export function progressBar(job) {
   bar.style.width = `${(fraction * 100).toFixed(1)}%`;
   return el(
     "span",
-    { class: "progress", title: `optimizer step ${step} of ${total ?? "?"}` },
+    { class: "progress", title: `optimizer step ${grouped(step)} of ${total ? grouped(total) : "?"}` },
     el("span", { class: "bar" }, bar),
-    el("span", { class: "bar-label" }, total ? `${step} / ${total}` : `${step}`),
+    el("span", { class: "bar-label" }, total ? `${grouped(step)} / ${grouped(total)}` : grouped(step)),
   );
 }
 
@@ -26,20 +32,52 @@ export function effectiveBatch(spec, effective) {
   const gpus = Math.max(spec.gpus ?? 1, 1);
   const m = spec.micro_batch_size;
   const n = spec.accumulation_steps;
+  const product = effective ?? (typeof m === "number" && typeof n === "number" ? m * n * gpus : null);
   if (typeof m !== "number" || typeof n !== "number") {
     // "auto" micro-batch, or an epoch schedule of N: only the product is fixed.
     const schedule = n && typeof n === "object" ? ` (N by epoch: ${JSON.stringify(n)})` : "";
-    return `${effective ?? "?"}${m === "auto" ? " (m auto)" : ""}${schedule}`;
+    return `${product === null ? "?" : grouped(product)}${m === "auto" ? " (m auto)" : ""}${schedule}`;
   }
   const device = spec.gpus === 0 ? "CPU" : `${gpus} GPU${gpus > 1 ? "s" : ""}`;
-  return `${m} × ${n} × ${device} = ${effective ?? m * n * gpus}`;
+  return `${grouped(m)} × ${grouped(n)} × ${device} = ${grouped(product)}`;
 }
 
-export function formatNumber(value) {
-  if (value === null || value === undefined || Number.isNaN(value)) return "–";
+// Samples per optimizer step: the job's own figure, else m × N × GPUs from its spec.
+export function batchSize(job) {
+  const { micro_batch_size: m, accumulation_steps: n, gpus } = job.spec ?? {};
+  return job.effective_batch_size ?? (typeof m === "number" && typeof n === "number" ? m * n * Math.max(gpus ?? 1, 1) : null);
+}
+
+export function grouped(value) {
+  return typeof value === "number" && Number.isFinite(value) ? GROUPED.format(value) : String(value ?? "–");
+}
+
+// A metric value: 4 significant digits, its label when it is NaN or infinite, "–" when absent.
+export function formatNumber(value, nonfinite) {
+  if (nonfinite) return nonfinite;
+  if (value === null || value === undefined) return "–";
+  if (Number.isNaN(value)) return "NaN";
+  if (!Number.isFinite(value)) return value > 0 ? "inf" : "-inf";
   const abs = Math.abs(value);
   if (abs !== 0 && (abs < 1e-3 || abs >= 1e6)) return value.toExponential(2);
   return Number(value.toPrecision(4)).toString();
+}
+
+// The latest value of a job's metric, NaN and infinities included.
+export function latestMetric(job, name) {
+  return formatNumber(job.latest_metrics?.[name], job.nonfinite_metrics?.[name]);
+}
+
+export function hasMetric(job, name) {
+  return job.latest_metrics?.[name] !== undefined;
+}
+
+export function isNonFinite(job, name) {
+  return Boolean(job.nonfinite_metrics?.[name]);
+}
+
+export function epochNumber(index) {
+  return typeof index === "number" ? String(index + 1) : "–";
 }
 
 export function formatBytes(bytes) {
@@ -54,17 +92,48 @@ export function formatBytes(bytes) {
 }
 
 export function age(timestamp, now = Date.now()) {
-  const seconds = Math.max(0, (now - Date.parse(timestamp)) / 1000);
-  if (seconds < 60) return `${Math.floor(seconds)} s`;
-  if (seconds < 3600) return `${Math.floor(seconds / 60)} min`;
-  if (seconds < 86400) return `${Math.floor(seconds / 3600)} h`;
-  return `${Math.floor(seconds / 86400)} d`;
+  return timestamp ? duration((now - Date.parse(timestamp)) / 1000) : "–";
+}
+
+// "45 s", "3 min", "2 h 07 min", "3 d 4 h"
+export function duration(seconds) {
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min`;
+  if (s < 172800) return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")} min`;
+  return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
+}
+
+// How long a job ran (or has been running): finished − started, or now − started.
+export function runTime(job, now = Date.now()) {
+  if (!job.started_at) return null;
+  const end = job.finished_at ? Date.parse(job.finished_at) : FINISHED.has(job.status) ? null : now;
+  return end === null ? null : (end - Date.parse(job.started_at)) / 1000;
 }
 
 export function dateTime(timestamp) {
   return timestamp ? new Date(timestamp).toLocaleString() : "–";
 }
 
+export function shortId(id) {
+  return String(id).slice(0, SHORT_ID);
+}
+
 export function jobLabel(job) {
-  return job.name || job.id;
+  return job.name || shortId(job.id);
+}
+
+// Names repeat (one spec submitted twice): pickers and legends add the short id.
+export function uniqueLabel(job) {
+  return `${job.name || "unnamed"} · ${shortId(job.id)}`;
+}
+
+// The badge of the first-window check (issue: every job proves its accumulation exact), when
+// the API reports one: `exactness: {checked, rel_error, tolerance, passed, note}`.
+export function exactnessBadge(job) {
+  const check = job.exactness;
+  if (!check || !check.checked) return null;
+  const error = typeof check.rel_error === "number" ? `, rel. error ${check.rel_error.toExponential(1)}` : "";
+  const text = check.passed ? `first window = big batch${error}` : `accumulation NOT exact${error}`;
+  return el("span", { class: `exactness ${check.passed ? "exact" : "inexact"}`, id: "exactness", title: check.note || "" }, text);
 }

@@ -1,53 +1,80 @@
-// Compare jobs: one metric (loss by default) of two or more jobs on one chart, e.g. batch 64
-// against 16 × 4, the classic accumulation experiment. #/compare?ids=A,B&metric=val_loss
+// Compare jobs: one chart per chosen metric, every job a solid line of its own colour, on any
+// x axis, with a table of the spec fields that differ between the jobs (m, N, lr, ...): the
+// classic accumulation experiment, batch 64 against 16 × 4, reads at a glance.
+//   #/compare?ids=A,B&metrics=loss,val_accuracy
 
 import { api, sleep } from "../api.js";
-import { COLORS, LineChart, Series } from "../charts.js";
+import { chartControls, chartSettings } from "../chart_controls.js";
+import { COLORS, LineChart, Series, xContext } from "../charts.js";
 import { clear, el, errorBox } from "../dom.js";
-import { ACTIVE, effectiveBatch, formatNumber, jobLabel, statusBadge } from "../format.js";
+import { ACTIVE, batchSize, effectiveBatch, exactnessBadge, formatNumber, grouped, statusBadge, uniqueLabel } from "../format.js";
 
 const METRICS = ["loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s"];
 const MAX_POINTS = 1000;
 const REFRESH_MS = 5000;
+// Spec fields with short names people know them by; any other differing field shows its path.
+const FIELD_NAMES = {
+  micro_batch_size: "m", accumulation_steps: "N", gpus: "GPUs", "optimizer.lr": "lr",
+  "optimizer.name": "optimizer", "model.name": "model", "dataset.name": "dataset",
+};
+const IGNORED_FIELDS = new Set(["name", "queue"]);
 
 export async function render({ root, params, signal }) {
   const ids = (params.get("ids") || "").split(",").map((s) => s.trim()).filter(Boolean);
-  const metric = METRICS.includes(params.get("metric")) ? params.get("metric") : "loss";
-  root.append(el("div", { class: "toolbar" }, el("h1", {}, "Compare"), el("span", { class: "spacer" }), metricPicker(ids, metric)));
+  const asked = (params.get("metrics") || params.get("metric") || "loss").split(",").filter((m) => METRICS.includes(m));
+  const metrics = asked.length ? asked : ["loss"];
+  const settings = chartSettings();
   const picker = el("section", { class: "card picker" });
-  if (ids.length < 2) root.append(el("p", { class: "muted" }, "Pick two or more jobs to plot on one chart."));
+  const problem = el("div");
+  root.append(el("div", { class: "toolbar" }, el("h1", {}, "Compare"), el("span", { class: "spacer" }), metricPicker(ids, metrics)), problem);
+  if (ids.length < 2) root.append(el("p", { class: "muted" }, "Pick two or more jobs to plot together."));
   if (ids.length) {
     const jobs = await Promise.all(ids.map((id) => api(`v1/jobs/${encodeURIComponent(id)}`, { signal })));
-    const chart = new LineChart(root, {
-      id: "compare-chart",
-      title: `${metric} by optimizer step`,
-      labels: jobs.map((j) => `${jobLabel(j)} (${effectiveBatch(j.spec, j.effective_batch_size)})`),
-    });
-    signal.addEventListener("abort", () => chart.destroy(), { once: true });
+    const grid = el("div", { class: "charts" });
+    const charts = metrics.map((m) => new LineChart(grid, { id: `compare-${m.replaceAll("_", "-")}`, title: m, sync: "compare" }));
+    signal.addEventListener("abort", () => charts.forEach((c) => c.destroy()), { once: true });
     const table = el("tbody");
-    root.append(el("div", { class: "table-wrap" }, el("table", { id: "compare-table" },
-      el("thead", {}, el("tr", {}, ["", "Job", "Status", "Effective batch (m × N × GPUs)", "Steps", `Last ${metric}`].map((c) => el("th", {}, c)))),
-      table)));
+    const diff = el("div", { id: "compare-diff" });
+    root.append(
+      el("div", { class: "section-head" }, el("span", { class: "spacer" }), chartControls(settings, () => draw())),
+      grid,
+      el("h2", {}, "Jobs"),
+      el("div", { class: "table-wrap" }, el("table", { id: "compare-table" },
+        el("thead", {}, el("tr", {}, ["", "Job", "Status", "Effective batch (m × N × GPUs)", "Steps", ...metrics.map((m) => `Last ${m}`)].map((c) => el("th", {}, c)))),
+        table)),
+      diff,
+    );
+    const series = new Map(); // `${job}/${metric}` -> Series
+    let fresh = jobs;
+    const draw = () => charts.forEach((chart, k) => chart.set(fresh.map((job, i) => {
+      const s = series.get(`${job.id}/${metrics[k]}`) ?? new Series();
+      // Solid lines, each narrower than the one before: curves that coincide (64 against
+      // 16 × 4, exact accumulation) show as a line inside a band, both visible.
+      return { label: uniqueLabel(job), color: COLORS[i % COLORS.length], width: Math.max(4.5 - 1.5 * i, 1.25),
+        series: s, context: xContext(job, series.get(`${job.id}/loss`) ?? s) };
+    }), { xMode: settings.xMode, smoothing: settings.smoothing }));
     const refresh = async () => {
-      const pages = await Promise.all(jobs.map((j) => api(`v1/jobs/${j.id}/metrics?name=${metric}&max_points=${MAX_POINTS}`, { signal })));
-      const series = pages.map((page) => {
+      const wanted = [...new Set([...metrics, "loss"])];
+      const pages = await Promise.all(jobs.flatMap((j) => wanted.map((m) =>
+        api(`v1/jobs/${j.id}/metrics?name=${m}&max_points=${MAX_POINTS}`, { signal }).then((page) => [j.id, m, page]))));
+      for (const [id, m, page] of pages) {
         const s = new Series();
-        for (const p of page.items) s.add(p.step, p.value);
-        return s;
-      });
-      chart.set(series);
-      const fresh = await Promise.all(jobs.map((j) => api(`v1/jobs/${j.id}`, { signal })));
-      clear(table, fresh.map((job, i) => {
-        const swatch = el("span", { class: "swatch" });
-        swatch.style.background = COLORS[i % COLORS.length];
-        return el("tr", {},
-          el("td", {}, swatch),
-          el("td", {}, el("a", { href: `#/jobs/${job.id}` }, jobLabel(job))),
-          el("td", {}, statusBadge(job.status)),
-          el("td", { class: "mono" }, effectiveBatch(job.spec, job.effective_batch_size)),
-          el("td", { class: "num" }, String(job.progress.optimizer_step)),
-          el("td", { class: "num" }, formatNumber(series[i].ys[series[i].ys.length - 1])));
-      }));
+        for (const p of page.items) s.add(p);
+        series.set(`${id}/${m}`, s);
+      }
+      fresh = await Promise.all(jobs.map((j) => api(`v1/jobs/${j.id}`, { signal })));
+      draw();
+      clear(table, fresh.map((job, i) => el("tr", { dataset: { jobId: job.id } },
+        el("td", {}, el("span", { class: "swatch", style: `background:${COLORS[i % COLORS.length]}` })),
+        el("td", {}, el("a", { href: `#/jobs/${job.id}` }, uniqueLabel(job)), " ", exactnessBadge(job)),
+        el("td", {}, statusBadge(job.status)),
+        el("td", { class: "mono" }, effectiveBatch(job.spec, job.effective_batch_size)),
+        el("td", { class: "num" }, grouped(job.progress.optimizer_step)),
+        metrics.map((m) => {
+          const last = series.get(`${job.id}/${m}`)?.last();
+          return el("td", { class: "num" }, last ? formatNumber(last.value, last.label) : "–");
+        }))));
+      clear(diff, diffTable(fresh));
       return fresh.some((job) => ACTIVE.has(job.status));
     };
     (async () => {
@@ -55,31 +82,73 @@ export async function render({ root, params, signal }) {
       while (active && !signal.aborted) {
         await sleep(REFRESH_MS, signal);
         if (signal.aborted) break;
-        active = await refresh().catch((error) => { root.append(errorBox(error)); return false; });
+        active = await refresh().catch((error) => { clear(problem, errorBox(error)); return false; });
       }
-    })().catch((error) => { if (!signal.aborted) root.append(errorBox(error)); });
+    })().catch((error) => { if (!signal.aborted) clear(problem, errorBox(error)); });
   }
   root.append(picker);
-  await fillPicker(picker, ids, metric, signal);
+  await fillPicker(picker, ids, metrics, signal);
 }
 
-function metricPicker(ids, metric) {
-  const select = el("select", { id: "compare-metric", "aria-label": "metric" },
-    METRICS.map((m) => el("option", { value: m, selected: m === metric }, m)));
-  select.addEventListener("change", () => { location.hash = `#/compare?ids=${ids.join(",")}&metric=${select.value}`; });
-  return el("label", { class: "inline" }, "Metric ", select);
+// The spec as flat "path: value" pairs: {"optimizer": {"lr": 0.1}} -> {"optimizer.lr": 0.1}.
+function flatten(value, prefix = "", out = {}) {
+  if (value && typeof value === "object" && !Array.isArray(value)) {
+    for (const [k, v] of Object.entries(value)) flatten(v, prefix ? `${prefix}.${k}` : k, out);
+  } else {
+    out[prefix] = value;
+  }
+  return out;
 }
 
-async function fillPicker(picker, ids, metric, signal) {
-  const { items } = await api("v1/jobs?limit=50", { signal });
+function show(value) {
+  if (value === undefined) return "–";
+  if (typeof value === "number") return grouped(value);
+  return typeof value === "string" ? value : JSON.stringify(value);
+}
+
+// The spec fields whose values differ between the jobs, one row each; the effective batch
+// first, since it is what the jobs are usually compared by.
+function diffTable(jobs) {
+  const flat = jobs.map((j) => flatten(j.spec));
+  const fields = [...new Set(flat.flatMap(Object.keys))].filter((f) => !IGNORED_FIELDS.has(f)
+    && new Set(flat.map((s) => JSON.stringify(s[f]))).size > 1);
+  const rows = [["effective batch", jobs.map(batchSize)], ...fields.map((f) => [FIELD_NAMES[f] ?? f, flat.map((s) => s[f])])];
+  const same = new Set(jobs.map(batchSize)).size === 1;
+  return [
+    el("h2", {}, "What differs"),
+    fields.length ? null : el("p", { class: "muted" }, "The specs are the same but for their names."),
+    el("div", { class: "table-wrap" }, el("table", { id: "compare-diff-table" },
+      el("thead", {}, el("tr", {}, el("th", {}, "Field"), jobs.map((j, i) => el("th", {},
+        el("span", { class: "swatch", style: `background:${COLORS[i % COLORS.length]}` }), " ", uniqueLabel(j))))),
+      el("tbody", {}, rows.map(([field, values], r) => el("tr", { dataset: { field }, class: r === 0 && same ? "same" : "" },
+        el("th", { scope: "row" }, field), values.map((v) => el("td", { class: "mono" }, show(v)))))))),
+  ];
+}
+
+function metricPicker(ids, metrics) {
+  const chosen = new Set(metrics);
+  return el("fieldset", { class: "metric-picker", id: "compare-metrics" }, el("legend", { class: "visually-hidden" }, "Metrics"),
+    METRICS.map((m) => {
+      const box = el("input", { type: "checkbox", value: m, checked: chosen.has(m) });
+      box.addEventListener("change", () => {
+        box.checked ? chosen.add(m) : chosen.delete(m);
+        if (!chosen.size) return;
+        location.hash = `#/compare?ids=${ids.join(",")}&metrics=${METRICS.filter((x) => chosen.has(x)).join(",")}`;
+      });
+      return el("label", { class: "chip-check" }, box, m);
+    }));
+}
+
+async function fillPicker(picker, ids, metrics, signal) {
+  const { items } = await api("v1/jobs?limit=100", { signal });
   const chosen = new Set(ids);
   const list = el("div", { class: "pick-list" }, items.map((job) => {
     const box = el("input", { type: "checkbox", value: job.id, checked: chosen.has(job.id) });
     box.addEventListener("change", () => (box.checked ? chosen.add(job.id) : chosen.delete(job.id)));
-    return el("label", { class: "pick" }, box, " ", jobLabel(job), " ", statusBadge(job.status),
+    return el("label", { class: "pick" }, box, " ", uniqueLabel(job), " ", statusBadge(job.status),
       el("span", { class: "muted small mono" }, ` ${effectiveBatch(job.spec, job.effective_batch_size)}`));
   }));
-  const show = el("button", { type: "button", class: "primary", id: "compare-show" }, "Compare");
-  show.addEventListener("click", () => { location.hash = `#/compare?ids=${[...chosen].join(",")}&metric=${metric}`; });
-  clear(picker, el("h2", {}, "Jobs"), items.length ? list : el("p", { class: "muted" }, "No jobs yet."), show);
+  const showButton = el("button", { type: "button", class: "primary", id: "compare-show" }, "Compare");
+  showButton.addEventListener("click", () => { location.hash = `#/compare?ids=${[...chosen].join(",")}&metrics=${metrics.join(",")}`; });
+  clear(picker, el("h2", {}, "Jobs"), items.length ? list : el("p", { class: "muted" }, "No jobs yet."), showButton);
 }

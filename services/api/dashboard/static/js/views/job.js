@@ -1,10 +1,15 @@
 // One job: summary, live charts (history downsampled with max_points, then the SSE stream),
-// the events timeline, checkpoints with downloads, Cancel / Resume, and the spec.
+// its attempts, the events timeline (filterable, checkpoints folded), checkpoints with
+// downloads, Cancel (confirmed) / Resume / Clone, and the spec.
 
 import { api, downloadFile, sleep, streamJob } from "../api.js";
-import { LineChart, Series } from "../charts.js";
-import { clear, el, errorBox } from "../dom.js";
-import { ACTIVE, dateTime, effectiveBatch, formatBytes, formatNumber, jobLabel, progressBar, statusBadge } from "../format.js";
+import { chartControls, chartSettings } from "../chart_controls.js";
+import { LineChart, Series, xContext } from "../charts.js";
+import { clear, el, errorBox, richText } from "../dom.js";
+import {
+  ACTIVE, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, formatBytes,
+  formatNumber, grouped, hasMetric, isNonFinite, jobLabel, latestMetric, progressBar, runTime, statusBadge,
+} from "../format.js";
 
 // Points per metric fetched as history; a live curve longer than COMPACT_AT is fetched again,
 // downsampled by the server (which keeps each curve's min/max shape).
@@ -13,7 +18,7 @@ const COMPACT_AT = 3 * MAX_POINTS;
 const RECONNECT_MS = 2000;
 const PANELS = [
   { id: "chart-loss", title: "Loss", metrics: ["loss", "val_loss"], always: true },
-  { id: "chart-val-accuracy", title: "Validation accuracy", metrics: ["val_accuracy"] },
+  { id: "chart-val-accuracy", title: "Validation accuracy", metrics: ["val_accuracy"], waiting: "Waiting for the first evaluation" },
   { id: "chart-lr", title: "Learning rate", metrics: ["lr"] },
   { id: "chart-grad-norm", title: "Gradient norm", metrics: ["grad_norm"] },
   { id: "chart-samples", title: "Samples/s", metrics: ["samples_per_s"] },
@@ -21,12 +26,35 @@ const PANELS = [
 const EVENT_TONES = {
   succeeded: "good", started: "info", resumed: "info", checkpoint: "muted", created: "muted",
   failed: "bad", traceback: "bad", oom_backoff: "warn", requeued: "warn", lease_expired: "warn",
-  fp16_step_skipped: "warn", batchnorm_warning: "warn", cancel_requested: "muted", cancelled: "muted",
+  fp16_step_skipped: "warn", nonfinite_step_skipped: "warn", batchnorm_warning: "warn",
+  cancel_requested: "muted", cancelled: "muted",
 };
+// Where an attempt ended, from its events (used until the API lists attempts itself).
+const ATTEMPT_ENDS = {
+  succeeded: "succeeded", failed: "failed", cancelled: "cancelled", requeued: "handed back",
+  lease_expired: "worker lost",
+};
+const CHECKPOINTS_NAMED = 4;
 
 export async function render({ root, id, signal }) {
-  const job = await api(`v1/jobs/${encodeURIComponent(id)}`, { signal });
-  new JobPage(root, job, signal).follow();
+  let job;
+  try {
+    job = await api(`v1/jobs/${encodeURIComponent(id)}`, { signal });
+  } catch (error) {
+    if (error.status !== 404) throw error;
+    // Another owner's job answers 404 too: say so in the page's words, with a way back.
+    root.append(el("p", { class: "crumbs" }, el("a", { href: "#/jobs" }, "← Jobs")),
+      el("div", { class: "card", id: "not-found" }, el("h1", {}, "No such job"),
+        el("p", {}, "There is no job ", el("code", {}, id), " that this token may see: it does not exist, or it belongs to another owner."),
+        el("p", {}, el("a", { href: "#/jobs", class: "button" }, "Back to your jobs"))));
+    return;
+  }
+  const page = new JobPage(root, job, signal);
+  // A finished job's curves are read before the first paint (its panels are only those it
+  // has); a live job's are read when its stream opens, so the two leave no gap between them.
+  if (FINISHED.has(job.status)) await page.loadHistory();
+  else page.draw();
+  page.follow();
 }
 
 class JobPage {
@@ -34,34 +62,52 @@ class JobPage {
     this.id = job.id;
     this.signal = signal;
     this.series = new Map();
+    this.events = [];
     this.eventIds = new Set();
     this.lastEventId = null;
     this.following = false;
     this.drawPending = false;
     this.compacting = new Set();
+    this.settings = chartSettings();
+    this.kindFilter = "";
 
     this.title = el("h1", {});
     this.badge = el("span");
-    this.cancelButton = el("button", { type: "button", id: "cancel", class: "danger", onclick: () => this.act("cancel") }, "Cancel");
+    this.exactness = el("span");
+    this.cancelButton = el("button", { type: "button", id: "cancel", class: "danger", onclick: () => this.cancel() }, "Cancel");
     this.resumeButton = el("button", { type: "button", id: "resume", onclick: () => this.act("resume") }, "Resume");
-    this.problem = el("div");
+    this.problem = el("div", { id: "problem" });
     this.summary = el("dl", { class: "summary" });
     this.streamState = el("span", { class: "muted small", id: "stream-state" });
     const chartGrid = el("div", { class: "charts" });
-    this.panels = PANELS.map((panel) => ({ ...panel, chart: new LineChart(chartGrid, { title: panel.title, labels: panel.metrics, id: panel.id }) }));
+    const sync = `job-${job.id}`;
+    this.panels = PANELS.map((panel) => ({ ...panel, chart: new LineChart(chartGrid, { title: panel.title, id: panel.id, sync }) }));
+    this.attemptRows = el("tbody");
+    this.kindSelect = el("select", { id: "event-kind", "aria-label": "show events of kind" });
+    this.kindSelect.addEventListener("change", () => { this.kindFilter = this.kindSelect.value; this.renderEvents(); });
     this.timeline = el("ol", { class: "timeline", id: "timeline" });
     this.checkpoints = el("tbody");
     this.spec = el("pre", { class: "spec" });
 
     root.append(
       el("p", { class: "crumbs" }, el("a", { href: "#/jobs" }, "← Jobs")),
-      el("div", { class: "toolbar" }, this.title, this.badge, el("span", { class: "spacer" }),
-        el("a", { href: `#/compare?ids=${job.id}`, class: "button" }, "Compare…"), this.cancelButton, this.resumeButton),
+      el("div", { class: "toolbar" }, this.title, this.badge, this.exactness, el("span", { class: "spacer" }),
+        el("a", { href: `#/compare?ids=${job.id}`, class: "button" }, "Compare…"),
+        el("a", { href: `#/submit?from=${job.id}`, class: "button", id: "clone" }, "Clone"),
+        this.cancelButton, this.resumeButton),
       this.problem,
       this.summary,
-      el("section", {}, el("h2", {}, "Training curves ", this.streamState), chartGrid),
+      el("section", {},
+        el("div", { class: "section-head" }, el("h2", {}, "Training curves ", this.streamState),
+          chartControls(this.settings, () => this.draw())),
+        chartGrid),
+      el("section", {}, el("h2", {}, "Attempts"),
+        el("div", { class: "table-wrap" }, el("table", { id: "attempts" },
+          el("thead", {}, el("tr", {}, ["#", "Worker", "Started", "Ended", "Outcome", "From step"].map((c) => el("th", {}, c)))),
+          this.attemptRows))),
       el("div", { class: "columns" },
-        el("section", {}, el("h2", {}, "Events"), this.timeline),
+        el("section", {}, el("div", { class: "section-head" }, el("h2", {}, "Events"),
+          el("label", { class: "inline small" }, "show ", this.kindSelect)), this.timeline),
         el("section", {}, el("h2", {}, "Checkpoints"),
           el("div", { class: "table-wrap" }, el("table", { id: "checkpoints" },
             el("thead", {}, el("tr", {}, ["Step", "Epoch", "Size", "val_loss", "sha256", ""].map((c) => el("th", {}, c)))),
@@ -70,44 +116,67 @@ class JobPage {
     );
     signal.addEventListener("abort", () => this.panels.forEach((p) => p.chart.destroy()), { once: true });
     this.show(job);
-    this.draw();
     this.loadCheckpoints();
   }
 
   show(job) {
-    // Stream `status` messages do not name the owner (only GET /v1/jobs/ID does): keep it.
+    // Stream `status` messages may not name the owner (only GET /v1/jobs/ID does): keep it.
     this.job = { ...job, owner: job.owner ?? this.job?.owner };
     job = this.job;
     this.title.textContent = jobLabel(job);
     clear(this.badge, statusBadge(job.status));
+    clear(this.exactness, exactnessBadge(job));
     this.cancelButton.hidden = !["queued", "running"].includes(job.status);
     this.resumeButton.hidden = !["failed", "cancelled"].includes(job.status);
     const spec = job.spec;
     const optimizer = `${spec.optimizer.name}, lr ${spec.optimizer.lr}`;
-    const latest = job.latest_metrics;
+    const epochs = spec.epochs ? ` of ${spec.epochs}` : "";
+    const validation = ["val_loss", "val_accuracy"].filter((n) => hasMetric(job, n) || isNonFinite(job, n));
+    const queue = typeof job.queue_position === "number" && job.status === "queued"
+      ? `${job.queue} (position ${job.queue_position})` : job.queue;
+    const took = runTime(job);
     const rows = [
       ["Job id", el("span", { class: "mono" }, job.id)],
       ["Progress", progressBar(job)],
+      ["Epoch", `${epochNumber(job.progress.epoch)}${epochs}`],
       ["Effective batch", el("span", { class: "mono" }, effectiveBatch(spec, job.effective_batch_size))],
       ["Model / dataset", `${spec.model.name} on ${spec.dataset.name}`],
       ["Optimizer", optimizer],
-      ["Loss", formatNumber(latest.loss)],
-      ["Validation", latest.val_loss === undefined ? "–" : `loss ${formatNumber(latest.val_loss)}, accuracy ${formatNumber(latest.val_accuracy)}`],
-      ["Attempts", String(job.attempts)],
-      ["Worker", job.worker ? [job.worker.host, job.worker.gpu].filter(Boolean).join(" · ") : "–"],
-      ["Queue", job.queue],
+      ["Loss", el("span", { id: "latest-loss", class: isNonFinite(job, "loss") ? "nonfinite" : "" }, latestMetric(job, "loss"))],
+      ["Validation", validation.length ? validation.map((n) => `${n.replace("val_", "")} ${latestMetric(job, n)}`).join(", ") : "–"],
+      ["Queue", queue],
       ["Owner", job.owner ?? "–"],
       ["Created", dateTime(job.created_at)],
-      ["Started", dateTime(job.started_at)],
-      ["Finished", dateTime(job.finished_at)],
+      [FINISHED.has(job.status) ? "Took" : "Running for", took === null ? "–" : duration(took)],
     ];
     clear(this.summary, rows.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
-    clear(this.problem, job.error && errorBox(`${job.error.type}: ${job.error.message}`));
+    this.showError();
     this.spec.textContent = JSON.stringify(spec, null, 2);
+    this.renderAttempts();
+  }
+
+  // The job's error, once, with the worker's traceback folded under it.
+  showError() {
+    const error = this.job.error;
+    if (!error) {
+      if (this.problem.dataset.kind === "job-error") clear(this.problem);
+      return;
+    }
+    const traceback = [...this.events].reverse().find((e) => e.kind === "traceback")?.data?.traceback;
+    this.problem.dataset.kind = "job-error";
+    clear(this.problem, el("div", { class: "error", role: "alert", id: "job-error" },
+      el("strong", {}, `${error.type}: `), richText(error.message),
+      traceback && el("details", { class: "traceback" }, el("summary", {}, "Traceback"), el("pre", {}, traceback))));
+  }
+
+  async cancel() {
+    const what = this.job.status === "running" ? "It stops at its next micro-batch." : "It will not run.";
+    if (!window.confirm(`Cancel job ${jobLabel(this.job)}? ${what}`)) return;
+    await this.act("cancel");
   }
 
   async act(verb) {
-    clear(this.problem);
+    if (this.problem.dataset.kind !== "job-error") clear(this.problem);
     try {
       this.show(await api(`v1/jobs/${this.id}/${verb}`, { method: "POST", signal: this.signal }));
     } catch (error) {
@@ -121,6 +190,7 @@ class JobPage {
   // connection drops. Each time the stream opens, the history is read again and merged by step.
   async follow() {
     this.following = true;
+    let first = FINISHED.has(this.job.status);
     try {
       while (!this.signal.aborted) {
         this.streamState.textContent = "· connecting…";
@@ -130,7 +200,8 @@ class JobPage {
             lastEventId: this.lastEventId,
             onOpen: () => {
               this.streamState.textContent = ACTIVE.has(this.job.status) ? "· live" : "";
-              this.loadHistory();
+              if (!first) this.loadHistory(); // the stream's metrics start now: history before it
+              first = false;
             },
           });
           if (ended) return;
@@ -146,13 +217,13 @@ class JobPage {
   }
 
   onMessage({ event, data }) {
-    if (event === "metric") this.addPoint(data.name, data.step, data.value);
+    if (event === "metric") this.addPoint(data);
     else if (event === "status") this.show(data);
     else if (event === "job_event") this.addEvent(data);
     else if (event === "end") {
       this.streamState.textContent = "";
       this.loadCheckpoints();
-      api(`v1/jobs/${this.id}`, { signal: this.signal }).then((job) => this.show(job)).catch(() => {});
+      api(`v1/jobs/${this.id}`, { signal: this.signal }).then((job) => { this.show(job); this.draw(); }).catch(() => {});
     }
   }
 
@@ -160,18 +231,19 @@ class JobPage {
     const query = `max_points=${MAX_POINTS}${name ? `&name=${encodeURIComponent(name)}` : ""}`;
     try {
       const page = await api(`v1/jobs/${this.id}/metrics?${query}`, { signal: this.signal });
-      for (const point of page.items) this.addPoint(point.name, point.step, point.value);
+      for (const point of page.items) this.addPoint(point, false);
     } catch (error) {
       if (!this.signal.aborted) clear(this.problem, errorBox(error));
     }
+    this.draw();
   }
 
-  addPoint(name, step, value) {
-    let series = this.series.get(name);
-    if (!series) this.series.set(name, (series = new Series()));
-    series.add(step, value);
-    if (series.xs.length > COMPACT_AT && !this.compacting.has(name)) this.compact(name);
-    if (!this.drawPending) {
+  addPoint(point, schedule = true) {
+    let series = this.series.get(point.name);
+    if (!series) this.series.set(point.name, (series = new Series()));
+    series.add(point);
+    if (series.length > COMPACT_AT && !this.compacting.has(point.name)) this.compact(point.name);
+    if (schedule && !this.drawPending) {
       this.drawPending = true;
       requestAnimationFrame(() => this.draw());
     }
@@ -184,9 +256,13 @@ class JobPage {
       const page = await api(`v1/jobs/${this.id}/metrics?name=${encodeURIComponent(name)}&max_points=${MAX_POINTS}`, { signal: this.signal });
       const old = this.series.get(name);
       const fresh = new Series();
-      for (const p of page.items) fresh.add(p.step, p.value);
-      const last = fresh.xs.length ? fresh.xs[fresh.xs.length - 1] : -1;
-      old.xs.forEach((x, i) => { if (x > last) fresh.add(x, old.ys[i]); });
+      for (const p of page.items) fresh.add(p);
+      const last = fresh.length ? fresh.steps[fresh.length - 1] : -1;
+      old.steps.forEach((step, i) => {
+        if (step > last) {
+          fresh.add({ step, value: old.values[i], nonfinite: old.labels[i], ts: old.times[i] && new Date(old.times[i]).toISOString(), epoch: old.epochs[i] });
+        }
+      });
       this.series.set(name, fresh);
     } catch {
       // keep the full curve; the next point tries again
@@ -197,28 +273,116 @@ class JobPage {
 
   draw() {
     this.drawPending = false;
+    const finished = FINISHED.has(this.job.status);
+    const markers = this.attempts().filter((a) => a.attempt > 1 && a.fromStep)
+      .map((a) => ({ x: a.fromStep, text: `attempt ${a.attempt}` }));
     for (const panel of this.panels) {
-      const data = panel.metrics.map((m) => this.series.get(m) ?? new Series());
-      panel.chart.figure.hidden = !panel.always && data.every((s) => !s.xs.length);
-      panel.chart.set(data);
+      const lines = panel.metrics.map((m) => {
+        const series = this.series.get(m) ?? new Series();
+        return { label: m, series, context: xContext(this.job, this.series.get("loss") ?? series) };
+      });
+      const empty = lines.every((l) => !l.series.length);
+      // A finished job shows the curves it has; a live one keeps every panel's place, so a
+      // chart that gets its first point does not push the page about.
+      panel.chart.figure.hidden = empty && finished && !panel.always;
+      if (empty) panel.chart.placeholder(finished ? "No training steps were logged" : panel.waiting ?? "Waiting for the first point");
+      panel.chart.set(lines, { xMode: this.settings.xMode, smoothing: this.settings.smoothing, markers });
     }
+  }
+
+  // The attempts: from the API when it lists them, else from the lifecycle events.
+  attempts() {
+    if (Array.isArray(this.job.attempts)) {
+      return this.job.attempts.map((a, i) => ({
+        attempt: a.attempt ?? a.number ?? i + 1,
+        worker: a.worker ?? a.worker_name ?? a.host ?? "–",
+        started: a.started_at ?? a.started ?? null,
+        ended: a.ended_at ?? a.ended ?? a.finished_at ?? null,
+        outcome: a.outcome ?? (a.ended_at ? "ended" : "running"),
+        fromStep: a.resume_step ?? a.from_step ?? null,
+      }));
+    }
+    const byAttempt = new Map();
+    for (const event of this.events) {
+      if (event.kind === "started") {
+        const data = event.data || {};
+        byAttempt.set(event.attempt, {
+          attempt: event.attempt, worker: [data.worker ?? data.host, data.gpu].filter(Boolean).join(" · ") || "–",
+          started: event.created_at, ended: null, outcome: ACTIVE.has(this.job.status) ? "running" : "–",
+          fromStep: data.resume_step ?? null,
+        });
+      } else if (event.kind in ATTEMPT_ENDS) {
+        const attempt = byAttempt.get(event.attempt);
+        if (attempt && !attempt.ended) Object.assign(attempt, { ended: event.created_at, outcome: ATTEMPT_ENDS[event.kind] });
+      }
+    }
+    return [...byAttempt.values()];
+  }
+
+  renderAttempts() {
+    const attempts = this.attempts();
+    clear(this.attemptRows, attempts.length ? attempts.map((a) => el("tr", { dataset: { attempt: String(a.attempt) } },
+      el("td", { class: "num" }, String(a.attempt)),
+      el("td", { class: "mono small" }, a.worker),
+      el("td", {}, dateTime(a.started)),
+      el("td", {}, dateTime(a.ended)),
+      el("td", {}, a.outcome),
+      el("td", { class: "num" }, a.fromStep ? grouped(a.fromStep) : "start")))
+      : el("tr", {}, el("td", { colspan: 6, class: "muted empty" }, "Not started yet")));
   }
 
   addEvent(event) {
     if (this.eventIds.has(event.id)) return;
     this.eventIds.add(event.id);
     this.lastEventId = Math.max(this.lastEventId ?? 0, event.id);
+    this.events.push(event);
+    if (!this.eventsPending) {
+      this.eventsPending = true;
+      queueMicrotask(() => {
+        this.eventsPending = false;
+        this.renderEvents();
+        this.renderAttempts();
+        this.showError();
+        this.draw();
+      });
+    }
+    if (event.kind === "checkpoint") this.loadCheckpoints();
+  }
+
+  renderEvents() {
+    const counts = new Map();
+    for (const e of this.events) counts.set(e.kind, (counts.get(e.kind) ?? 0) + 1);
+    clear(this.kindSelect, el("option", { value: "", selected: !this.kindFilter }, `all (${this.events.length})`),
+      [...counts].sort().map(([kind, n]) => el("option", { value: kind, selected: kind === this.kindFilter }, `${kind.replaceAll("_", " ")} (${n})`)));
+    const shown = this.events.filter((e) => (this.kindFilter ? e.kind === this.kindFilter : e.kind !== "traceback"));
+    const items = [];
+    for (const event of shown) {
+      const previous = items[items.length - 1];
+      if (event.kind === "checkpoint" && previous?.kind === "checkpoint") previous.group.push(event);
+      else items.push({ kind: event.kind, group: [event] });
+    }
     const list = this.timeline;
     const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
-    list.append(
-      el("li", { dataset: { kind: event.kind } },
-        el("time", { datetime: event.created_at, title: new Date(event.created_at).toLocaleString() }, new Date(event.created_at).toLocaleTimeString()),
-        el("span", { class: `kind tone-${EVENT_TONES[event.kind] ?? "muted"}` }, event.kind.replaceAll("_", " ")),
-        el("span", { class: "message" }, event.message || ""),
-        event.attempt > 1 && el("span", { class: "muted small" }, ` attempt ${event.attempt}`)),
-    );
+    clear(list, items.map((item) => this.eventItem(item)));
     if (atBottom) list.scrollTop = list.scrollHeight; // follow new events unless scrolled up
-    if (event.kind === "checkpoint") this.loadCheckpoints();
+  }
+
+  eventItem({ kind, group }) {
+    const last = group[group.length - 1];
+    let message = last.message || "";
+    if (kind === "checkpoint" && group.length > 1) {
+      const steps = group.map((e) => e.data?.step ?? "?");
+      const named = steps.length <= CHECKPOINTS_NAMED ? steps.join(", ") : `${steps[0]}, ${steps[1]}, … ${steps[steps.length - 1]}`;
+      message = `${group.length} checkpoints, steps ${named}`;
+    } else if (kind === "failed" && this.job.error) {
+      message = "see the error above";
+    }
+    const time = new Date(last.created_at);
+    return el("li", { dataset: { kind, count: String(group.length) } },
+      el("time", { datetime: last.created_at, title: time.toLocaleString() }, time.toLocaleTimeString()),
+      el("span", { class: `kind tone-${EVENT_TONES[kind] ?? "muted"}` }, kind.replaceAll("_", " ")),
+      el("span", { class: "message" }, richText(message),
+        last.attempt > 1 ? el("span", { class: "muted small" }, ` · attempt ${last.attempt}`) : null));
   }
 
   async loadCheckpoints() {
@@ -240,8 +404,8 @@ class JobPage {
       downloadFile(download.getAttribute("href"), filename).catch((error) => clear(this.problem, errorBox(error)));
     });
     return el("tr", { dataset: { step: String(c.step) } },
-      el("td", { class: "num" }, String(c.step), c.is_best ? el("span", { class: "best", title: "best val_loss" }, " ★") : null),
-      el("td", { class: "num" }, c.epoch ?? "–"),
+      el("td", { class: "num" }, grouped(c.step), c.is_best ? el("span", { class: "best", title: "best val_loss" }, " ★") : null),
+      el("td", { class: "num" }, epochNumber(c.epoch)),
       el("td", { class: "num" }, formatBytes(c.size_bytes)),
       el("td", { class: "num" }, formatNumber(c.metrics.val_loss)),
       el("td", { class: "mono small", title: c.sha256 }, c.sha256.slice(0, 12)),

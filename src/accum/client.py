@@ -2,7 +2,7 @@
 
 Use it from your own scripts:
 
-    from services.client import AccumClient
+    from accum import AccumClient
     with AccumClient("http://127.0.0.1:8000", token) as client:
         job = client.submit({"model": "mlp", "dataset": "digits", "micro_batch_size": 16,
                              "accumulation_steps": 4, "epochs": 1,
@@ -17,10 +17,13 @@ problem+json body (status, title, detail and each field error with its path).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,6 +31,11 @@ from typing import Any
 import httpx
 
 JSON = dict[str, Any]
+
+try:
+    __version__ = version("accum")
+except PackageNotFoundError:  # a source tree on sys.path without an install
+    __version__ = "0+unknown"
 
 # Training jobs run for hours: the SSE stream must not time out between two events, but
 # connecting to a dead server should fail fast.
@@ -56,13 +64,16 @@ class AccumAPIError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        """`422 Unprocessable Content: spec is invalid; micro_batch_size: must be > 0`."""
+        """`422 Invalid request: micro_batch_size: must be an integer from 1 ...; got 0`.
+
+        Each field error once, by the path the spec uses (no `body.`); the `detail` of a 422
+        only summarises those errors, so it is left out when they are there.
+        """
         head = f"{self.status} {self.title}" if self.status else self.title
-        parts = [head]
-        if self.detail and self.detail != self.title:
-            parts[0] = f"{head}: {self.detail}"
-        parts.extend(_format_field_error(e) for e in self.errors)
-        return "; ".join(p for p in parts if p)
+        fields = [_format_field_error(e) for e in self.errors]
+        if self.detail and self.detail != self.title and not fields:
+            head = f"{head}: {self.detail}"
+        return "; ".join([f"{head}: {fields[0]}", *fields[1:]] if fields else [head])
 
     @classmethod
     def from_response(cls, response: httpx.Response) -> AccumAPIError:
@@ -89,16 +100,39 @@ class AccumAPIError(Exception):
         )
 
 
+# Where a value came from, in front of pydantic's field paths: a user knows the spec's paths.
+_SOURCES = ("body", "query", "path", "header")
+# A closed set longer than this is shown as the closest names and a count, not 80 names.
+_CHOICES_SHOWN = 6
+_CHOICES = re.compile(r"(?P<head>.*?)(?P<intro>choose one of|allowed values?|one of):\s*(?P<names>[^;]+)$")
+
+
 def _format_field_error(error: Any) -> str:
     if not isinstance(error, dict):
         return str(error)
     loc = error.get("loc") or error.get("path") or error.get("field") or ""
-    if isinstance(loc, list | tuple):
-        # Pydantic locations start with where the value came from ("body"); the field path
-        # is what the user wrote in the spec.
-        loc = ".".join(str(p) for p in loc if p not in ("body", "query", "path", "header"))
-    message = error.get("msg") or error.get("message") or error.get("detail") or ""
-    return f"{loc}: {message}" if loc else str(message)
+    parts = loc if isinstance(loc, list | tuple) else str(loc).split(".")
+    while parts and parts[0] in _SOURCES:
+        parts = parts[1:]
+    path = ".".join(str(p) for p in parts)
+    message = _shorten_choices(str(error.get("msg") or error.get("message") or error.get("detail") or ""))
+    return f"{path}: {message}" if path else message
+
+
+def _shorten_choices(message: str) -> str:
+    """`unknown model 'resnt18'; choose one of: alexnet, ..., wide_resnet50_2` (83 names) ->
+    `unknown model 'resnt18'; did you mean resnet18? (83 choices: alexnet, convnext_base, ...)`."""
+    match = _CHOICES.match(message)
+    names = [n.strip() for n in match["names"].split(",")] if match else []
+    if len(names) <= _CHOICES_SHOWN:
+        return message
+    assert match is not None
+    given = re.findall(r"'([^']*)'", match["head"])
+    close = difflib.get_close_matches(given[0], names, n=3, cutoff=0.6) if given else []
+    alternatives = f"{', '.join(close[:-1])} or {close[-1]}" if len(close) > 1 else "".join(close)
+    guess = f"did you mean {alternatives}? " if close else ""
+    shown = ", ".join(names[:_CHOICES_SHOWN])
+    return f"{match['head']}{guess}({len(names)} choices: {shown}, ...)"
 
 
 def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, JSON]]:
@@ -143,7 +177,7 @@ class AccumClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        headers = {"Accept": "application/json", "User-Agent": "accum-client/0.1"}
+        headers = {"Accept": "application/json", "User-Agent": f"accum-client/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(
@@ -205,6 +239,10 @@ class AccumClient:
 
     def readyz(self) -> JSON:
         return self._json("GET", "/readyz")
+
+    def me(self) -> JSON:
+        """Who the token belongs to: `{"name", "is_admin"}`."""
+        return self._json("GET", "/v1/me")
 
     # -- jobs -------------------------------------------------------------------------
     def submit(self, spec: JSON, idempotency_key: str | None = None) -> JSON:
@@ -296,8 +334,21 @@ class AccumClient:
         return target
 
     # -- events -----------------------------------------------------------------------
-    def events(self, job_id: str) -> list[JSON]:
-        return list(self._json("GET", f"/v1/jobs/{job_id}/events").get("items", []))
+    def events(
+        self, job_id: str, after_id: int | None = None, limit: int | None = None
+    ) -> list[JSON]:
+        """One page of the job's lifecycle events, oldest first (`after_id`: newer ones)."""
+        params = {k: v for k, v in {"after_id": after_id, "limit": limit}.items() if v is not None}
+        return list(self._json("GET", f"/v1/jobs/{job_id}/events", params=params).get("items", []))
+
+    def all_events(self, job_id: str, page_size: int = 1000) -> list[JSON]:
+        """Every lifecycle event of the job, oldest first (all pages)."""
+        events: list[JSON] = []
+        while True:
+            page = self.events(job_id, after_id=events[-1]["id"] if events else None, limit=page_size)
+            events.extend(page)
+            if len(page) < page_size:
+                return events
 
     def stream_events(self, job_id: str) -> Iterator[tuple[str, JSON]]:
         """Live (event, data) pairs from the SSE stream until `end` or the server closes it.

@@ -1,0 +1,155 @@
+"""How the CLI shows things to people: tables that fit the terminal, times to the second,
+numbers (NaN and infinities by name), sizes, durations, and epochs counted from 1.
+
+The API counts epochs from 0 (the trainer's index); everything printed here counts from 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import textwrap
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+# The terminal's width: $COLUMNS, else the terminal's own, else 80 (a pipe or a log).
+DEFAULT_WIDTH = 80
+GAP = "  "
+ELLIPSIS = "…"
+
+
+def terminal_width() -> int:
+    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+
+
+def table_lines(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, flex: str | None = None,
+    width: int | None = None,
+) -> list[str]:
+    """Aligned columns. When they are wider than the terminal, the `flex` column (a name) is
+    cut with an ellipsis, never below its header's width; other columns (ids, numbers) never."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    if flex is not None:
+        index = list(headers).index(flex)
+        total = sum(widths) + len(GAP) * (len(widths) - 1)
+        over = total - (width or terminal_width())
+        if over > 0:
+            widths[index] = max(len(flex), widths[index] - over)
+            rows = [
+                [cut(c, widths[index]) if i == index else c for i, c in enumerate(r)] for r in rows
+            ]
+    return [
+        GAP.join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in [list(headers), *rows]
+    ]
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, flex: str | None = None
+) -> None:
+    for line in table_lines(headers, rows, flex=flex):
+        print(line)
+
+
+def print_fields(fields: Sequence[tuple[str, str]]) -> None:
+    """`key  value` lines; a long value wraps under itself instead of past the terminal."""
+    key_width = max(len(k) for k, _ in fields)
+    room = max(20, terminal_width() - key_width - len(GAP))
+    indent = " " * (key_width + len(GAP))
+    for key, value in fields:
+        lines = textwrap.wrap(value, room, break_on_hyphens=False) or [""]
+        print(f"{key.ljust(key_width)}{GAP}{lines[0]}".rstrip())
+        for more in lines[1:]:
+            print(f"{indent}{more}")
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + ELLIPSIS
+
+
+def parse_time(timestamp: str | None) -> datetime | None:
+    if not timestamp:
+        return None
+    moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def when(timestamp: str | None) -> str:
+    """`2026-11-23 22:04:38` in local time, to the second; `-` when there is none."""
+    moment = parse_time(timestamp)
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+
+
+def when_short(timestamp: str | None, now: datetime | None = None) -> str:
+    """`11-23 22:04:38` this year, `2025-11-23 22:04` before (a table column)."""
+    moment = parse_time(timestamp)
+    if moment is None:
+        return "-"
+    local = moment.astimezone()
+    this_year = (now or datetime.now(UTC)).astimezone().year == local.year
+    return local.strftime("%m-%d %H:%M:%S" if this_year else "%Y-%m-%d %H:%M")
+
+
+def number(value: Any, nonfinite: str | None = None) -> str:
+    """A metric value: 6 significant digits, or its label when it is NaN or infinite (the API
+    sends those as null with a `nonfinite` label beside them)."""
+    if nonfinite:
+        return nonfinite
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-" if value is None else str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.6g}"
+
+
+def point_value(point: Mapping[str, Any]) -> str:
+    return number(point.get("value"), point.get("nonfinite"))
+
+
+def latest_value(job: Mapping[str, Any], name: str) -> str:
+    labels = job.get("nonfinite_metrics") or {}
+    return number((job.get("latest_metrics") or {}).get(name), labels.get(name))
+
+
+def epoch(index: Any) -> str:
+    """The API's 0-based epoch index, counted from 1 for people."""
+    return str(index + 1) if isinstance(index, int) else "-"
+
+
+def size(num_bytes: Any) -> str:
+    if not isinstance(num_bytes, int | float):
+        return "-"
+    value, unit = float(num_bytes), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def duration(seconds: float) -> str:
+    """`45 s`, `3 min 05 s`, `2 h 07 min`, `3 d 4 h`."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes:02d} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+def grouped(value: int) -> str:
+    """`1,437`: thousands separators for counts people compare."""
+    return f"{value:,}"

@@ -1,0 +1,98 @@
+"""The CLI's errors at 80 columns: one line in its own words (each field error once, by the
+spec's path; commands, not API routes), a metric that does not exist, `--version`, and a
+bad output path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_helpers import accum_in_process as accum
+
+from accum import AccumClient
+
+
+def write_spec(tmp_path: Path, spec: dict[str, Any]) -> str:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+def test_each_field_error_is_said_once_by_its_spec_path(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_spec: dict[str, Any]
+) -> None:
+    spec = {**tiny_spec, "micro_batch_size": 0, "optimizer": {"name": "sgd", "lr": -1}}
+    code, out, err = accum(capsys, "submit", write_spec(tmp_path, spec))
+
+    assert code == 1 and out == ""
+    assert len(err.splitlines()) == 1
+    assert err.startswith("accum submit: 422 Invalid request: micro_batch_size: ")
+    assert err.count("micro_batch_size:") == 1 and err.count("optimizer.lr:") == 1
+    assert "body." not in err
+
+
+def test_an_unknown_model_names_the_closest_not_all_eighty(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_spec: dict[str, Any]
+) -> None:
+    code, _, err = accum(capsys, "submit", write_spec(tmp_path, {**tiny_spec, "model": "resnet-18"}))
+
+    assert code == 1 and len(err.splitlines()) == 1
+    assert "model: unknown model 'resnet-18'; did you mean resnet18" in err
+    assert "choices: " in err and "`accum catalog` lists them" in err
+    assert err.count("vgg") == 0 and len(err) < 400
+
+
+def test_a_missing_job_points_at_the_command_not_the_route(
+    cli_env: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = accum(capsys, "status", "0" * 26)
+
+    assert code == 1 and len(err.splitlines()) == 1
+    assert "list yours with `accum jobs`" in err and "/v1/" not in err
+
+
+def test_a_metric_the_job_lacks_is_an_error_listing_those_it_has(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], job_with_metrics: str
+) -> None:
+    code, out, err = accum(capsys, "metrics", job_with_metrics, "--name", "nosuch")
+
+    assert code == 1 and out == ""
+    assert err.strip() == f"accum metrics: job {job_with_metrics} has no metric 'nosuch'; it has: loss, lr"
+
+
+def test_catalog_lists_models_and_datasets_in_80_columns(
+    cli_env: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = accum(capsys, "catalog")
+
+    assert code == 0
+    assert out.splitlines()[0].split() == ["MODEL", "DESCRIPTION"]
+    assert any(line.startswith("resnet18 ") for line in out.splitlines())
+    assert "DATASET" in out and "digits" in out
+    assert all(len(line) <= 80 for line in out.splitlines())
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from accum import __version__
+
+    with pytest.raises(SystemExit) as done:
+        accum(capsys, "--version")
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"accum {__version__}"
+
+
+def test_a_bad_output_path_is_one_line(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any], tmp_path: Path,
+) -> None:
+    job = client.submit(tiny_spec)
+    seed.checkpoint(job["id"], 4, b"weights")
+    target = tmp_path / "no" / "such" / "model.pt"
+
+    code, out, err = accum(capsys, "download", job["id"], "-o", str(target))
+
+    assert code == 1 and out == "" and len(err.splitlines()) == 1
+    assert err.strip() == f"accum download: cannot save to {target}: there is no directory {target.parent}"
+    assert not target.parent.exists()

@@ -1,0 +1,142 @@
+"""What the CLI prints about jobs, at 80 columns: `jobs` (short ids, times to the second, an
+OWNER column for admins, long names cut), `status` (model, m x N x GPUs, queue, ETA, NaN by
+name), `checkpoints` (short sha256), `metrics` (a summary, `--all`, CSV), ids by unique
+prefix, and epochs counted from 1 everywhere."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from typing import Any
+
+import pytest
+from cli_helpers import accum_in_process as accum
+from cli_helpers import assert_fits
+
+from accum import AccumClient
+
+SECONDS = re.compile(r"\b\d\d:\d\d:\d\d\b")
+
+
+def test_jobs_fit_80_columns_with_short_ids_and_an_owner_column_for_admins(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient,
+    tiny_spec: dict[str, Any], admin_token: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    long_name = "a-rather-long-experiment-name-that-says-everything-about-its-settings"
+    ids = [client.submit({**tiny_spec, "name": f"{long_name}-{i}"})["id"] for i in range(14)]
+
+    code, out, _ = accum(capsys, "jobs", "--limit", "14")
+    assert code == 0
+    assert_fits(out)
+    lines = out.splitlines()
+    assert lines[0].split() == ["ID", "NAME", "STATUS", "STEP", "CREATED"]
+    assert [line[:12] for line in lines[1:15]] == [i[:12] for i in reversed(ids)]
+    assert all("…" in line and SECONDS.search(line) for line in lines[1:15])
+    assert not re.search(r"\d\d:\d\d:\d\d\.\d", out), "no fractions of a second"
+
+    monkeypatch.setenv("ACCUM_TOKEN", admin_token)
+    code, out, _ = accum(capsys, "jobs", "--limit", "14")
+    assert code == 0
+    assert_fits(out)
+    assert out.splitlines()[0].split()[-1] == "OWNER"
+    assert all(line.rstrip().endswith("cli-tests") for line in out.splitlines()[1:15])
+
+
+def test_status_shows_model_batch_queue_eta_and_nan_by_name(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    spec = {k: v for k, v in tiny_spec.items() if k != "epochs"}
+    job = client.submit({**spec, "name": "diverging", "max_steps": 400})
+    seed.claim(job["id"], "w1")
+    seed.progress(job["id"], 100, {"loss": math.nan, "samples_per_s": 640.0, "val_loss": 0.5}, epoch=0)
+
+    code, out, _ = accum(capsys, "status", job["id"][:12])
+
+    assert code == 0
+    assert_fits(out)
+    fields = {line.split("  ", 1)[0].strip(): line.split("  ", 1)[1].strip()
+              for line in out.splitlines() if not line.startswith(" ")}
+    assert fields["id"] == job["id"]
+    assert fields["model"] == "mlp on digits"
+    assert fields["batch"] == "16 x 4 x 1 GPU = 64  (m x N x GPUs)"
+    assert fields["queue"] == "default"
+    assert fields["progress"] == "step 100/400 (25%), epoch 1"
+    assert fields["eta"] == "30 s (at 640 samples/s)"  # 300 steps x 64 samples / 640 per s
+    assert fields["loss"] == "NaN" and fields["val_loss"] == "0.5"
+    assert SECONDS.search(fields["started"])
+
+
+def test_ids_are_taken_by_unique_prefix(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient,
+    tiny_spec: dict[str, Any],
+) -> None:
+    first, second = client.submit(tiny_spec), client.submit(tiny_spec)
+    common = next(i for i in range(26) if first["id"][i] != second["id"][i])
+
+    code, out, _ = accum(capsys, "cancel", second["id"][: common + 1])
+    assert code == 0 and out.strip() == f"job {second['id']}: cancelled"
+
+    code, _, err = accum(capsys, "status", first["id"][:common])
+    assert code == 1 and "is ambiguous" in err and "give more characters" in err
+    code, _, err = accum(capsys, "status", "zzzzzz")
+    assert code == 1 and "no job id starts with 'zzzzzz'" in err
+    code, _, err = accum(capsys, "status", "01")
+    assert code == 2 and "at least 4 characters" in err
+
+
+def test_checkpoints_show_short_sha256_sizes_and_epochs_from_1(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job = client.submit(tiny_spec)
+    seed.checkpoint(job["id"], 23, b"w" * 3000)
+
+    code, out, _ = accum(capsys, "checkpoints", job["id"])
+
+    assert code == 0
+    assert_fits(out)
+    header, row = out.splitlines()[:2]
+    assert header.split() == ["STEP", "EPOCH", "SIZE", "VAL_LOSS", "SHA256", "CREATED"]
+    cells = row.split()
+    assert cells[:5] == ["23", "*", "1", "2.9", "KiB"]  # stored epoch 0 is the first epoch
+    assert re.fullmatch(r"[0-9a-f]{12}", cells[6])
+    assert SECONDS.search(row)
+    assert out.splitlines()[-1] == "* best val_loss (kept beside the latest ones)"
+
+
+def test_metrics_summary_all_rows_and_csv_count_epochs_from_1(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job = client.submit(tiny_spec)
+    values = [2.0, 0.5, 1.0, math.nan]
+    seed.rows(job["id"], [
+        {"name": "loss", "step": s, "epoch": (s - 1) // 2, "value": v}
+        for s, v in enumerate(values, start=1)
+    ] + [{"name": "lr", "step": s, "epoch": (s - 1) // 2, "value": 0.1} for s in range(1, 5)])
+
+    code, out, _ = accum(capsys, "metrics", job["id"])
+    assert code == 0
+    assert_fits(out)
+    assert [line.split() for line in out.splitlines()] == [
+        ["NAME", "LAST", "STEP", "LAST", "MIN", "MAX"],
+        ["loss", "4", "NaN", "0.5", "2"],
+        ["lr", "4", "0.1", "0.1", "0.1"],
+    ]
+
+    code, out, _ = accum(capsys, "metrics", job["id"], "--all")
+    assert code == 0
+    rows = [line.split() for line in out.splitlines()]
+    assert rows[0] == ["NAME", "STEP", "EPOCH", "VALUE"] and len(rows) == 9
+    assert rows[1:5] == [["loss", "1", "1", "2"], ["loss", "2", "1", "0.5"],
+                         ["loss", "3", "2", "1"], ["loss", "4", "2", "NaN"]]
+
+    code, out, _ = accum(capsys, "metrics", job["id"], "--name", "loss", "--csv")
+    assert code == 0
+    table = list(csv.DictReader(io.StringIO(out)))
+    assert [(r["step"], r["epoch"], r["value"]) for r in table] == [
+        ("1", "1", "2.0"), ("2", "1", "0.5"), ("3", "2", "1.0"), ("4", "2", "NaN"),
+    ]
