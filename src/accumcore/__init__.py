@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from accumcore.callbacks import Callback, CheckpointInfo
     from accumcore.checkpoint import load_checkpoint, save_checkpoint
-    from accumcore.trainer import FitHistory, Trainer
+    from accumcore.trainer import FitHistory, NonFiniteError, Trainer
 
 _EXPORTS = {
     "Trainer": "accumcore.trainer",
     "FitHistory": "accumcore.trainer",
+    "NonFiniteError": "accumcore.trainer",
     "Callback": "accumcore.callbacks",
     "CheckpointInfo": "accumcore.callbacks",
     "save_checkpoint": "accumcore.checkpoint",
@@ -28,7 +29,8 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "Callback", "CheckpointInfo", "FitHistory", "Trainer", "load_checkpoint", "save_checkpoint",
+    "Callback", "CheckpointInfo", "FitHistory", "NonFiniteError", "Trainer", "load_checkpoint",
+    "save_checkpoint",
 ]
 
 

@@ -54,6 +54,27 @@ def comm_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def all_reduce_grads(params: Sequence[torch.Tensor], device: torch.device) -> None:
+    """Average gradients over ranks as DDP does (divide by world size, sum), for a window
+    run without DDP's hooks; a missing gradient counts as zeros. One call per dtype."""
+    world = world_size()
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for param in params:
+        assert param.grad is not None
+        by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(device)
+        flat.div_(world)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+
 def all_reduce_sum(values: Sequence[float | int | torch.Tensor], device: torch.device) -> torch.Tensor:
     """One all-reduce for several scalars; returns a float64 tensor on ``device``."""
     tensor = torch.stack(

@@ -48,7 +48,11 @@ def evaluate(
                 with precision.autocast():
                     outputs = module(inputs)
                     loss = loss_fn(outputs, targets)
-                loss_sum += loss.detach().to(torch.float64) * count
+                loss = loss.detach().to(torch.float64)
+                if isinstance(count, torch.Tensor):
+                    # A device count of 0 (every target ignored): 0/0 x 0 is NaN, select 0.
+                    loss = torch.where(count > 0, loss, torch.zeros_like(loss))
+                loss_sum += loss * count
                 item_total = item_total + count
                 if _is_classification(outputs, targets):
                     mask = targets != ignore_index

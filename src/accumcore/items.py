@@ -83,6 +83,17 @@ def to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
+def empty_rows(value: Any) -> Any:
+    """The same batch structure with 0 samples (the first 0 rows of every tensor)."""
+    if isinstance(value, torch.Tensor):
+        return value[:0] if value.dim() else value
+    if isinstance(value, Mapping):
+        return {k: empty_rows(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(empty_rows(v) for v in value)
+    return value
+
+
 def split(value: Any, parts: int) -> list[Any]:
     """Split along the first dimension into ``parts`` nearly equal chunks (OOM back-off)."""
     if isinstance(value, torch.Tensor):

@@ -27,14 +27,29 @@ from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
 from accumcore.loss import check_loss_fn
-from accumcore.oom import OOM_ERRORS, next_split, release_memory
+from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, next_split, release_memory
 from accumcore.precision import Precision
 from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
 from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
-from accumcore.stepper import WindowStepper
-from accumcore.window import WindowResult, WindowRunner, make_micro_batches
+from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
+from accumcore.window import EXHAUSTED, STOPPED, WindowRunner, make_micro_batches
 from accumcore.window_source import PendingBatch, target_source
+
+NONFINITE_POLICIES = ("fail", "skip")
+
+
+class NonFiniteError(RuntimeError):
+    """A window's loss or gradient norm was inf or NaN (``Trainer(on_nonfinite="fail")``), or
+    too many steps in a row were skipped for it. The message names the step, the metric and
+    the last checkpoint written with finite values."""
+
+    def __init__(self, message: str, *, step: int, metric: str, value: float, checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.metric = metric
+        self.value = value
+        self.checkpoint = checkpoint
 
 
 @dataclass
@@ -46,7 +61,7 @@ class FitHistory:
     events: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[CheckpointInfo] = field(default_factory=list)
     stopped: bool = False  # True when a callback's should_stop ended the run
-    skipped_steps: int = 0  # fp16 steps skipped for inf/nan gradients
+    skipped_steps: int = 0  # steps skipped for inf/nan: fp16 overflow, or on_nonfinite="skip"
 
 
 class Trainer:
@@ -69,10 +84,20 @@ class Trainer:
         checkpoint_dir: where checkpoints go; also written at the end of ``fit``.
         grad_norm: report the pre-clip total gradient norm (metric ``grad_norm``) every
             optimizer step. It costs one pass over all gradients per step; with ``False``
-            and no ``grad_clip_norm`` that pass is skipped and the metric is absent.
+            and no ``grad_clip_norm`` that pass is skipped and the metric is absent (and the
+            non-finite check reads the loss only).
+        on_nonfinite: what a window with an inf/NaN loss or gradient norm does (checked once
+            per optimizer step, with the step's one device sync, before the step):
+            ``"fail"`` raises ``NonFiniteError``; ``"skip"`` skips the optimizer and scheduler
+            step with a ``nonfinite_step_skipped`` event. fp16 leaves inf/NaN gradients to
+            the GradScaler, which skips those steps itself.
+        max_consecutive_skips: raise ``NonFiniteError`` after this many skipped steps in a
+            row (``on_nonfinite="skip"`` or fp16 overflows): the run has diverged.
 
     Raises:
-        ValueError: for a loss that cannot be item-weighted, or invalid settings.
+        TypeError: no model or no optimizer.
+        ValueError: for a loss that cannot be item-weighted, an optimizer on another model's
+            parameters, or invalid settings.
     """
 
     def __init__(
@@ -91,7 +116,16 @@ class Trainer:
         checkpoint_every: int | None = None,
         checkpoint_dir: str | Path | None = None,
         grad_norm: bool = True,
+        on_nonfinite: str = "fail",
+        max_consecutive_skips: int = 25,
     ) -> None:
+        _check_model_and_optimizer(model, optimizer, loss_fn)
+        if on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"on_nonfinite must be 'fail' or 'skip', got {on_nonfinite!r}")
+        if max_consecutive_skips < 1:
+            raise ValueError(f"max_consecutive_skips must be >= 1, got {max_consecutive_skips}")
+        self.on_nonfinite = on_nonfinite
+        self.max_consecutive_skips = max_consecutive_skips
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
@@ -126,6 +160,7 @@ class Trainer:
         self.batch_in_epoch = 0  # loaded batches of the current epoch already stepped on
         self.global_step = 0
         self.skipped_steps = 0
+        self.consecutive_skips = 0  # skipped steps since the last applied one
         self.oom_split = 1  # each loaded batch runs as this many micro-batches (OOM back-off)
         # RNG states at the last window boundary; None while the current states are those
         # (capturing costs ~0.1 ms, so it is done only when a stop could leave a window).
@@ -136,6 +171,8 @@ class Trainer:
         self._last_checkpoint_step: int | None = None
         self._last_eval_step: int | None = None
         self._last_metrics: dict[str, float] = {}
+        self._largest_batch = 0  # samples of the largest loaded batch seen (OOM messages)
+        self._ddp = distributed.ddp_wrapped(self.model)
         self._history = FitHistory()
 
     # ----------------------------------------------------------------------------- fit
@@ -158,6 +195,11 @@ class Trainer:
             raise ValueError(f"max_steps must be >= 1 or None, got {max_steps}")
         if eval_every is not None and (eval_every < 1 or val_loader is None):
             raise ValueError("eval_every needs val_loader and a value >= 1 (optimizer steps)")
+        if is_plateau(self.scheduler) and val_loader is None:
+            raise ValueError(
+                "ReduceLROnPlateau steps on the validation loss: pass val_loader to fit (it is "
+                "stepped after each epoch's evaluation, and every eval_every steps)"
+            )
         history = self._history = FitHistory()
         self.callbacks.on_fit_start(self)
         if not self.model.training:
@@ -175,14 +217,15 @@ class Trainer:
             if ended != "epoch":
                 break
             if val_loader is not None:
-                self._evaluate(val_loader)
+                self._evaluate(val_loader, scheduled=True)
             self.epoch += 1
             self.batch_in_epoch = 0
         history.stopped = ended == "stopped"
         history.skipped_steps = self.skipped_steps
         if not history.stopped:
             if ended == "max_steps" and val_loader is not None and self._last_eval_step != self.global_step:
-                self._evaluate(val_loader)
+                # Not a scheduled evaluation: a run resumed from here must not see it either.
+                self._evaluate(val_loader, scheduled=False)
             if self.checkpoint_dir is not None and self._last_checkpoint_step != self.global_step:
                 self._write_checkpoint()
         self.callbacks.on_fit_end(self, history)
@@ -208,22 +251,24 @@ class Trainer:
             if may_stop:  # a stop inside the window leaves the RNGs past the boundary
                 self._rng_at_boundary = capture_rng_state()
             window = list(itertools.islice(batches, steps_per_window))
-            if not window:
-                return "epoch"
-            result = self._run_window(window)
-            if result is None:
-                self.optimizer.zero_grad(set_to_none=True)
+            if not window and not self._ddp:
+                return "epoch"  # under DDP the ranks agree on that in the window's all-reduce
+            outcome = self._run_window(window)
+            if outcome == STOPPED:
                 return "stopped"
+            if outcome == EXHAUSTED:
+                return "epoch"
+            assert isinstance(outcome, StepOutcome)
             self.batch_in_epoch += len(window)
             window = []  # free this window's batches before the next window is read
-            step_metrics = self._step(result, started)
+            step_metrics = self._step(outcome, started)
             self._rng_at_boundary = None
             self._history.steps.append(step_metrics)
             self.callbacks.on_step(self, step_metrics)
             if self.checkpoint_every and self.global_step % self.checkpoint_every == 0:
                 self._write_checkpoint()
             if eval_every and val_loader is not None and self.global_step % eval_every == 0:
-                self._evaluate(val_loader)
+                self._evaluate(val_loader, scheduled=True)
             if max_steps is not None and self.global_step >= max_steps:
                 return "max_steps"
 
@@ -256,22 +301,39 @@ class Trainer:
             next(batches, None)
         return batches
 
-    def _run_window(self, window: list[Any]) -> WindowResult | None:
-        """Run the window, backing off on OOM: split every batch in two and start over."""
+    def _run_window(self, window: list[Any]) -> StepOutcome | str:
+        """Run the window and close it with one optimizer step; on out-of-memory (on any rank,
+        under DDP) split every batch in two and start the window over."""
+        if window:
+            self._largest_batch = max(self._largest_batch, *(_batch_samples(b) for b in window))
         while True:
             micro_batches = make_micro_batches(window, self.oom_split, self.count_items)
             try:
-                return self._runner.run(micro_batches)
+                result = self._runner.run(micro_batches)
             except OOM_ERRORS:
-                pass  # handled below, outside the except block, so the traceback is freed
+                result = None  # handled below, outside the except block, so the traceback is freed
+            if isinstance(result, str):  # STOPPED, or EXHAUSTED (DDP: no rank has data left)
+                self.optimizer.zero_grad(set_to_none=True)
+                return result
+            outcome = None if result is None else self._stepper.step(result)
+            if outcome is not None and not outcome.oom:
+                return outcome
             self.optimizer.zero_grad(set_to_none=True)
-            largest = max(mb.samples for mb in micro_batches)
+            largest = max((mb.samples for mb in micro_batches), default=0)
             del micro_batches
             release_memory()
-            self.oom_split = next_split(self.oom_split, largest)
-            loaded = max(_batch_samples(b) for b in window)
+            if outcome is None:
+                self.oom_split = next_split(self.oom_split, largest)
+            elif outcome.oom_fatal:  # every rank raises: the one that could not split says why
+                raise MicroBatchTooSmall(
+                    "out of memory with a micro-batch of 1 sample on a DDP rank; the model does not "
+                    "fit this device. Use precision='bf16' or 'fp16', a smaller model, or a device "
+                    "with more memory"
+                )
+            else:
+                self.oom_split *= 2  # every rank, as the stepper's all-reduce told them to
             data = {
-                "micro_batch_size": math.ceil(loaded / self.oom_split),
+                "micro_batch_size": math.ceil(self._largest_batch / self.oom_split),
                 "accumulation_steps": self.schedule.at(self.epoch) * self.oom_split,
                 "split": self.oom_split,
                 "step": self.global_step,
@@ -283,15 +345,42 @@ class Trainer:
                 data,
             )
 
-    def _step(self, result: WindowResult, started: float) -> dict[str, float]:
-        outcome = self._stepper.step(result)
+    def _step(self, outcome: StepOutcome, started: float) -> dict[str, float]:
         self.global_step += 1
-        if outcome.skipped:
-            self.skipped_steps += 1
+        if outcome.empty:
+            self._emit(
+                "empty_window",
+                "a window without items (every target ignore_index): no optimizer step, no "
+                "scheduler step",
+                {"step": self.global_step, "epoch": self.epoch},
+            )
+        elif outcome.nonfinite is not None:
+            metric, value = outcome.nonfinite
+            if self.on_nonfinite == "fail":
+                raise self._nonfinite_error(f"step {self.global_step}: {metric} is {value}", metric, value)
+            self._count_skip()
+            self._emit(
+                "nonfinite_step_skipped",
+                f"step {self.global_step} skipped: {metric} is {value} (no optimizer or "
+                "scheduler step)",
+                {"step": self.global_step, "metric": metric, "value": value,
+                 "consecutive": self.consecutive_skips},
+            )
+        elif outcome.skipped:
+            self._count_skip()
             self._emit(
                 "fp16_step_skipped",
                 "fp16 step skipped: inf/nan gradients; the loss scale was lowered",
                 {"step": self.global_step, "loss_scale": outcome.loss_scale or 0.0},
+            )
+        else:
+            self.consecutive_skips = 0
+        if self.consecutive_skips >= self.max_consecutive_skips:
+            metric, value = outcome.nonfinite or ("grad_norm", outcome.grad_norm or math.inf)
+            raise self._nonfinite_error(
+                f"{self.consecutive_skips} consecutive steps skipped for non-finite values, up to "
+                f"step {self.global_step} ({metric} is {value}): the run has diverged",
+                metric, value,
             )
         elapsed = max(time.perf_counter() - started, 1e-9)
         step_metrics = {
@@ -313,12 +402,36 @@ class Trainer:
         self._last_metrics = step_metrics
         return step_metrics
 
+    def _count_skip(self) -> None:
+        self.skipped_steps += 1
+        self.consecutive_skips += 1
+
+    def _nonfinite_error(self, what: str, metric: str, value: float) -> NonFiniteError:
+        """The error for a non-finite window, naming the last checkpoint with finite values."""
+        step = self._last_checkpoint_step
+        path = None
+        if step is None:
+            where = "no checkpoint was written before it"
+        elif self.checkpoint_dir is not None:
+            path = self.checkpoint_dir / f"{step}.pt"
+            where = f"the last checkpoint with finite values is {path} (step {step})"
+        else:
+            where = f"the last finite state is the one this run resumed from (step {step})"
+        return NonFiniteError(
+            f"{what}; {where}. Lower the learning rate, clip gradients (grad_clip_norm), or "
+            "pass on_nonfinite='skip' to skip such steps",
+            step=self.global_step, metric=metric, value=value, checkpoint=path,
+        )
+
     # --------------------------------------------------------------- eval, events, files
-    def _evaluate(self, val_loader: Iterable[Any]) -> dict[str, float]:
+    def _evaluate(self, val_loader: Iterable[Any], scheduled: bool) -> dict[str, float]:
         values = evaluate(
             self.model, val_loader, self.loss_fn, self.precision, self.device,
             self.count_items, self.ignore_index,
         )
+        if scheduled and is_plateau(self.scheduler):
+            assert self.scheduler is not None
+            self.scheduler.step(values["val_loss"])
         eval_metrics = {"step": float(self.global_step), "epoch": float(self.epoch), **values}
         self._last_eval_step = self.global_step
         self._history.evals.append(eval_metrics)
@@ -409,6 +522,26 @@ class Trainer:
         self._sampler_state = state["sampler"]
         self._last_checkpoint_step = self.global_step
         self._last_eval_step = None
+
+
+def _check_model_and_optimizer(model: Any, optimizer: Any, loss_fn: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__ if model is not None else None}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            "optimizer must be a torch.optim.Optimizer built on the model's parameters, e.g. "
+            f"torch.optim.AdamW(model.parameters(), lr=1e-3); got {type(optimizer).__name__ if optimizer is not None else None}"
+        )
+    own = {id(p) for p in model.parameters()}
+    if isinstance(loss_fn, torch.nn.Module):
+        own |= {id(p) for p in loss_fn.parameters()}  # a loss with learnable weights
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    if held and not any(id(p) in own for p in held):
+        raise ValueError(
+            "none of the optimizer's parameters belong to the model: it would train nothing. "
+            "Build the optimizer on this model's parameters (after copying or wrapping it), "
+            "e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
+        )
 
 
 def _batch_samples(batch: Any) -> int:
