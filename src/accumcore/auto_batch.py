@@ -28,10 +28,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from accumcore import distributed, items
 from accumcore.callbacks import Callback
+from accumcore.data import make_loader
 from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, release_memory
 from accumcore.peak_memory import cpu_peak_added, tensor_bytes
 from accumcore.trainer import Trainer
@@ -224,7 +225,7 @@ _BOOKKEEPING_BYTES = 64
 class _ProbeLoader:
     """The probe window's batches, loaded inside the measurement as a training loader would.
 
-    ``lazy``: a DataLoader over one sampled (inputs, targets) batch, so the trainer counts W
+    ``lazy``: ``make_loader`` over one sampled (inputs, targets) batch, so the trainer counts W
     from the targets and loads each micro-batch just in time, as it does for such loaders;
     otherwise (or when the batch is not two tensors) fresh batches from ``sample_batch_fn``,
     which the trainer reads ahead.
@@ -241,8 +242,10 @@ class _ProbeLoader:
             inputs, targets = items.unpack(sample_batch_fn(size))
             self._record(inputs, targets)
             if isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor):
-                dataset = TensorDataset(inputs.cpu(), targets.cpu())
-                self.loader = DataLoader(dataset, batch_sampler=[list(range(len(dataset)))] * count)
+                # The batch `count` times, through make_loader as the service's jobs load: its
+                # order is a function of (seed, epoch), so the trainer saves no RNG states for it.
+                dataset = TensorDataset(torch.cat([inputs.cpu()] * count), torch.cat([targets.cpu()] * count))
+                self.loader = make_loader(dataset, size, shuffle=False)
 
     def _record(self, inputs: Any, targets: Any) -> None:
         self.inputs_bytes, self.targets_bytes = tensor_bytes(inputs), tensor_bytes(targets)

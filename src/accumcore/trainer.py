@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from accumcore import distributed, items, metrics
+from accumcore import distributed, items, loader_state, metrics
 from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
@@ -168,6 +168,11 @@ class Trainer:
         self._pending_rng: dict[str, Any] | None = None
         self._pending_sampler: dict[str, Any] | None = None
         self._sampler_state: dict[str, Any] | None = None
+        # RNG/generator states the loader's iterator draws from at the current epoch's start
+        # (accumcore.loader_state), and whether the last fit's loader can be replayed from them.
+        self._epoch_start: dict[str, Any] | None = None
+        self._pending_loader: dict[str, Any] | None = None
+        self._resume_exact = True
         self._last_checkpoint_step: int | None = None
         self._last_eval_step: int | None = None
         self._last_metrics: dict[str, float] = {}
@@ -207,6 +212,7 @@ class Trainer:
             # in eval mode on purpose (a frozen BatchNorm) stay as they are.
             self.model.train()
         self._warn_batchnorm()
+        self._warn_inexact_resume(train_loader)
         metrics.reset_peak_memory(self.device)
         ended = "epochs"
         while self.epoch < epochs:
@@ -220,6 +226,9 @@ class Trainer:
                 self._evaluate(val_loader, scheduled=True)
             self.epoch += 1
             self.batch_in_epoch = 0
+            # The next epoch starts from here: its loader's generators as they are now.
+            self._epoch_start = None  # (freed first: the capture copies RNG states)
+            self._epoch_start = loader_state.capture(train_loader)
         history.stopped = ended == "stopped"
         history.skipped_steps = self.skipped_steps
         if not history.stopped:
@@ -239,16 +248,13 @@ class Trainer:
         eval_every: int | None,
     ) -> str:
         steps_per_window = self.schedule.at(self.epoch)
-        batches = self._epoch_batches(loader)
-        if self._pending_rng is not None:
-            # After the iterator exists: creating it may draw on the RNG, as it did before.
-            restore_rng_state(self._pending_rng)
-            self._pending_rng = None
-        self._rng_at_boundary = None
         may_stop = bool(self.callbacks._stoppers)
+        batches = self._epoch_batches(loader, may_stop)
         while True:
             started = time.perf_counter()
-            if may_stop:  # a stop inside the window leaves the RNGs past the boundary
+            if may_stop and self._rng_at_boundary is None:
+                # A stop inside the window leaves the RNGs past the boundary. (The first window
+                # of an epoch has its boundary from before the loader's iterator was created.)
                 self._rng_at_boundary = capture_rng_state()
             window = list(itertools.islice(batches, steps_per_window))
             if not window and not self._ddp:
@@ -272,8 +278,9 @@ class Trainer:
             if max_steps is not None and self.global_step >= max_steps:
                 return "max_steps"
 
-    def _epoch_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
-        """The epoch's batches from the current position, in the (seed, epoch) order."""
+    def _epoch_batches(self, loader: Iterable[Any], may_stop: bool) -> Iterator[Any]:
+        """The epoch's batches from the current position, drawing what the uninterrupted run
+        drew (docs/accumulation.md rule 9, ``accumcore.loader_state``)."""
         batch_sampler: Any = getattr(loader, "batch_sampler", None)
         sampler: Any = getattr(loader, "sampler", None)
         if self._pending_sampler is not None and hasattr(batch_sampler, "load_state_dict"):
@@ -286,7 +293,34 @@ class Trainer:
         self._sampler_state = (
             batch_sampler.state_dict() if hasattr(batch_sampler, "state_dict") else None
         )
-        skip = self.batch_in_epoch
+        pending_rng, pending_loader = self._pending_rng, self._pending_loader
+        self._pending_rng = self._pending_loader = None
+        if self.batch_in_epoch == 0:
+            # The epoch's start is a window boundary: (resumed) its RNG and generator states,
+            # then record them before the iterator draws from them.
+            if pending_rng is not None:
+                restore_rng_state(pending_rng)
+            if pending_loader is not None:
+                loader_state.restore_generators(loader, pending_loader)
+            self._epoch_start = None  # (freed first: the capture copies RNG states)
+            self._epoch_start = loader_state.capture(loader)
+            self._rng_at_boundary = capture_rng_state() if may_stop else None
+            return self._iterate(loader, 0)
+        # Resumed inside the epoch: replay the epoch's start (what the iterator draws when it
+        # is created, and the permutation at its first batch) and the skipped batches, then
+        # continue from the boundary's RNG states.
+        if pending_loader is not None:
+            loader_state.restore(loader, pending_loader)
+            self._epoch_start = pending_loader
+        batches = self._iterate(loader, self.batch_in_epoch)
+        if pending_rng is not None:
+            restore_rng_state(pending_rng)
+        self._rng_at_boundary = None
+        return batches
+
+    def _iterate(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
+        """A new iterator over the loader, past its first ``skip`` batches (skipped now)."""
+        batch_sampler: Any = getattr(loader, "batch_sampler", None)
         source = target_source(loader, self._custom_counter, self.ignore_index)
         if source is not None:
             # W from the targets; each micro-batch's inputs loaded just before its forward.
@@ -454,6 +488,16 @@ class Trainer:
                 {"accumulation_steps": self.schedule.max_steps},
             )
 
+    def _warn_inexact_resume(self, loader: Iterable[Any]) -> None:
+        reason = loader_state.inexact_reason(loader)
+        self._resume_exact = reason is None
+        if reason is not None:
+            self._emit(
+                "resume_inexact",
+                f"a run resumed from this run's checkpoints will not be bitwise the same: {reason}",
+                {"reason": reason},
+            )
+
     def checkpoint(self) -> CheckpointInfo | None:
         """Write ``checkpoint_dir/<step>.pt`` of the last window boundary now, e.g. after a
         ``fit`` that ``should_stop`` ended (the window it stopped in is dropped: ``state_dict``
@@ -496,8 +540,10 @@ class Trainer:
                 "batch_in_epoch": self.batch_in_epoch,
                 "step": self.global_step,
                 "skipped_steps": self.skipped_steps,
+                "consecutive_skips": self.consecutive_skips,
             },
             "sampler": self._sampler_state,
+            "loader": {"epoch_start": self._epoch_start, "exact": self._resume_exact},
             "accumulation": {"schedule": dict(self.schedule.schedule), "oom_split": self.oom_split},
         }
 
@@ -515,11 +561,16 @@ class Trainer:
         self.batch_in_epoch = int(progress["batch_in_epoch"])
         self.global_step = int(progress["step"])
         self.skipped_steps = int(progress["skipped_steps"])
+        self.consecutive_skips = int(progress.get("consecutive_skips", 0))  # format 1 had none
         self.oom_split = int(state["accumulation"]["oom_split"])
         self._rng_at_boundary = state["rng"]
         self._pending_rng = state["rng"]
         self._pending_sampler = state["sampler"]
         self._sampler_state = state["sampler"]
+        # Format 1 saved no loader states: it resumed make_loader's loaders exactly, as now.
+        loader = state.get("loader")
+        self._pending_loader = loader["epoch_start"] if loader else None
+        self._epoch_start = self._pending_loader
         self._last_checkpoint_step = self.global_step
         self._last_eval_step = None
 

@@ -1,6 +1,6 @@
 """Counting a window's items from its targets alone, and loading its inputs just in time.
 
-Rule 2 of ACCUMULATION.md: the window's item total W must be known before its first
+Rule 2 of docs/accumulation.md: the window's item total W must be known before its first
 backward. Loading the window's N micro-batches ahead gives W, but holds N micro-batches of
 inputs at once (the whole memory cost of accumulation on the host). When the loader is a
 single-process ``DataLoader`` (e.g. ``accumcore.data.make_loader``) over a dataset whose
@@ -49,9 +49,12 @@ class TargetSource:
         self.verify = verify  # False only where the targets are the collated ones by construction
 
     def batches(self, skip: int) -> Iterator[PendingBatch]:
-        """The epoch's batches from batch ``skip`` on, without loading any inputs."""
-        # Creating the DataLoader's iterator draws its base seed (from the global RNG when
-        # the loader has no generator); doing the same keeps every RNG draw where it was.
+        """The epoch's batches from batch ``skip`` on, without loading any inputs.
+
+        The iterator is created and the skipped index batches are drawn now (not at the first
+        ``next``), so that a resumed run replays them before its RNG states are restored."""
+        # Creating the DataLoader's iterator draws its base seed (from the global RNG when the
+        # loader has no generator); doing the same keeps every RNG draw where it was.
         iter(self.loader)
         batch_sampler: Any = self.loader.batch_sampler
         if skip and hasattr(batch_sampler, "skip_batches"):
@@ -60,6 +63,9 @@ class TargetSource:
         index_batches = iter(batch_sampler)
         for _ in range(skip):
             next(index_batches, None)  # indices only: nothing is loaded
+        return self._pending(index_batches)
+
+    def _pending(self, index_batches: Iterator[Any]) -> Iterator[PendingBatch]:
         for indices in index_batches:
             indices = list(indices)
             yield PendingBatch(indices, self.targets_for(indices), self)
