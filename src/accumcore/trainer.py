@@ -26,7 +26,7 @@ from accumcore import distributed, items, loader_state, metrics
 from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
-from accumcore.loss import check_loss_fn
+from accumcore.loss import ModelLossOrCrossEntropy, check_loss_fn, check_mean_over_items
 from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, next_split, release_memory
 from accumcore.precision import Precision
 from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
@@ -68,17 +68,28 @@ class Trainer:
     """Trains ``model`` with exact, item-weighted gradient accumulation.
 
     Args:
-        model: the module (optionally DDP-wrapped); moved to ``device``.
+        model: the module (optionally DDP-wrapped); moved to ``device``. A batch that is a
+            mapping (Hugging Face style) is passed as keyword arguments: ``model(**batch)``.
         optimizer: built on the model's parameters.
-        loss_fn: returns the mean over a micro-batch's items (``reduction='mean'``).
-            Defaults to ``CrossEntropyLoss(ignore_index=ignore_index)``.
+        loss_fn: ``fn(outputs, targets)`` returning the mean over a micro-batch's items
+            (``reduction='mean'``; a callable without a ``reduction`` attribute is checked
+            on the first micro-batch, see ``accumcore.loss``). None: the model's own loss
+            when its output has one (``outputs.loss``), else
+            ``CrossEntropyLoss(ignore_index=ignore_index)``.
         accumulation_steps: N, or an epoch schedule such as ``{0: 8, 4: 2}``.
         scheduler: stepped once per optimizer step (not per micro-batch).
         precision: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast + GradScaler).
         grad_clip_norm: clip the total gradient norm to this value (after fp16 unscaling).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         callbacks: ``accumcore.Callback`` instances.
-        count_items: ``fn(inputs, targets) -> int`` overriding the default item count.
+        count_items: what the loss averages over (n_i): ``"tokens"`` (non-ignored integer
+            targets; every position of float targets), ``"rows"`` (samples), a callable
+            ``fn(inputs, targets) -> int``, or None to infer it (``items.ItemCounter``;
+            an ambiguous count is refused, never guessed).
+        shift_labels: the model (or ``loss_fn``) scores ``labels[..., 1:]``, as a causal LM
+            does: count those. None: True for ``*ForCausalLM`` / ``*LMHeadModel`` models
+            returning their own loss, False with a ``loss_fn``; a mapping batch with
+            sequence labels for any other model is refused until it is set.
         ignore_index: integer targets equal to this are not items (and not scored).
         checkpoint_every: write ``checkpoint_dir/<step>.pt`` every this many optimizer steps.
         checkpoint_dir: where checkpoints go; also written at the end of ``fit``.
@@ -111,11 +122,12 @@ class Trainer:
         grad_clip_norm: float | None = None,
         device: str | torch.device = "cpu",
         callbacks: Iterable[Callback] = (),
-        count_items: Callable[[Any, Any], int | torch.Tensor] | None = None,
+        count_items: str | Callable[[Any, Any], int | torch.Tensor] | None = None,
         ignore_index: int = -100,
         checkpoint_every: int | None = None,
         checkpoint_dir: str | Path | None = None,
         grad_norm: bool = True,
+        shift_labels: bool | None = None,
         on_nonfinite: str = "fail",
         max_consecutive_skips: int = 25,
     ) -> None:
@@ -129,8 +141,12 @@ class Trainer:
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
-        self.loss_fn = loss_fn if loss_fn is not None else torch.nn.CrossEntropyLoss(ignore_index=ignore_index)
-        check_loss_fn(self.loss_fn, ignore_index, custom_counter=count_items is not None)
+        self.loss_fn = loss_fn if loss_fn is not None else ModelLossOrCrossEntropy(ignore_index)
+        custom_counter = callable(count_items)
+        check_loss_fn(self.loss_fn, ignore_index, custom_counter=custom_counter)
+        self.shift_labels = _shift_labels(model, loss_fn, shift_labels)
+        # A loss that does not say it is a mean is checked on the first micro-batch.
+        self._check_loss_scale = not hasattr(self.loss_fn, "reduction")
         self.schedule = AccumulationSchedule(accumulation_steps)
         self.scheduler = scheduler
         self.precision = Precision(precision, self.device)
@@ -139,8 +155,11 @@ class Trainer:
         self.grad_clip_norm = grad_clip_norm
         self.callbacks = CallbackList(callbacks)
         self.ignore_index = ignore_index
-        self.count_items = count_items or self._default_count
-        self._custom_counter = count_items is not None
+        self.count_items: Callable[[Any, Any], Any] = (
+            count_items if callable(count_items)
+            else items.ItemCounter(count_items, ignore_index, self.shift_labels, self.loss_fn)
+        )
+        self._custom_counter = custom_counter  # a callable may need the inputs: no targets-only path
         if checkpoint_every is not None and checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1 optimizer steps, got {checkpoint_every}")
         if checkpoint_every is not None and checkpoint_dir is None:
@@ -321,7 +340,7 @@ class Trainer:
     def _iterate(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
         """A new iterator over the loader, past its first ``skip`` batches (skipped now)."""
         batch_sampler: Any = getattr(loader, "batch_sampler", None)
-        source = target_source(loader, self._custom_counter, self.ignore_index)
+        source = target_source(loader, self._custom_counter, self.ignore_index, self.count_items)
         if source is not None:
             # W from the targets; each micro-batch's inputs loaded just before its forward.
             return source.batches(skip)
@@ -342,6 +361,10 @@ class Trainer:
             self._largest_batch = max(self._largest_batch, *(_batch_samples(b) for b in window))
         while True:
             micro_batches = make_micro_batches(window, self.oom_split, self.count_items)
+            if self._check_loss_scale:
+                self._check_loss_scale = not check_mean_over_items(
+                    distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
+                )
             try:
                 result = self._runner.run(micro_batches)
             except OOM_ERRORS:
@@ -461,7 +484,7 @@ class Trainer:
     def _evaluate(self, val_loader: Iterable[Any], scheduled: bool) -> dict[str, float]:
         values = evaluate(
             self.model, val_loader, self.loss_fn, self.precision, self.device,
-            self.count_items, self.ignore_index,
+            self.count_items, self.ignore_index, bool(self.shift_labels),
         )
         if scheduled and is_plateau(self.scheduler):
             assert self.scheduler is not None
@@ -522,9 +545,6 @@ class Trainer:
         self.callbacks.on_checkpoint(self, info)
         return info
 
-    def _default_count(self, inputs: Any, targets: Any) -> int | torch.Tensor:
-        return items.count_items(targets, self.ignore_index)
-
     # -------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """Everything needed for exact resume, as of the last window boundary."""
@@ -573,6 +593,14 @@ class Trainer:
         self._epoch_start = self._pending_loader
         self._last_checkpoint_step = self.global_step
         self._last_eval_step = None
+
+
+def _shift_labels(model: torch.nn.Module, loss_fn: Any, shift_labels: bool | None) -> bool | None:
+    """Whether labels are scored shifted (causal LM), where it can be told; see Trainer."""
+    if shift_labels is not None or loss_fn is not None:
+        return bool(shift_labels)
+    name = type(distributed.unwrap(model)).__name__
+    return True if name.endswith(("ForCausalLM", "LMHeadModel")) else None
 
 
 def _check_model_and_optimizer(model: Any, optimizer: Any, loss_fn: Any) -> None:

@@ -9,7 +9,7 @@ the window's mean loss, whatever the sizes and padding of the micro-batches (rul
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,7 @@ class MicroBatch:
             return self.inputs, self.targets
         inputs, targets = items.unpack(self.pending.source.load(self.pending.indices))
         if self.pending.source.verify:
-            loaded = items.normalise_count(items.count_items(targets, self.pending.source.ignore_index))
+            loaded = items.normalise_count(self.pending.source.count(inputs, targets))
             if not _same_count(loaded, self.items):
                 raise RuntimeError(
                     f"the window was weighted with {self.items} items for this micro-batch, but its "
@@ -193,7 +193,7 @@ class WindowRunner:
                 targets = items.to_device(targets, self.device)
                 with distributed.no_sync(self.model, synced and index < last):
                     with self.precision.autocast():
-                        outputs = module(inputs)
+                        outputs = items.forward(module, inputs)
                         loss = self.loss_fn(outputs, targets)
                     _check_scalar(loss)
                     in_sync_backward = synced and index == last
@@ -275,7 +275,7 @@ class WindowRunner:
         buffers = [(b, b.detach().clone()) for b in module.buffers()]
         inputs = items.to_device(items.empty_rows(loaded), self.device)
         with self.precision.autocast():
-            outputs = self.model(inputs)
+            outputs = items.forward(self.model, inputs)
         self.precision.backward(_zero_through(outputs))
         with torch.no_grad():
             for buffer, saved in buffers:
@@ -311,7 +311,9 @@ def _weighted_sum(
 def _zero_through(outputs: Any) -> torch.Tensor:
     if isinstance(outputs, torch.Tensor):
         return outputs.float().sum() * 0.0
-    if isinstance(outputs, dict):
+    if isinstance(outputs, Mapping):
         outputs = list(outputs.values())
+    elif not isinstance(outputs, list | tuple):
+        outputs = list(vars(outputs).values())  # an output object (a dataclass of tensors)
     tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.requires_grad]
     return sum((t.float().sum() * 0.0 for t in tensors), torch.zeros(()))

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, default_collate
 
+from accumcore.items import count_items
+
 TargetsFor = Callable[[list[int]], Any]
 
 
@@ -42,9 +44,11 @@ class PendingBatch:
 class TargetSource:
     """Reads targets by index, and loads whole batches, the way the DataLoader would."""
 
-    def __init__(self, loader: DataLoader[Any], targets_for: TargetsFor, verify: bool, ignore_index: int) -> None:
+    def __init__(
+        self, loader: DataLoader[Any], targets_for: TargetsFor, verify: bool, count: Callable[[Any, Any], Any]
+    ) -> None:
         self.loader = loader
-        self.ignore_index = ignore_index  # to check the loaded batch's count when ``verify``
+        self.count = count  # the trainer's counter, to check the loaded batch's count when ``verify``
         self.targets_for = targets_for
         self.verify = verify  # False only where the targets are the collated ones by construction
 
@@ -78,8 +82,12 @@ class TargetSource:
         return self.loader.collate_fn(data)
 
 
-def target_source(loader: Any, custom_counter: bool, ignore_index: int = -100) -> TargetSource | None:
-    """A ``TargetSource`` when the window can be counted from targets alone, else None."""
+def target_source(
+    loader: Any, custom_counter: bool, ignore_index: int = -100, count: Callable[[Any, Any], Any] | None = None
+) -> TargetSource | None:
+    """A ``TargetSource`` when the window can be counted from targets alone, else None.
+    ``count(inputs, targets)`` re-counts loaded batches (default: non-ignored elements)."""
+    counter = count or (lambda _inputs, targets: count_items(targets, ignore_index))
     if custom_counter:
         return None  # a user's count_items(inputs, targets) may need the inputs
     if not isinstance(loader, DataLoader) or type(loader).__iter__ is not DataLoader.__iter__:
@@ -91,19 +99,19 @@ def target_source(loader: Any, custom_counter: bool, ignore_index: int = -100) -
         return None
     hook = getattr(loader, "targets_for", None)
     if callable(hook):
-        return TargetSource(loader, hook, verify=True, ignore_index=ignore_index)
+        return TargetSource(loader, hook, verify=True, count=counter)
     if loader.collate_fn is not default_collate:
         return None
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
         targets = dataset.tensors[1]
-        return TargetSource(loader, lambda indices: targets[indices], verify=False, ignore_index=ignore_index)
+        return TargetSource(loader, lambda indices: targets[indices], verify=False, count=counter)
     stored = getattr(dataset, "targets", None)
     if stored is None or getattr(dataset, "target_transform", None) is not None:
         return None
     if isinstance(stored, torch.Tensor):
-        return TargetSource(loader, lambda indices: stored[indices], verify=True, ignore_index=ignore_index)
+        return TargetSource(loader, lambda indices: stored[indices], verify=True, count=counter)
     if isinstance(stored, list | tuple):
-        return TargetSource(loader, lambda indices: torch.as_tensor([stored[i] for i in indices]), verify=True, ignore_index=ignore_index)
+        return TargetSource(loader, lambda indices: torch.as_tensor([stored[i] for i in indices]), verify=True, count=counter)
     return None
 
 
