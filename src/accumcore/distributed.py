@@ -1,7 +1,9 @@
 """DDP helpers: skip the gradient all-reduce inside a window, sum item counts across ranks.
 
-Rule 7 of ACCUMULATION.md. DDP averages gradients over ranks, so a micro-batch's loss is
-scaled by n_i * world_size / W_global to make the averaged result the global window mean.
+Rule 7 of docs/accumulation.md. DDP averages gradients over ranks, so a micro-batch's loss is
+scaled by n_i * world_size / W_global to make the averaged result the global window mean. A
+window that some rank has no micro-batch for runs without DDP's hooks and is averaged by
+``all_reduce_grads`` at the step, the way DDP would have averaged it.
 """
 
 from __future__ import annotations

@@ -3,11 +3,29 @@
     trainer = Trainer(model, optimizer, loss_fn=torch.nn.CrossEntropyLoss(), accumulation_steps=4)
     history = trainer.fit(make_loader(train_set, batch_size=32), epochs=2, val_loader=val_loader)
 
-Each epoch is read window by window: the window's item total W is counted first (from the
-targets alone where the loader allows it, see ``window_source``; otherwise by loading the
-window's N micro-batches ahead), the window is run by ``WindowRunner``, then one optimizer step and one scheduler
-step close the window. Checkpoints, ``state_dict`` and ``should_stop`` act only at window
-boundaries, which is what makes resume bitwise exact.
+What ``fit`` does, one screen (numbers: the rules of docs/accumulation.md; right: where):
+
+    for epoch in epochs:
+        batches = iter(loader) from the epoch's start RNG states       # loader_state (9)
+        while window := next N batches:                                 # _train_epoch
+            micro, n_i = split on OOM back-off, count items             # window, items (2, 10, 15)
+            W = sum(n_i)  [DDP: all-reduce with the stop/data flags]    # window.WindowRunner (7)
+            for i, mb in enumerate(micro):
+                with no_sync unless i is last:                          # distributed (7)
+                    loss = loss_fn(model(mb.inputs), mb.targets)        # items.forward (15)
+                    backward(loss * n_i / W)   (n_i = 0: nothing)       # precision (1, 6, 14)
+            unscale (fp16), clip; grad_norm                             # stepper, precision (6)
+            read loss, W, grad_norm [DDP: OOM flags]: the one sync      # stepper, metrics (12)
+            OOM on any rank: split in two, run the window again         # _run_window, oom (10)
+            W == 0 or inf/NaN: no step; fail or skip                    # stepper, _step (13, 14)
+            optimizer.step(); scheduler.step(); zero_grad()             # stepper (4, 5)
+            metrics, callbacks, every k steps a checkpoint              # _step, checkpoint (9)
+        evaluate(val_loader); ReduceLROnPlateau.step(val_loss)          # evaluation (4)
+
+Checkpoints, ``state_dict`` and ``should_stop`` act only at window boundaries, which is what
+makes resume bitwise exact; the window's targets are counted before its first backward (from
+the targets alone where the loader allows it, see ``window_source``; otherwise by loading the
+window's N micro-batches ahead).
 """
 
 from __future__ import annotations
