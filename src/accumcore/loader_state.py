@@ -116,6 +116,19 @@ def restore(loader: Any, state: dict[str, Any]) -> None:
     restore_generators(loader, state)
 
 
+def batches_per_epoch(loader: Any) -> int | None:
+    """The loader's batches per epoch where its length is exact (a list, a map-style
+    DataLoader, make_loader's and DeviceBatches' samplers), else None."""
+    if isinstance(loader, Sequence):
+        return len(loader)
+    if _replays_itself(loader):
+        return len(loader.batch_sampler)
+    inner = _data_loader(loader)
+    if inner is None or isinstance(inner.dataset, IterableDataset):
+        return None
+    return len(inner)
+
+
 def inexact_reason(loader: Any) -> str | None:
     """Why a run resumed on ``loader`` would not be bitwise the uninterrupted one, or None."""
     if isinstance(loader, Sequence) or _replays_itself(loader):

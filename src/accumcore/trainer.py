@@ -214,6 +214,7 @@ class Trainer:
         self._last_eval_step: int | None = None
         self._last_metrics: dict[str, float] = {}
         self._largest_batch = 0  # samples of the largest loaded batch seen (OOM messages)
+        self._window_was_last = False  # DDP: the window just stepped ends the epoch on every rank
         self._ddp = distributed.ddp_wrapped(self.model)
         self._history = FitHistory()
 
@@ -287,6 +288,7 @@ class Trainer:
         steps_per_window = self.schedule.at(self.epoch)
         may_stop = bool(self.callbacks._stoppers)
         batches = self._epoch_batches(loader, may_stop)
+        batches_per_epoch = loader_state.batches_per_epoch(loader)
         while True:
             started = time.perf_counter()
             if may_stop and self._rng_at_boundary is None:
@@ -296,7 +298,10 @@ class Trainer:
             window = list(itertools.islice(batches, steps_per_window))
             if not window and not self._ddp:
                 return "epoch"  # under DDP the ranks agree on that in the window's all-reduce
-            outcome = self._run_window(window)
+            left = None
+            if self._ddp and batches_per_epoch is not None:
+                left = math.ceil(max(batches_per_epoch - self.batch_in_epoch - len(window), 0) / steps_per_window)
+            outcome = self._run_window(window, left)
             if outcome == STOPPED:
                 return "stopped"
             if outcome == EXHAUSTED:
@@ -314,6 +319,8 @@ class Trainer:
                 self._evaluate(val_loader, scheduled=True)
             if max_steps is not None and self.global_step >= max_steps:
                 return "max_steps"
+            if self._window_was_last:
+                return "epoch"  # DDP: every rank's loader length says so; no all-reduce to learn it
 
     def _epoch_batches(self, loader: Iterable[Any], may_stop: bool) -> Iterator[Any]:
         """The epoch's batches from the current position, drawing what the uninterrupted run
@@ -372,9 +379,10 @@ class Trainer:
             next(batches, None)
         return batches
 
-    def _run_window(self, window: list[Any]) -> StepOutcome | str:
+    def _run_window(self, window: list[Any], windows_left: int | None = None) -> StepOutcome | str:
         """Run the window and close it with one optimizer step; on out-of-memory (on any rank,
         under DDP) split every batch in two and start the window over."""
+        self._window_was_last = False
         if window:
             self._largest_batch = max(self._largest_batch, *(_batch_samples(b) for b in window))
         while True:
@@ -384,7 +392,7 @@ class Trainer:
                     distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
                 )
             try:
-                result = self._runner.run(micro_batches)
+                result = self._runner.run(micro_batches, windows_left)
             except OOM_ERRORS:
                 result = None  # handled below, outside the except block, so the traceback is freed
             if isinstance(result, str):  # STOPPED, or EXHAUSTED (DDP: no rank has data left)
@@ -392,6 +400,7 @@ class Trainer:
                 return result
             outcome = None if result is None else self._stepper.step(result)
             if outcome is not None and not outcome.oom:
+                self._window_was_last = result is not None and result.last_window
                 return outcome
             self.optimizer.zero_grad(set_to_none=True)
             largest = max((mb.samples for mb in micro_batches), default=0)

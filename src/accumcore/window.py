@@ -30,6 +30,7 @@ class WindowResult:
     manual_sync: bool = False  # DDP: some rank had no micro-batch; average the grads at the step
     oom: bool = False  # DDP: this rank ran out of memory and dropped the window
     oom_fatal: bool = False  # ... with micro-batches of one sample: it cannot back off
+    last_window: bool = False  # DDP: every rank's loader says this is the epoch's last window
 
 
 @dataclass
@@ -134,31 +135,39 @@ class WindowRunner:
         self.should_stop = should_stop
         self.ddp = distributed.ddp_wrapped(model)
 
-    def run(self, micro_batches: list[MicroBatch]) -> WindowResult | str:
+    def run(self, micro_batches: list[MicroBatch], windows_left: int | None = None) -> WindowResult | str:
         """Forward+backward every micro-batch; ``STOPPED`` when ``should_stop`` asked to stop,
-        ``EXHAUSTED`` when (DDP) no rank has a micro-batch left."""
+        ``EXHAUSTED`` when (DDP) no rank has a micro-batch left. ``windows_left``: how many
+        windows this rank's loader has after this one, when its length says so (DDP: every
+        rank then knows which window is the epoch's last without one more all-reduce)."""
         local_items: float | torch.Tensor = sum(mb.items for mb in micro_batches)
         local_samples = sum(mb.samples for mb in micro_batches)
         total_items: float | torch.Tensor = local_items
         total_samples: float | torch.Tensor = local_samples
         weight_factor = 1
         manual_sync = False
+        last_window = False
         if self.ddp:
             # One small all-reduce per window; DDP then averages gradients over ranks, which
             # the world_size factor undoes. should_stop is polled here, once per window, so
-            # that no rank leaves a window the others are in.
+            # that no rank leaves a window the others are in. Each rank also writes, in its
+            # own slot, 1 + the windows its loader has left (0: unknown).
             stop = self.should_stop is not None and self.should_stop()
+            world, rank = distributed.world_size(), distributed.rank()
+            slots = [0.0] * world
+            slots[rank] = 0.0 if windows_left is None else windows_left + 1.0
             reduced = distributed.all_reduce_sum(
-                [local_items, local_samples, 1.0 if micro_batches else 0.0, 1.0 if stop else 0.0],
+                [local_items, local_samples, 1.0 if micro_batches else 0.0, 1.0 if stop else 0.0, *slots],
                 distributed.comm_device(self.model),
             ).tolist()  # the flags decide what every rank does next: read them here
-            total_items, total_samples, ranks_with_data, stops = reduced
+            total_items, total_samples, ranks_with_data, stops = reduced[:4]
             if stops > 0:
                 return STOPPED
             if ranks_with_data == 0:
                 return EXHAUSTED
-            weight_factor = distributed.world_size()
-            manual_sync = ranks_with_data < weight_factor
+            weight_factor = world
+            manual_sync = ranks_with_data < world
+            last_window = min(reduced[4:]) > 0 and max(reduced[4:]) == 1
         elif self.should_stop is not None and self.should_stop():
             return STOPPED
         # W == 0 only when every micro-batch is empty too; then every weight is 0 anyway.
@@ -210,7 +219,8 @@ class WindowRunner:
                 inputs = targets = outputs = loss = None
                 return self._drop_window(micro_batches, loaded, synced, total_items, total_samples, manual_sync)
         return WindowResult(
-            _weighted_sum(losses, counts), total_items, total_samples, len(micro_batches), manual_sync
+            _weighted_sum(losses, counts), total_items, total_samples, len(micro_batches), manual_sync,
+            last_window=last_window,
         )
 
     def _backward(
