@@ -20,17 +20,14 @@ from accumcore import items
 from accumcore.rng import capture_rng_state, restore_rng_state
 
 
-class ModelLossOrCrossEntropy:
+class ModelLossOrCrossEntropy(torch.nn.CrossEntropyLoss):
     """``Trainer(loss_fn=None)``: the model's own loss when its output carries one (a ``loss``
     attribute or key, as Hugging Face models return with ``labels``), else cross-entropy."""
 
-    reduction = "mean"
-
     def __init__(self, ignore_index: int) -> None:
-        self.ignore_index = ignore_index
-        self.cross_entropy = torch.nn.CrossEntropyLoss(ignore_index=ignore_index)
+        super().__init__(ignore_index=ignore_index)
 
-    def __call__(self, outputs: Any, targets: Any) -> torch.Tensor:
+    def forward(self, outputs: Any, targets: Any) -> torch.Tensor:
         own = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
         if isinstance(own, torch.Tensor):
             return own
@@ -39,7 +36,7 @@ class ModelLossOrCrossEntropy:
                 "the model returned no loss and the batch has no targets: pass batches with "
                 "'labels' to a model that computes its loss, or pass loss_fn"
             )
-        return self.cross_entropy(outputs, targets)
+        return super().forward(outputs, targets)
 
 
 def check_loss_fn(
