@@ -14,8 +14,10 @@ That replays any loader whose order is a function of those states: a DataLoader 
 sequential, random, subset-random, weighted-random or distributed sampler, with or without
 generators, with worker processes that are started per epoch (their seeds come from the
 base seed), and ``accumcore.data.make_loader``'s batch sampler (order from (seed, epoch)).
-``inexact_reason`` names the others: an ``IterableDataset`` (its position is not saved), a
-custom sampler, persistent workers (their RNG states outlive the epoch and are not saved).
+An ``IterableDataset`` that saves its own position (``state_dict`` / ``load_state_dict``, read
+without worker processes) is restored to it instead (``stateful_dataset``). ``inexact_reason``
+names the others: any other ``IterableDataset``, a custom sampler, persistent workers (their
+RNG states outlive the epoch and are not saved).
 """
 
 from __future__ import annotations
@@ -129,6 +131,26 @@ def batches_per_epoch(loader: Any) -> int | None:
     return len(inner)
 
 
+def stateful_dataset(loader: Any) -> Any | None:
+    """The loader's IterableDataset when it saves its own position (``state_dict`` /
+    ``load_state_dict``) and is read in this process (no workers, which would each hold a
+    copy), else None. The trainer saves its state at window boundaries and, resuming inside an
+    epoch, loads it back instead of skipping batches. The protocol (torchdata's ``Stateful``):
+    after ``load_state_dict``, the next ``__iter__`` continues from the saved position; any
+    other ``__iter__`` starts a new pass."""
+    inner = _data_loader(loader)
+    dataset = getattr(inner, "dataset", None)
+    if (
+        isinstance(dataset, IterableDataset)
+        and callable(getattr(dataset, "state_dict", None))
+        and callable(getattr(dataset, "load_state_dict", None))
+        and inner is not None
+        and inner.num_workers == 0
+    ):
+        return dataset
+    return None
+
+
 def inexact_reason(loader: Any) -> str | None:
     """Why a run resumed on ``loader`` would not be bitwise the uninterrupted one, or None."""
     if isinstance(loader, Sequence) or _replays_itself(loader):
@@ -141,10 +163,13 @@ def inexact_reason(loader: Any) -> str | None:
         )
     loader = inner
     if isinstance(loader.dataset, IterableDataset):
+        if stateful_dataset(loader) is not None:
+            return None  # its position is saved and loaded back
         return (
-            f"the loader reads an IterableDataset ({type(loader.dataset).__name__}), whose position "
-            "is not saved: a resumed run reads it again from the start and skips the batches "
-            "already trained on, which is exact only if it yields the same items every time"
+            f"the loader reads an IterableDataset ({type(loader.dataset).__name__}) without "
+            "state_dict/load_state_dict (or through worker processes), so its position is not "
+            "saved: a resumed run reads it again from the start and skips the batches already "
+            "trained on, which is exact only if it yields the same items every time"
         )
     sampler = _sampler(loader)
     if not isinstance(sampler, Sequence) and type(sampler) not in REPLAYABLE_SAMPLERS:

@@ -210,6 +210,11 @@ class Trainer:
         self._epoch_start: dict[str, Any] | None = None
         self._pending_loader: dict[str, Any] | None = None
         self._resume_exact = True
+        # An IterableDataset that saves its own position (loader_state.stateful_dataset): the
+        # one of the current fit, its state at the last boundary, and one loaded to resume.
+        self._stateful_dataset: Any | None = None
+        self._dataset_at_boundary: dict[str, Any] | None = None
+        self._pending_dataset: dict[str, Any] | None = None
         self._last_checkpoint_step: int | None = None
         self._last_eval_step: int | None = None
         self._last_metrics: dict[str, float] = {}
@@ -287,6 +292,7 @@ class Trainer:
     ) -> str:
         steps_per_window = self.schedule.at(self.epoch)
         may_stop = bool(self.callbacks._stoppers)
+        stateful = self._stateful_dataset = loader_state.stateful_dataset(loader)
         batches = self._epoch_batches(loader, may_stop)
         batches_per_epoch = loader_state.batches_per_epoch(loader)
         while True:
@@ -295,6 +301,8 @@ class Trainer:
                 # A stop inside the window leaves the RNGs past the boundary. (The first window
                 # of an epoch has its boundary from before the loader's iterator was created.)
                 self._rng_at_boundary = capture_rng_state()
+            if stateful is not None:  # ... and the dataset's position too
+                self._dataset_at_boundary = stateful.state_dict()
             window = list(itertools.islice(batches, steps_per_window))
             if not window and not self._ddp:
                 return "epoch"  # under DDP the ranks agree on that in the window's all-reduce
@@ -310,7 +318,7 @@ class Trainer:
             self.batch_in_epoch += len(window)
             window = []  # free this window's batches before the next window is read
             step_metrics = self._step(outcome, started)
-            self._rng_at_boundary = None
+            self._rng_at_boundary = self._dataset_at_boundary = None
             self._history.steps.append(step_metrics)
             self.callbacks.on_step(self, step_metrics)
             if self.checkpoint_every and self.global_step % self.checkpoint_every == 0:
@@ -338,7 +346,15 @@ class Trainer:
             batch_sampler.state_dict() if hasattr(batch_sampler, "state_dict") else None
         )
         pending_rng, pending_loader = self._pending_rng, self._pending_loader
+        pending_dataset, self._pending_dataset = self._pending_dataset, None
         self._pending_rng = self._pending_loader = None
+        skip = self.batch_in_epoch
+        if skip and pending_dataset is not None and self._stateful_dataset is not None:
+            # Inside an epoch, an IterableDataset that saved its position continues from it
+            # (its next __iter__ does, by the protocol): nothing to skip. At an epoch's start
+            # it starts a new pass, as it did in the uninterrupted run.
+            self._stateful_dataset.load_state_dict(pending_dataset)
+            skip = 0
         if self.batch_in_epoch == 0:
             # The epoch's start is a window boundary: (resumed) its RNG and generator states,
             # then record them before the iterator draws from them.
@@ -356,7 +372,7 @@ class Trainer:
         if pending_loader is not None:
             loader_state.restore(loader, pending_loader)
             self._epoch_start = pending_loader
-        batches = self._iterate(loader, self.batch_in_epoch)
+        batches = self._iterate(loader, skip)
         if pending_rng is not None:
             restore_rng_state(pending_rng)
         self._rng_at_boundary = None
@@ -590,9 +606,15 @@ class Trainer:
                 "consecutive_skips": self.consecutive_skips,
             },
             "sampler": self._sampler_state,
-            "loader": {"epoch_start": self._epoch_start, "exact": self._resume_exact},
+            "loader": {"epoch_start": self._epoch_start, "exact": self._resume_exact,
+                       "dataset": self._dataset_state()},
             "accumulation": {"schedule": dict(self.schedule.schedule), "oom_split": self.oom_split},
         }
+
+    def _dataset_state(self) -> dict[str, Any] | None:
+        if self._dataset_at_boundary is not None:
+            return self._dataset_at_boundary
+        return self._stateful_dataset.state_dict() if self._stateful_dataset is not None else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a ``state_dict()``; the next ``fit`` continues exactly where it stopped."""
@@ -618,6 +640,7 @@ class Trainer:
         loader = state.get("loader")
         self._pending_loader = loader["epoch_start"] if loader else None
         self._epoch_start = self._pending_loader
+        self._pending_dataset = self._dataset_at_boundary = loader.get("dataset") if loader else None
         self._last_checkpoint_step = self.global_step
         self._last_eval_step = None
 

@@ -150,6 +150,47 @@ def test_a_stop_inside_an_epochs_first_window_resumes_exactly(name: str, polls: 
         assert torch.equal(p, q)
 
 
+# ------------------------------------------------------- an IterableDataset with state
+class Positioned(IterableDataset):
+    """A stream that saves its position, with random noise. As torchdata's Stateful protocol
+    says: after load_state_dict the next __iter__ continues from there; any other starts over."""
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.resume_from: int | None = None
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        x, y = _data()
+        start, self.resume_from = self.resume_from or 0, None
+        for index in range(start, SAMPLES):
+            self.next = index + 1
+            yield x[index] + torch.randn(4) * 0.05, y[index]
+
+    def state_dict(self) -> dict:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resume_from = int(state["next"])
+
+
+@pytest.mark.parametrize("stop_after", [1, 3, 5])
+def test_an_iterable_dataset_with_state_resumes_exactly(stop_after: int, tmp_path) -> None:
+    LOADERS["positioned"] = lambda: DataLoader(Positioned(), batch_size=2)
+    try:
+        test_resume_with_a_plain_data_loader_is_bitwise_equal("positioned", stop_after, tmp_path)
+    finally:
+        del LOADERS["positioned"]
+
+
+def test_an_iterable_dataset_with_state_resumes_exactly_after_a_stop() -> None:
+    LOADERS["positioned"] = lambda: DataLoader(Positioned(), batch_size=2)
+    try:
+        test_a_stop_inside_an_epochs_first_window_resumes_exactly("positioned", 7)
+        test_a_stop_inside_an_epochs_first_window_resumes_exactly("positioned", 4)
+    finally:
+        del LOADERS["positioned"]
+
+
 # ------------------------------------------------------------------ inexact loaders
 class Stream(IterableDataset):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
