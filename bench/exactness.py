@@ -1,16 +1,23 @@
 """Max relative error of the accumulated update vs the same samples as one big batch.
 
 For accum, the tutorial loop (loss / N, step every N), Lightning's
-`Trainer(accumulate_grad_batches=N)` and Accelerate's `accumulate()`, on three cases:
+`Trainer(accumulate_grad_batches=N)` and Accelerate's `accumulate()`, on these cases:
 - even_windows: every window full, equal micro-batches (the control: all should be exact);
 - short_last_window: 10 samples, m=2, N=4: windows of 8 and 2 samples;
-- padded_tokens: token targets padded with -100, valid tokens per micro-batch vary.
+- padded_tokens: token targets padded with -100, valid tokens per micro-batch vary;
+- causal_lm_shifted_labels: a loss scoring labels[:, 1:] (as a causal LM does), padded with
+  -100: the items are the shifted labels (accum: `shift_labels=True`);
+- empty_window: the 2nd window's targets are all -100 (W = 0): the big batch has no step
+  there, and a method that steps on its 0/0 = NaN loss gets error NaN.
 Each method trains one epoch in fp32 with SGD (lr 0.1), whose step records the update it
 applies (lr x the accumulated gradient; recorded rather than read off the parameters, where
 fp32 rounding of the parameter values would hide everything below ~1e-5). The reference does
 one big-batch step per window in float64. error = max over windows of
-max |update - reference update| / max |reference update|; a window a method never steps
-counts as error 1.0.
+max |update - reference update| / max |reference update|; a window a method never steps,
+or a step the big batch does not take, counts as error 1.0 (NaN if that update is NaN).
+Two more rows (bench/_exactness_corners.py): `plain_loader_resume` (bitwise yes/no, after a
+stop and a resume on `DataLoader(shuffle=True)` with dropout) and `ddp_uneven_shards` (2 gloo
+ranks, one without a micro-batch in the last window: relative error of the final weights).
 Target: accum <= 1e-6; the table shows the others.
 
     .venv/bin/python bench/exactness.py [--quick] [--out]
@@ -18,6 +25,7 @@ Target: accum <= 1e-6; the table shows the others.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +37,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+import _exactness_corners as _corners  # noqa: E402
 import _peers  # noqa: E402
 import _workloads as w  # noqa: E402
 
@@ -58,6 +67,13 @@ class TokenModel(nn.Module):
         return self.head(torch.tanh(self.embed(tokens)))
 
 
+class ShiftedTokenCrossEntropy(TokenCrossEntropy):
+    """What a causal LM's loss does: logits at t predict the label at t + 1."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return super().forward(logits[:, :-1], targets[:, 1:])
+
+
 def _cases() -> dict[str, dict[str, Any]]:
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(1, VOCAB, (8, SEQ), generator=generator)
@@ -65,6 +81,8 @@ def _cases() -> dict[str, dict[str, Any]]:
     for row, valid in enumerate([6, 1, 2, 6, 3, 5, 1, 4]):  # varying valid tokens per sequence
         targets[row, valid:] = -100
         tokens[row, valid:] = 0
+    empty_second_window = targets.clone()
+    empty_second_window[4:8] = -100  # m=2, N=2: the 2nd window holds samples 4..7
     return {
         "even_windows": {"data": w.image_data(16, (6,), classes=3), "m": 4, "N": 2,
                          "model": lambda: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)),
@@ -74,6 +92,11 @@ def _cases() -> dict[str, dict[str, Any]]:
                               "loss": nn.CrossEntropyLoss()},
         "padded_tokens": {"data": TensorDataset(tokens, targets), "m": 2, "N": 4,
                           "model": TokenModel, "loss": TokenCrossEntropy()},
+        "causal_lm_shifted_labels": {"data": TensorDataset(tokens, targets), "m": 2, "N": 4,
+                                     "model": TokenModel, "loss": ShiftedTokenCrossEntropy(),
+                                     "accum": {"shift_labels": True}},
+        "empty_window": {"data": TensorDataset(tokens, empty_second_window), "m": 2, "N": 2,
+                         "model": TokenModel, "loss": TokenCrossEntropy()},
     }
 
 
@@ -106,7 +129,10 @@ def _reference_updates(model: nn.Module, case: dict[str, Any]) -> list[torch.Ten
     for begin in range(0, len(inputs), window):
         x = inputs[begin : begin + window]
         x = x.double() if x.is_floating_point() else x
-        case["loss"](reference(x), targets[begin : begin + window]).backward()
+        y = targets[begin : begin + window]
+        if not y.is_floating_point() and bool((y == -100).all()):
+            continue  # no items: the big batch has no loss here, and no step
+        case["loss"](reference(x), y).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return updates
@@ -115,9 +141,10 @@ def _reference_updates(model: nn.Module, case: dict[str, Any]) -> list[torch.Ten
 Method = Callable[[nn.Module, Callable[[Any], torch.optim.Optimizer], Any, int, Any], None]
 
 
-def _methods(peers_ok: bool) -> dict[str, Method]:
+def _methods(peers_ok: bool, accum_options: dict[str, Any]) -> dict[str, Method]:
     methods: dict[str, Method] = {
-        "accum": lambda model, make, loader, n, loss: w.run_trainer(model, make(model.parameters()), loader, n, loss),
+        "accum": lambda model, make, loader, n, loss: w.run_trainer(model, make(model.parameters()), loader, n, loss,
+                                                                    **accum_options),
         "tutorial_loop": lambda model, make, loader, n, loss: w.tutorial_loop(model, make(model.parameters()), loader, n, loss),
     }
     if peers_ok:
@@ -135,7 +162,14 @@ def _error(got: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
             worst = max(worst, 1.0)  # the window was never stepped
             continue
         scale = reference.abs().max().item()
-        worst = max(worst, (got[index] - reference).abs().max().item() / scale)
+        error = (got[index] - reference).abs().max().item() / scale
+        if math.isnan(error):
+            return math.nan  # a NaN update (a 0/0 loss) is no rounding difference
+        worst = max(worst, error)
+    for extra in got[len(expected):]:  # a step the big batch does not take (a window without items)
+        if bool(extra.isnan().any()):
+            return math.nan
+        worst = max(worst, 1.0)
     return worst
 
 
@@ -145,7 +179,7 @@ def measure(peers_ok: bool) -> dict[str, dict[str, float]]:
         torch.manual_seed(0)
         model = case["model"]()
         expected = _reference_updates(model, case)
-        for method, run in _methods(peers_ok).items():
+        for method, run in _methods(peers_ok, case.get("accum", {})).items():
             updates: list[torch.Tensor] = []
             loader = DataLoader(case["data"], batch_size=case["m"], shuffle=False)
             run(w.clone(model), lambda params, u=updates: RecordingSGD(params, u), loader, case["N"], case["loss"])
@@ -162,11 +196,17 @@ def main() -> None:
     for peer in _peers.PEERS:
         table.setdefault(peer, {"status": peers_reason})  # type: ignore[dict-item]
     ours = max(v for k, v in table["accum"].items() if not k.endswith("_steps"))
+    corners = {"plain_loader_resume": _corners.plain_loader_resume(peers_reason is None),
+               "ddp_uneven_shards": _corners.ddp_uneven_shards(peers_reason is None)}
+    for row in corners.values():
+        for peer in _peers.PEERS:
+            row.setdefault(peer, {"status": peers_reason})
+    ours = max(ours, corners["ddp_uneven_shards"]["accum"]["error"])
     _common.emit("exactness", {
         "machine": _common.machine("cpu"),
         "figure": "max relative error of the accumulated update vs the big batch (fp32)",
         "target": 1e-6, "measured": ours, "verdict": _common.verdict(ours, 1e-6, False),
-        "peers": _peers.peer_versions(), "errors": table,
+        "peers": _peers.peer_versions(), "errors": table, "corners": corners,
     }, args)
 
 

@@ -146,7 +146,7 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 continue
             shown = ", ".join(f"{k} {_fmt(v)}" for k, v in errors.items() if not k.endswith("_steps"))
             lines.append((label, "(shown)", shown, "-"))
-        return lines
+        return lines + corner_rows(r.get("corners", {}), r.get("peers", {}))
     if name == "memory":
         return [
             row("peak(m,N) / peak(m,1), Trainer, small_cnn", "<= 1.02", r["measured"], r["verdict"]),
@@ -186,6 +186,30 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         return [(figure, "(in name)", f"see bench/results/{name}.jsonl", str(verdict))
                 for figure, verdict in r["targets"].items()]
     return [(r.get("figure", name), "-", "see bench/results/" + name + ".jsonl", "-")]
+
+
+def corner_rows(corners: dict[str, Any], versions: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """exactness.py's resume and DDP rows: accum's verdict, every method's figure."""
+    def label(method: str) -> str:
+        return f"{method} {versions.get(method) or ''}".strip()
+
+    lines = []
+    resume = corners.get("plain_loader_resume")
+    if resume:
+        shown = ", ".join(
+            f"{label(m)} {v['status']}" if "status" in v
+            else f"{label(m)} {'yes' if v['bitwise'] else 'no'} ({_fmt(v['max_abs_diff'])})"
+            for m, v in resume.items()
+        )
+        lines.append(("DataLoader(shuffle=True) + dropout, stopped after 8 steps and resumed: bitwise "
+                      "(max abs diff of the weights)", "bitwise (accum)", shown,
+                      "pass" if resume["accum"]["bitwise"] else "miss"))
+    ddp = corners.get("ddp_uneven_shards")
+    if ddp:
+        shown = ", ".join(f"{label(m)} {v['status'] if 'status' in v else _fmt(v['error'])}" for m, v in ddp.items())
+        lines.append(("DDP 2 ranks, uneven shards (9 samples, m=2, N=2): max rel. error of the weights vs "
+                      "the big batch", "<= 1e-6 (accum)", shown, "pass" if ddp["accum"]["error"] <= 1e-6 else "miss"))
+    return lines
 
 
 def api_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:

@@ -105,7 +105,7 @@ class SmallCNN(nn.Module):
     """Three 3x3 convolutions, one 2x2 max-pool, a 2x2 adaptive average pool, linear head.
 
     No BatchNorm and no dropout, so accumulation with it is exactly the big batch
-    (ACCUMULATION.md rule 8). Works from 8x8 (digits) upward.
+    (docs/accumulation.md rule 8). Works from 8x8 (digits) upward.
     """
 
     def __init__(self, in_channels: int, num_classes: int, width: int = 32) -> None:

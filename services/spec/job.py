@@ -35,6 +35,7 @@ from services.spec.parts import Optimizer, Scheduler, SchedulerSpec
 from services.spec.refs import Dataset, Model
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+NONFINITE_POLICIES = ("fail", "skip")  # accumcore.Trainer(on_nonfinite=...)
 MAX_ACCUMULATION_STEPS = 65536
 MAX_MICRO_BATCH_SIZE = 1 << 20
 MAX_SEED = (1 << 63) - 1
@@ -171,6 +172,11 @@ class JobSpec(BaseModel):
     scheduler: Scheduler = Field(default_factory=lambda: SchedulerSpec(name="none"))
     precision: Annotated[Literal["fp32", "bf16", "fp16"], one_of("precision", PRECISIONS)] = "fp32"
     grad_clip_norm: PositiveFloat | None = None
+    on_nonfinite: Annotated[
+        Literal["fail", "skip"],
+        one_of("on_nonfinite", NONFINITE_POLICIES),
+        Field(description="a window with an inf/NaN loss or gradient: fail the job, or skip its step"),
+    ] = "fail"
     seed: Annotated[NonNegativeInt, Field(le=MAX_SEED)] = 0
     checkpoint_every: Annotated[
         PositiveInt, Field(le=MAX_STORED_INT, description="optimizer steps between checkpoints")

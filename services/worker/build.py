@@ -110,15 +110,21 @@ def loader_workers() -> int:
 
 
 def rank_shard(dataset: Dataset[Any], rank: int, world: int) -> Dataset[Any]:
-    """Rank ``rank``'s share of the training set: every rank gets ceil(S / world) samples
-    (wrapping around, as DistributedSampler pads) so all ranks run the same number of windows
-    and no collective waits forever."""
+    """Rank ``rank``'s share of the training set: samples rank, rank + world, ... each once.
+
+    Shards differ by at most one sample (no padding by repetition, which would count the
+    repeated samples twice and move the update off the big batch of the data). Ranks still
+    run the same windows: accumcore agrees on them in each window's all-reduce, and a rank
+    with no micro-batch left contributes zero items (docs/accumulation.md rule 7)."""
     if world == 1:
         return dataset
     size = len(dataset)  # type: ignore[arg-type]
-    per_rank = math.ceil(size / world)
-    padded = [i % size for i in range(per_rank * world)]
-    return Subset(dataset, padded[rank::world])
+    if size < world:
+        raise ValueError(
+            f"the training set has {size} samples, fewer than the {world} ranks of gpus={world}; "
+            "lower gpus or use a larger dataset"
+        )
+    return Subset(dataset, list(range(rank, size, world)))
 
 
 def lr_lambda(spec: JobSpec, total_steps: int) -> Callable[[int], float] | None:
@@ -212,6 +218,7 @@ def build_run(
         callbacks=callbacks,
         checkpoint_every=spec.checkpoint_every if checkpoint_dir is not None else None,
         checkpoint_dir=checkpoint_dir,
+        on_nonfinite=spec.on_nonfinite,
     )
     fit_kwargs: dict[str, Any] = {
         "epochs": spec.epochs or UNBOUNDED_EPOCHS,

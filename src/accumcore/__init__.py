@@ -9,8 +9,9 @@ The trainer library only: it imports torch, and nothing of the service (`service
 
 from accumcore.callbacks import Callback, CheckpointInfo
 from accumcore.checkpoint import load_checkpoint, save_checkpoint
-from accumcore.trainer import FitHistory, Trainer
+from accumcore.trainer import FitHistory, NonFiniteError, Trainer
 
 __all__ = [
-    "Callback", "CheckpointInfo", "FitHistory", "Trainer", "load_checkpoint", "save_checkpoint",
+    "Callback", "CheckpointInfo", "FitHistory", "NonFiniteError", "Trainer", "load_checkpoint",
+    "save_checkpoint",
 ]

@@ -1,12 +1,12 @@
 """Automatic micro-batch size: the largest m that divides the effective batch B and fits.
 
-Rule 11 of ACCUMULATION.md: m must divide B so that m x N == B exactly (no floor division
+Rule 11 of docs/accumulation.md: m must divide B so that m x N == B exactly (no floor division
 that silently shrinks the effective batch). Memory grows with m, so the divisors of B are
 binary-searched, each probe being a real ``Trainer`` window on batches from
 ``sample_batch_fn(m)``: forwards, backwards (two micro-batches, so the gradient accumulation's
 transients show) and an optimizer step (of the trainer's optimizer type, on a probe optimizer
-whose state is allocated before the window, as it is in a long run); parameters and buffers
-are restored afterwards:
+whose state is allocated before the window, as it is in a long run); parameters, buffers,
+each module's own mode and every RNG's state are restored afterwards:
 
     m = find_micro_batch_size(model, lambda m: (torch.randn(m, 3, 32, 32), torch.zeros(m, dtype=torch.long)),
                               effective_batch_size=256, device="cuda", optimizer=optimizer,
@@ -28,12 +28,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from accumcore import distributed, items
 from accumcore.callbacks import Callback
+from accumcore.data import make_loader
 from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, release_memory
 from accumcore.peak_memory import cpu_peak_added, tensor_bytes
+from accumcore.rng import capture_rng_state, restore_rng_state
 from accumcore.trainer import Trainer
 
 OptimizerSpec = torch.optim.Optimizer | type[torch.optim.Optimizer] | None
@@ -69,7 +71,8 @@ def find_micro_batch_size(
     """The largest divisor m of ``effective_batch_size`` whose training step fits.
 
     Args:
-        model: the model to probe (parameters, gradients and buffers are restored afterwards).
+        model: the model to probe (parameters, gradients, buffers, each module's mode and the
+            RNG states are restored afterwards).
         sample_batch_fn: ``fn(m) -> (inputs, targets)``, a fresh representative batch of m
             samples (as a loader would build it).
         effective_batch_size: B, samples per optimizer step (per rank).
@@ -99,8 +102,14 @@ def find_micro_batch_size(
         d for d in divisors(effective_batch_size)
         if max_micro_batch_size is None or d <= max_micro_batch_size
     ]
-    was_training = model.training
-    model.train()
+    # Probe as the trainer trains: a model left in eval mode as a whole is switched to train
+    # mode, submodules the user froze (a BatchNorm in eval mode) stay as they are. Afterwards
+    # every module gets its own mode back, and every RNG its state (the probes draw batches
+    # and dropout masks).
+    modes = [(m, m.training) for m in model.modules()]
+    rng = capture_rng_state()
+    if not model.training:
+        model.train()
     best = None
     low, high = 0, len(candidates) - 1
     try:
@@ -117,7 +126,7 @@ def find_micro_batch_size(
             else:
                 high = middle - 1
     finally:
-        model.train(was_training)
+        _restore(modes, rng)
     if best is None:
         raise RuntimeError(
             "not even a micro-batch of 1 sample fits on "
@@ -148,13 +157,15 @@ def measure_footprint(
     window add is counted from their sizes: their targets (read ahead to count W), and with
     ``read_ahead`` their inputs too. CUDA: max allocated memory; CPU: parameters, buffers
     and optimizer state, plus the allocator peak of the window. Parameters, gradients and
-    buffers (BatchNorm statistics) are restored afterwards.
+    buffers (BatchNorm statistics), each module's mode and the RNG states are restored afterwards.
     """
     if accumulation_steps < 1:
         raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
     device = torch.device(device)
     loss_fn = loss_fn or torch.nn.CrossEntropyLoss()
     model = distributed.unwrap(model)
+    modes = [(m, m.training) for m in model.modules()]
+    rng = capture_rng_state()  # before the probe loader samples its first batch
     params = [p for p in model.parameters() if p.requires_grad]
     # Kept on the host: on CUDA a copy on the device would count against the probe.
     saved_params = [p.detach().to("cpu", copy=True) for p in params]
@@ -198,9 +209,16 @@ def measure_footprint(
                 param.copy_(saved)  # the probe's optimizer steps must not train the model
             for buffer, saved in saved_buffers:
                 buffer.copy_(saved)  # nor move BatchNorm statistics
+        _restore(modes, rng)  # nor change what training draws next
     if used is None:
         release_memory()
     return used
+
+
+def _restore(modes: list[tuple[torch.nn.Module, bool]], rng: dict[str, Any]) -> None:
+    for module, training in modes:
+        module.training = training
+    restore_rng_state(rng)
 
 
 class _ProbeOutOfMemory(Exception):
@@ -224,7 +242,7 @@ _BOOKKEEPING_BYTES = 64
 class _ProbeLoader:
     """The probe window's batches, loaded inside the measurement as a training loader would.
 
-    ``lazy``: a DataLoader over one sampled (inputs, targets) batch, so the trainer counts W
+    ``lazy``: ``make_loader`` over one sampled (inputs, targets) batch, so the trainer counts W
     from the targets and loads each micro-batch just in time, as it does for such loaders;
     otherwise (or when the batch is not two tensors) fresh batches from ``sample_batch_fn``,
     which the trainer reads ahead.
@@ -241,8 +259,10 @@ class _ProbeLoader:
             inputs, targets = items.unpack(sample_batch_fn(size))
             self._record(inputs, targets)
             if isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor):
-                dataset = TensorDataset(inputs.cpu(), targets.cpu())
-                self.loader = DataLoader(dataset, batch_sampler=[list(range(len(dataset)))] * count)
+                # The batch `count` times, through make_loader as the service's jobs load: its
+                # order is a function of (seed, epoch), so the trainer saves no RNG states for it.
+                dataset = TensorDataset(torch.cat([inputs.cpu()] * count), torch.cat([targets.cpu()] * count))
+                self.loader = make_loader(dataset, size, shuffle=False)
 
     def _record(self, inputs: Any, targets: Any) -> None:
         self.inputs_bytes, self.targets_bytes = tensor_bytes(inputs), tensor_bytes(targets)

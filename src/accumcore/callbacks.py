@@ -44,10 +44,12 @@ class Callback:
         """Called after a checkpoint file has been written and renamed into place."""
 
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
-        """Called for notable events: ``oom_backoff``, ``fp16_step_skipped``, ``batchnorm_warning``."""
+        """Called for notable events: ``oom_backoff``, ``fp16_step_skipped``,
+        ``nonfinite_step_skipped``, ``empty_window``, ``batchnorm_warning``, ``resume_inexact``."""
 
     def should_stop(self) -> bool:
-        """Polled before every micro-batch; return True to stop within one micro-batch."""
+        """Polled before every micro-batch (under DDP: once per window, and every rank stops
+        when one asks); return True to stop within one micro-batch (window)."""
         return False
 
     def on_fit_end(self, trainer: Any, history: Any) -> None:

@@ -1,7 +1,9 @@
 """DDP helpers: skip the gradient all-reduce inside a window, sum item counts across ranks.
 
-Rule 7 of ACCUMULATION.md. DDP averages gradients over ranks, so a micro-batch's loss is
-scaled by n_i * world_size / W_global to make the averaged result the global window mean.
+Rule 7 of docs/accumulation.md. DDP averages gradients over ranks, so a micro-batch's loss is
+scaled by n_i * world_size / W_global to make the averaged result the global window mean. A
+window that some rank has no micro-batch for runs without DDP's hooks and is averaged by
+``all_reduce_grads`` at the step, the way DDP would have averaged it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def is_main_process() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
@@ -52,6 +58,27 @@ def comm_device(model: torch.nn.Module) -> torch.device:
     if backend == "nccl":
         return next(unwrap(model).parameters()).device
     return torch.device("cpu")
+
+
+def all_reduce_grads(params: Sequence[torch.Tensor], device: torch.device) -> None:
+    """Average gradients over ranks as DDP does (divide by world size, sum), for a window
+    run without DDP's hooks; a missing gradient counts as zeros. One call per dtype."""
+    world = world_size()
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for param in params:
+        assert param.grad is not None
+        by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(device)
+        flat.div_(world)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
 
 
 def all_reduce_sum(values: Sequence[float | int | torch.Tensor], device: torch.device) -> torch.Tensor:

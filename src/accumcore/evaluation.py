@@ -20,8 +20,10 @@ def evaluate(
     device: torch.device,
     counter: Callable[[Any, Any], int | torch.Tensor],
     ignore_index: int,
+    shift_labels: bool = False,
 ) -> dict[str, float]:
-    """``val_loss`` (mean over all items) and, for class/token targets, ``val_accuracy``.
+    """``val_loss`` (mean over all items) and, for class/token targets, ``val_accuracy``
+    (of ``outputs[..., :-1, :]`` against ``targets[..., 1:]`` with ``shift_labels``).
 
     Runs on the unwrapped module (no DDP collectives per batch) and leaves every RNG as it
     found it, so evaluating never changes what training draws next (exact resume).
@@ -46,10 +48,16 @@ def evaluate(
                 inputs = items.to_device(inputs, device)
                 targets = items.to_device(targets, device)
                 with precision.autocast():
-                    outputs = module(inputs)
+                    outputs = items.forward(module, inputs)
                     loss = loss_fn(outputs, targets)
-                loss_sum += loss.detach().to(torch.float64) * count
+                loss = loss.detach().to(torch.float64)
+                if isinstance(count, torch.Tensor):
+                    # A device count of 0 (every target ignored): 0/0 x 0 is NaN, select 0.
+                    loss = torch.where(count > 0, loss, torch.zeros_like(loss))
+                loss_sum += loss * count
                 item_total = item_total + count
+                if shift_labels and _is_classification(outputs, targets) and targets.dim() >= 2:
+                    outputs, targets = outputs[..., :-1, :], targets[..., 1:]
                 if _is_classification(outputs, targets):
                     mask = targets != ignore_index
                     correct += (outputs.argmax(dim=-1).eq(targets) & mask).sum()

@@ -1,7 +1,8 @@
 """Out-of-memory back-off state: halve the micro-batch, double the micro-batches per window.
 
-Rule 10 of ACCUMULATION.md. Each loaded batch is split into ``split`` chunks, so m x N (and
-the window's samples) stay the same and the update stays exact.
+Rule 10 of docs/accumulation.md. Each loaded batch is split into ``split`` chunks, so m x N
+(and the window's samples) stay the same and the update stays exact. Under DDP every rank
+backs off together (the window's flags say whether any rank ran out of memory).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Mixed precision: autocast per micro-batch, and the fp16 GradScaler at the window boundary.
 
-Rule 6 of ACCUMULATION.md: fp16 scales every micro-batch's backward, unscales once per
+Rule 6 of docs/accumulation.md: fp16 scales every micro-batch's backward, unscales once per
 window (before clipping), and a step skipped for inf/nan does not advance the scheduler.
 bf16 needs no scaler; gradients accumulate in the fp32 parameters either way.
 """
@@ -80,6 +80,13 @@ class Precision:
             self.scaler.update()
         else:
             optimizer.step()
+
+    def abandon_step(self) -> None:
+        """Close a window without an optimizer step. fp16: ``unscale_`` ran on this window, and
+        the scaler refuses the next one until ``update()`` (which also lowers the scale when
+        the window's gradients were inf/nan, as a skipped step would)."""
+        if self.scaler is not None:
+            self.scaler.update()
 
     def loss_scale(self) -> float | None:
         """Current fp16 loss scale (a device sync; called once per window at most)."""

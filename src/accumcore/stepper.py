@@ -1,13 +1,22 @@
-"""Closing a window: unscale, clip, one optimizer step, one scheduler step, zero the grads.
+"""Closing a window: unscale, clip, read the window's values, then step or refuse to.
 
-Rules 4-6 of ACCUMULATION.md. The window's metrics are read here with one device sync; an
-fp16 step skipped by the GradScaler (inf/nan gradients) is recognised by the lowered loss
-scale and does not advance the scheduler.
+Rules 4-6 and 13-14 of docs/accumulation.md. The window's values (loss sum, W, samples, the
+pre-clip gradient norm; under DDP the loss sum and the OOM flags all-reduced in the same call)
+are read with one device sync, before the optimizer step, so that a window the trainer must
+not step is never stepped:
+
+- W = 0 (every target ignored): no optimizer step, no scheduler step;
+- a non-finite loss or gradient norm (fp32/bf16): no step; the trainer fails or skips it;
+- an out-of-memory error on any DDP rank: no step; every rank backs off together.
+
+fp16: the GradScaler skips steps with inf/nan gradients itself (recognised by the lowered
+loss scale), and a skipped step does not advance the scheduler.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,13 +28,26 @@ from accumcore.window import WindowResult
 
 @dataclass(frozen=True)
 class StepOutcome:
-    loss: float  # the exact window mean: sum of item losses / W
+    loss: float  # the exact window mean: sum of item losses / W (NaN when W = 0)
     items: float
     samples: float
     grad_norm: float | None  # before clipping; None when not computed (Trainer(grad_norm=False))
     lr: float  # the learning rate this step used
     skipped: bool  # fp16 overflow: no optimizer or scheduler step
     loss_scale: float | None  # fp16 only
+    empty: bool = False  # W = 0: nothing stepped
+    nonfinite: tuple[str, float] | None = None  # (metric, value): nothing stepped
+    oom: bool = False  # DDP: a rank ran out of memory in this window; nothing stepped
+    oom_fatal: bool = False  # ... and could not split its micro-batches any further
+
+
+def first_nonfinite(values: dict[str, float]) -> tuple[str, float] | None:
+    """The first of loss, grad_norm that is inf or NaN, as (name, value)."""
+    for name in ("loss_sum", "grad_norm"):
+        value = values.get(name)
+        if value is not None and not math.isfinite(value):
+            return ("loss" if name == "loss_sum" else name), value
+    return None
 
 
 class WindowStepper:
@@ -41,28 +63,58 @@ class WindowStepper:
     ) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.scheduler = scheduler
+        # ReduceLROnPlateau steps on the validation loss, after evaluations (the trainer's job).
+        self.scheduler = None if is_plateau(scheduler) else scheduler
         self.precision = precision
         self.grad_clip_norm = grad_clip_norm
         self.track_grad_norm = track_grad_norm
         self.device = device
-        self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.loss_scale = precision.loss_scale()
         self.ddp = distributed.ddp_wrapped(model)  # as WindowRunner: fixed for the trainer's life
 
+    def params(self) -> list[torch.Tensor]:
+        """The optimizer's parameters now: groups added after Trainer() are clipped too
+        (a list of a few hundred references: microseconds per step)."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
     def step(self, result: WindowResult) -> StepOutcome:
         lr = float(self.optimizer.param_groups[0]["lr"])
+        params = self.params()
+        if result.manual_sync:
+            # A DDP window some rank had no micro-batch for ran without DDP's hooks.
+            distributed.all_reduce_grads(params, distributed.comm_device(self.model))
         grad_norm = self.precision.unscale_and_clip(
-            self.optimizer, self.params, self.grad_clip_norm, want_norm=self.track_grad_norm
+            self.optimizer, params, self.grad_clip_norm, want_norm=self.track_grad_norm
         )
-        self.precision.optimizer_step(self.optimizer)
-        loss_sum = result.loss_sum if result.loss_sum is not None else 0.0
+        loss_sum: Any = result.loss_sum if result.loss_sum is not None else 0.0
+        read: dict[str, Any] = {"items": result.items, "samples": result.samples}
         if self.ddp:
-            loss_sum = distributed.all_reduce_sum([loss_sum], distributed.comm_device(self.model))[0]
-        read = {"loss_sum": loss_sum, "items": result.items, "samples": result.samples}
+            # The loss sum and the OOM flags of every rank, in one call: a rank that ran out of
+            # memory has joined the window's collectives, and now every rank learns it.
+            reduced = distributed.all_reduce_sum(
+                [loss_sum, float(result.oom), float(result.oom_fatal)], distributed.comm_device(self.model)
+            )
+            loss_sum, read["oom"], read["oom_fatal"] = reduced[0], reduced[1], reduced[2]
+        read["loss_sum"] = loss_sum
         if grad_norm is not None:
             read["grad_norm"] = grad_norm
-        values = metrics.to_floats(read)  # the window's one device sync
+        values = metrics.to_floats(read)  # the window's one device sync, before the step
+        outcome = StepOutcome(
+            loss=values["loss_sum"] / values["items"] if values["items"] > 0 else math.nan,
+            items=values["items"], samples=values["samples"], grad_norm=values.get("grad_norm"),
+            lr=lr, skipped=False, loss_scale=self.loss_scale,
+        )
+        if values.get("oom", 0.0) > 0:
+            self._abandon()
+            return replace(outcome, oom=True, oom_fatal=values.get("oom_fatal", 0.0) > 0)
+        if values["items"] == 0:
+            self._abandon()
+            return replace(outcome, empty=True)
+        bad = first_nonfinite(values)
+        if bad is not None and self.precision.scaler is None:
+            self._abandon()
+            return replace(outcome, nonfinite=bad)
+        self.precision.optimizer_step(self.optimizer)
         skipped = False
         if self.precision.scaler is not None:
             previous, self.loss_scale = self.loss_scale, self.precision.loss_scale()
@@ -71,16 +123,19 @@ class WindowStepper:
         if not skipped and self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepOutcome(
-            loss=values["loss_sum"] / max(values["items"], 1.0),
-            items=values["items"],
-            samples=values["samples"],
-            grad_norm=values.get("grad_norm"),
-            lr=lr,
-            skipped=skipped,
-            loss_scale=self.loss_scale,
-        )
+        # fp16: a non-finite loss whose gradients the scaler found finite (it stepped).
+        nonfinite = bad if bad is not None and not skipped else None
+        return replace(outcome, skipped=skipped, loss_scale=self.loss_scale, nonfinite=nonfinite)
+
+    def _abandon(self) -> None:
+        """Drop the window's gradients without stepping (fp16: close the scaler's step)."""
+        self.precision.abandon_step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def reload_loss_scale(self) -> None:
         """After loading a GradScaler state, compare the next step with the loaded scale."""
         self.loss_scale = self.precision.loss_scale()
+
+
+def is_plateau(scheduler: Any) -> bool:
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)

@@ -3,11 +3,29 @@
     trainer = Trainer(model, optimizer, loss_fn=torch.nn.CrossEntropyLoss(), accumulation_steps=4)
     history = trainer.fit(make_loader(train_set, batch_size=32), epochs=2, val_loader=val_loader)
 
-Each epoch is read window by window: the window's item total W is counted first (from the
-targets alone where the loader allows it, see ``window_source``; otherwise by loading the
-window's N micro-batches ahead), the window is run by ``WindowRunner``, then one optimizer step and one scheduler
-step close the window. Checkpoints, ``state_dict`` and ``should_stop`` act only at window
-boundaries, which is what makes resume bitwise exact.
+What ``fit`` does, one screen (numbers: the rules of docs/accumulation.md; right: where):
+
+    for epoch in epochs:
+        batches = iter(loader) from the epoch's start RNG states       # loader_state (9)
+        while window := next N batches:                                 # _train_epoch
+            micro, n_i = split on OOM back-off, count items             # window, items (2, 10, 15)
+            W = sum(n_i)  [DDP: all-reduce with the stop/data flags]    # window.WindowRunner (7)
+            for i, mb in enumerate(micro):
+                with no_sync unless i is last:                          # distributed (7)
+                    loss = loss_fn(model(mb.inputs), mb.targets)        # items.forward (15)
+                    backward(loss * n_i / W)   (n_i = 0: nothing)       # precision (1, 6, 14)
+            unscale (fp16), clip; grad_norm                             # stepper, precision (6)
+            read loss, W, grad_norm [DDP: OOM flags]: the one sync      # stepper, metrics (12)
+            OOM on any rank: split in two, run the window again         # _run_window, oom (10)
+            W == 0 or inf/NaN: no step; fail or skip                    # stepper, _step (13, 14)
+            optimizer.step(); scheduler.step(); zero_grad()             # stepper (4, 5)
+            metrics, callbacks, every k steps a checkpoint              # _step, checkpoint (9)
+        evaluate(val_loader); ReduceLROnPlateau.step(val_loss)          # evaluation (4)
+
+Checkpoints, ``state_dict`` and ``should_stop`` act only at window boundaries, which is what
+makes resume bitwise exact; the window's targets are counted before its first backward (from
+the targets alone where the loader allows it, see ``window_source``; otherwise by loading the
+window's N micro-batches ahead).
 """
 
 from __future__ import annotations
@@ -22,19 +40,34 @@ from typing import Any
 
 import torch
 
-from accumcore import distributed, items, metrics
+from accumcore import distributed, items, loader_state, metrics
 from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
-from accumcore.loss import check_loss_fn
-from accumcore.oom import OOM_ERRORS, next_split, release_memory
+from accumcore.loss import ModelLossOrCrossEntropy, check_loss_fn, check_mean_over_items
+from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, next_split, release_memory
 from accumcore.precision import Precision
 from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
 from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
-from accumcore.stepper import WindowStepper
-from accumcore.window import WindowResult, WindowRunner, make_micro_batches
+from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
+from accumcore.window import EXHAUSTED, STOPPED, WindowRunner, make_micro_batches
 from accumcore.window_source import PendingBatch, target_source
+
+NONFINITE_POLICIES = ("fail", "skip")
+
+
+class NonFiniteError(RuntimeError):
+    """A window's loss or gradient norm was inf or NaN (``Trainer(on_nonfinite="fail")``), or
+    too many steps in a row were skipped for it. The message names the step, the metric and
+    the last checkpoint written with finite values."""
+
+    def __init__(self, message: str, *, step: int, metric: str, value: float, checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.metric = metric
+        self.value = value
+        self.checkpoint = checkpoint
 
 
 @dataclass
@@ -46,33 +79,54 @@ class FitHistory:
     events: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[CheckpointInfo] = field(default_factory=list)
     stopped: bool = False  # True when a callback's should_stop ended the run
-    skipped_steps: int = 0  # fp16 steps skipped for inf/nan gradients
+    skipped_steps: int = 0  # steps skipped for inf/nan: fp16 overflow, or on_nonfinite="skip"
 
 
 class Trainer:
     """Trains ``model`` with exact, item-weighted gradient accumulation.
 
     Args:
-        model: the module (optionally DDP-wrapped); moved to ``device``.
+        model: the module (optionally DDP-wrapped); moved to ``device``. A batch that is a
+            mapping (Hugging Face style) is passed as keyword arguments: ``model(**batch)``.
         optimizer: built on the model's parameters.
-        loss_fn: returns the mean over a micro-batch's items (``reduction='mean'``).
-            Defaults to ``CrossEntropyLoss(ignore_index=ignore_index)``.
+        loss_fn: ``fn(outputs, targets)`` returning the mean over a micro-batch's items
+            (``reduction='mean'``; a callable without a ``reduction`` attribute is checked
+            on the first micro-batch, see ``accumcore.loss``). None: the model's own loss
+            when its output has one (``outputs.loss``), else
+            ``CrossEntropyLoss(ignore_index=ignore_index)``.
         accumulation_steps: N, or an epoch schedule such as ``{0: 8, 4: 2}``.
         scheduler: stepped once per optimizer step (not per micro-batch).
         precision: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast + GradScaler).
         grad_clip_norm: clip the total gradient norm to this value (after fp16 unscaling).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         callbacks: ``accumcore.Callback`` instances.
-        count_items: ``fn(inputs, targets) -> int`` overriding the default item count.
+        count_items: what the loss averages over (n_i): ``"tokens"`` (non-ignored integer
+            targets; every position of float targets), ``"rows"`` (samples), a callable
+            ``fn(inputs, targets) -> int``, or None to infer it (``items.ItemCounter``;
+            an ambiguous count is refused, never guessed).
+        shift_labels: the model (or ``loss_fn``) scores ``labels[..., 1:]``, as a causal LM
+            does: count those. None: True for ``*ForCausalLM`` / ``*LMHeadModel`` models
+            returning their own loss, False with a ``loss_fn``; a mapping batch with
+            sequence labels for any other model is refused until it is set.
         ignore_index: integer targets equal to this are not items (and not scored).
         checkpoint_every: write ``checkpoint_dir/<step>.pt`` every this many optimizer steps.
         checkpoint_dir: where checkpoints go; also written at the end of ``fit``.
         grad_norm: report the pre-clip total gradient norm (metric ``grad_norm``) every
             optimizer step. It costs one pass over all gradients per step; with ``False``
-            and no ``grad_clip_norm`` that pass is skipped and the metric is absent.
+            and no ``grad_clip_norm`` that pass is skipped and the metric is absent (and the
+            non-finite check reads the loss only).
+        on_nonfinite: what a window with an inf/NaN loss or gradient norm does (checked once
+            per optimizer step, with the step's one device sync, before the step):
+            ``"fail"`` raises ``NonFiniteError``; ``"skip"`` skips the optimizer and scheduler
+            step with a ``nonfinite_step_skipped`` event. fp16 leaves inf/NaN gradients to
+            the GradScaler, which skips those steps itself.
+        max_consecutive_skips: raise ``NonFiniteError`` after this many skipped steps in a
+            row (``on_nonfinite="skip"`` or fp16 overflows): the run has diverged.
 
     Raises:
-        ValueError: for a loss that cannot be item-weighted, or invalid settings.
+        TypeError: no model or no optimizer.
+        ValueError: for a loss that cannot be item-weighted, an optimizer on another model's
+            parameters, or invalid settings.
     """
 
     def __init__(
@@ -86,17 +140,31 @@ class Trainer:
         grad_clip_norm: float | None = None,
         device: str | torch.device = "cpu",
         callbacks: Iterable[Callback] = (),
-        count_items: Callable[[Any, Any], int | torch.Tensor] | None = None,
+        count_items: str | Callable[[Any, Any], int | torch.Tensor] | None = None,
         ignore_index: int = -100,
         checkpoint_every: int | None = None,
         checkpoint_dir: str | Path | None = None,
         grad_norm: bool = True,
+        shift_labels: bool | None = None,
+        on_nonfinite: str = "fail",
+        max_consecutive_skips: int = 25,
     ) -> None:
+        _check_model_and_optimizer(model, optimizer, loss_fn)
+        if on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"on_nonfinite must be 'fail' or 'skip', got {on_nonfinite!r}")
+        if max_consecutive_skips < 1:
+            raise ValueError(f"max_consecutive_skips must be >= 1, got {max_consecutive_skips}")
+        self.on_nonfinite = on_nonfinite
+        self.max_consecutive_skips = max_consecutive_skips
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
-        self.loss_fn = loss_fn if loss_fn is not None else torch.nn.CrossEntropyLoss(ignore_index=ignore_index)
-        check_loss_fn(self.loss_fn, ignore_index, custom_counter=count_items is not None)
+        self.loss_fn = loss_fn if loss_fn is not None else ModelLossOrCrossEntropy(ignore_index)
+        custom_counter = callable(count_items)
+        check_loss_fn(self.loss_fn, ignore_index, custom_counter=custom_counter)
+        self.shift_labels = _shift_labels(model, loss_fn, shift_labels)
+        # A loss that does not say it is a mean is checked on the first micro-batch.
+        self._check_loss_scale = not hasattr(self.loss_fn, "reduction")
         self.schedule = AccumulationSchedule(accumulation_steps)
         self.scheduler = scheduler
         self.precision = Precision(precision, self.device)
@@ -105,8 +173,11 @@ class Trainer:
         self.grad_clip_norm = grad_clip_norm
         self.callbacks = CallbackList(callbacks)
         self.ignore_index = ignore_index
-        self.count_items = count_items or self._default_count
-        self._custom_counter = count_items is not None
+        self.count_items: Callable[[Any, Any], Any] = (
+            count_items if callable(count_items)
+            else items.ItemCounter(count_items, ignore_index, self.shift_labels, self.loss_fn)
+        )
+        self._custom_counter = custom_counter  # a callable may need the inputs: no targets-only path
         if checkpoint_every is not None and checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1 optimizer steps, got {checkpoint_every}")
         if checkpoint_every is not None and checkpoint_dir is None:
@@ -126,6 +197,7 @@ class Trainer:
         self.batch_in_epoch = 0  # loaded batches of the current epoch already stepped on
         self.global_step = 0
         self.skipped_steps = 0
+        self.consecutive_skips = 0  # skipped steps since the last applied one
         self.oom_split = 1  # each loaded batch runs as this many micro-batches (OOM back-off)
         # RNG states at the last window boundary; None while the current states are those
         # (capturing costs ~0.1 ms, so it is done only when a stop could leave a window).
@@ -133,9 +205,22 @@ class Trainer:
         self._pending_rng: dict[str, Any] | None = None
         self._pending_sampler: dict[str, Any] | None = None
         self._sampler_state: dict[str, Any] | None = None
+        # RNG/generator states the loader's iterator draws from at the current epoch's start
+        # (accumcore.loader_state), and whether the last fit's loader can be replayed from them.
+        self._epoch_start: dict[str, Any] | None = None
+        self._pending_loader: dict[str, Any] | None = None
+        self._resume_exact = True
+        # An IterableDataset that saves its own position (loader_state.stateful_dataset): the
+        # one of the current fit, its state at the last boundary, and one loaded to resume.
+        self._stateful_dataset: Any | None = None
+        self._dataset_at_boundary: dict[str, Any] | None = None
+        self._pending_dataset: dict[str, Any] | None = None
         self._last_checkpoint_step: int | None = None
         self._last_eval_step: int | None = None
         self._last_metrics: dict[str, float] = {}
+        self._largest_batch = 0  # samples of the largest loaded batch seen (OOM messages)
+        self._window_was_last = False  # DDP: the window just stepped ends the epoch on every rank
+        self._ddp = distributed.ddp_wrapped(self.model)
         self._history = FitHistory()
 
     # ----------------------------------------------------------------------------- fit
@@ -158,6 +243,11 @@ class Trainer:
             raise ValueError(f"max_steps must be >= 1 or None, got {max_steps}")
         if eval_every is not None and (eval_every < 1 or val_loader is None):
             raise ValueError("eval_every needs val_loader and a value >= 1 (optimizer steps)")
+        if is_plateau(self.scheduler) and val_loader is None:
+            raise ValueError(
+                "ReduceLROnPlateau steps on the validation loss: pass val_loader to fit (it is "
+                "stepped after each epoch's evaluation, and every eval_every steps)"
+            )
         history = self._history = FitHistory()
         self.callbacks.on_fit_start(self)
         if not self.model.training:
@@ -165,6 +255,7 @@ class Trainer:
             # in eval mode on purpose (a frozen BatchNorm) stay as they are.
             self.model.train()
         self._warn_batchnorm()
+        self._warn_inexact_resume(train_loader)
         metrics.reset_peak_memory(self.device)
         ended = "epochs"
         while self.epoch < epochs:
@@ -175,14 +266,18 @@ class Trainer:
             if ended != "epoch":
                 break
             if val_loader is not None:
-                self._evaluate(val_loader)
+                self._evaluate(val_loader, scheduled=True)
             self.epoch += 1
             self.batch_in_epoch = 0
+            # The next epoch starts from here: its loader's generators as they are now.
+            self._epoch_start = None  # (freed first: the capture copies RNG states)
+            self._epoch_start = loader_state.capture(train_loader)
         history.stopped = ended == "stopped"
         history.skipped_steps = self.skipped_steps
         if not history.stopped:
             if ended == "max_steps" and val_loader is not None and self._last_eval_step != self.global_step:
-                self._evaluate(val_loader)
+                # Not a scheduled evaluation: a run resumed from here must not see it either.
+                self._evaluate(val_loader, scheduled=False)
             if self.checkpoint_dir is not None and self._last_checkpoint_step != self.global_step:
                 self._write_checkpoint()
         self.callbacks.on_fit_end(self, history)
@@ -196,39 +291,48 @@ class Trainer:
         eval_every: int | None,
     ) -> str:
         steps_per_window = self.schedule.at(self.epoch)
-        batches = self._epoch_batches(loader)
-        if self._pending_rng is not None:
-            # After the iterator exists: creating it may draw on the RNG, as it did before.
-            restore_rng_state(self._pending_rng)
-            self._pending_rng = None
-        self._rng_at_boundary = None
         may_stop = bool(self.callbacks._stoppers)
+        stateful = self._stateful_dataset = loader_state.stateful_dataset(loader)
+        batches = self._epoch_batches(loader, may_stop)
+        batches_per_epoch = loader_state.batches_per_epoch(loader)
         while True:
             started = time.perf_counter()
-            if may_stop:  # a stop inside the window leaves the RNGs past the boundary
+            if may_stop and self._rng_at_boundary is None:
+                # A stop inside the window leaves the RNGs past the boundary. (The first window
+                # of an epoch has its boundary from before the loader's iterator was created.)
                 self._rng_at_boundary = capture_rng_state()
+            if stateful is not None:  # ... and the dataset's position too
+                self._dataset_at_boundary = stateful.state_dict()
             window = list(itertools.islice(batches, steps_per_window))
-            if not window:
-                return "epoch"
-            result = self._run_window(window)
-            if result is None:
-                self.optimizer.zero_grad(set_to_none=True)
+            if not window and not self._ddp:
+                return "epoch"  # under DDP the ranks agree on that in the window's all-reduce
+            left = None
+            if self._ddp and batches_per_epoch is not None:
+                left = math.ceil(max(batches_per_epoch - self.batch_in_epoch - len(window), 0) / steps_per_window)
+            outcome = self._run_window(window, left)
+            if outcome == STOPPED:
                 return "stopped"
+            if outcome == EXHAUSTED:
+                return "epoch"
+            assert isinstance(outcome, StepOutcome)
             self.batch_in_epoch += len(window)
             window = []  # free this window's batches before the next window is read
-            step_metrics = self._step(result, started)
-            self._rng_at_boundary = None
+            step_metrics = self._step(outcome, started)
+            self._rng_at_boundary = self._dataset_at_boundary = None
             self._history.steps.append(step_metrics)
             self.callbacks.on_step(self, step_metrics)
             if self.checkpoint_every and self.global_step % self.checkpoint_every == 0:
                 self._write_checkpoint()
             if eval_every and val_loader is not None and self.global_step % eval_every == 0:
-                self._evaluate(val_loader)
+                self._evaluate(val_loader, scheduled=True)
             if max_steps is not None and self.global_step >= max_steps:
                 return "max_steps"
+            if self._window_was_last:
+                return "epoch"  # DDP: every rank's loader length says so; no all-reduce to learn it
 
-    def _epoch_batches(self, loader: Iterable[Any]) -> Iterator[Any]:
-        """The epoch's batches from the current position, in the (seed, epoch) order."""
+    def _epoch_batches(self, loader: Iterable[Any], may_stop: bool) -> Iterator[Any]:
+        """The epoch's batches from the current position, drawing what the uninterrupted run
+        drew (docs/accumulation.md rule 9, ``accumcore.loader_state``)."""
         batch_sampler: Any = getattr(loader, "batch_sampler", None)
         sampler: Any = getattr(loader, "sampler", None)
         if self._pending_sampler is not None and hasattr(batch_sampler, "load_state_dict"):
@@ -241,8 +345,43 @@ class Trainer:
         self._sampler_state = (
             batch_sampler.state_dict() if hasattr(batch_sampler, "state_dict") else None
         )
+        pending_rng, pending_loader = self._pending_rng, self._pending_loader
+        pending_dataset, self._pending_dataset = self._pending_dataset, None
+        self._pending_rng = self._pending_loader = None
         skip = self.batch_in_epoch
-        source = target_source(loader, self._custom_counter, self.ignore_index)
+        if skip and pending_dataset is not None and self._stateful_dataset is not None:
+            # Inside an epoch, an IterableDataset that saved its position continues from it
+            # (its next __iter__ does, by the protocol): nothing to skip. At an epoch's start
+            # it starts a new pass, as it did in the uninterrupted run.
+            self._stateful_dataset.load_state_dict(pending_dataset)
+            skip = 0
+        if self.batch_in_epoch == 0:
+            # The epoch's start is a window boundary: (resumed) its RNG and generator states,
+            # then record them before the iterator draws from them.
+            if pending_rng is not None:
+                restore_rng_state(pending_rng)
+            if pending_loader is not None:
+                loader_state.restore_generators(loader, pending_loader)
+            self._epoch_start = None  # (freed first: the capture copies RNG states)
+            self._epoch_start = loader_state.capture(loader)
+            self._rng_at_boundary = capture_rng_state() if may_stop else None
+            return self._iterate(loader, 0)
+        # Resumed inside the epoch: replay the epoch's start (what the iterator draws when it
+        # is created, and the permutation at its first batch) and the skipped batches, then
+        # continue from the boundary's RNG states.
+        if pending_loader is not None:
+            loader_state.restore(loader, pending_loader)
+            self._epoch_start = pending_loader
+        batches = self._iterate(loader, skip)
+        if pending_rng is not None:
+            restore_rng_state(pending_rng)
+        self._rng_at_boundary = None
+        return batches
+
+    def _iterate(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
+        """A new iterator over the loader, past its first ``skip`` batches (skipped now)."""
+        batch_sampler: Any = getattr(loader, "batch_sampler", None)
+        source = target_source(loader, self._custom_counter, self.ignore_index, self.count_items)
         if source is not None:
             # W from the targets; each micro-batch's inputs loaded just before its forward.
             return source.batches(skip)
@@ -256,22 +395,45 @@ class Trainer:
             next(batches, None)
         return batches
 
-    def _run_window(self, window: list[Any]) -> WindowResult | None:
-        """Run the window, backing off on OOM: split every batch in two and start over."""
+    def _run_window(self, window: list[Any], windows_left: int | None = None) -> StepOutcome | str:
+        """Run the window and close it with one optimizer step; on out-of-memory (on any rank,
+        under DDP) split every batch in two and start the window over."""
+        self._window_was_last = False
+        if window:
+            self._largest_batch = max(self._largest_batch, *(_batch_samples(b) for b in window))
         while True:
             micro_batches = make_micro_batches(window, self.oom_split, self.count_items)
+            if self._check_loss_scale:
+                self._check_loss_scale = not check_mean_over_items(
+                    distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
+                )
             try:
-                return self._runner.run(micro_batches)
+                result = self._runner.run(micro_batches, windows_left)
             except OOM_ERRORS:
-                pass  # handled below, outside the except block, so the traceback is freed
+                result = None  # handled below, outside the except block, so the traceback is freed
+            if isinstance(result, str):  # STOPPED, or EXHAUSTED (DDP: no rank has data left)
+                self.optimizer.zero_grad(set_to_none=True)
+                return result
+            outcome = None if result is None else self._stepper.step(result)
+            if outcome is not None and not outcome.oom:
+                self._window_was_last = result is not None and result.last_window
+                return outcome
             self.optimizer.zero_grad(set_to_none=True)
-            largest = max(mb.samples for mb in micro_batches)
+            largest = max((mb.samples for mb in micro_batches), default=0)
             del micro_batches
             release_memory()
-            self.oom_split = next_split(self.oom_split, largest)
-            loaded = max(_batch_samples(b) for b in window)
+            if outcome is None:
+                self.oom_split = next_split(self.oom_split, largest)
+            elif outcome.oom_fatal:  # every rank raises: the one that could not split says why
+                raise MicroBatchTooSmall(
+                    "out of memory with a micro-batch of 1 sample on a DDP rank; the model does not "
+                    "fit this device. Use precision='bf16' or 'fp16', a smaller model, or a device "
+                    "with more memory"
+                )
+            else:
+                self.oom_split *= 2  # every rank, as the stepper's all-reduce told them to
             data = {
-                "micro_batch_size": math.ceil(loaded / self.oom_split),
+                "micro_batch_size": math.ceil(self._largest_batch / self.oom_split),
                 "accumulation_steps": self.schedule.at(self.epoch) * self.oom_split,
                 "split": self.oom_split,
                 "step": self.global_step,
@@ -283,15 +445,42 @@ class Trainer:
                 data,
             )
 
-    def _step(self, result: WindowResult, started: float) -> dict[str, float]:
-        outcome = self._stepper.step(result)
+    def _step(self, outcome: StepOutcome, started: float) -> dict[str, float]:
         self.global_step += 1
-        if outcome.skipped:
-            self.skipped_steps += 1
+        if outcome.empty:
+            self._emit(
+                "empty_window",
+                "a window without items (every target ignore_index): no optimizer step, no "
+                "scheduler step",
+                {"step": self.global_step, "epoch": self.epoch},
+            )
+        elif outcome.nonfinite is not None:
+            metric, value = outcome.nonfinite
+            if self.on_nonfinite == "fail":
+                raise self._nonfinite_error(f"step {self.global_step}: {metric} is {value}", metric, value)
+            self._count_skip()
+            self._emit(
+                "nonfinite_step_skipped",
+                f"step {self.global_step} skipped: {metric} is {value} (no optimizer or "
+                "scheduler step)",
+                {"step": self.global_step, "metric": metric, "value": value,
+                 "consecutive": self.consecutive_skips},
+            )
+        elif outcome.skipped:
+            self._count_skip()
             self._emit(
                 "fp16_step_skipped",
                 "fp16 step skipped: inf/nan gradients; the loss scale was lowered",
                 {"step": self.global_step, "loss_scale": outcome.loss_scale or 0.0},
+            )
+        else:
+            self.consecutive_skips = 0
+        if self.consecutive_skips >= self.max_consecutive_skips:
+            metric, value = outcome.nonfinite or ("grad_norm", outcome.grad_norm or math.inf)
+            raise self._nonfinite_error(
+                f"{self.consecutive_skips} consecutive steps skipped for non-finite values, up to "
+                f"step {self.global_step} ({metric} is {value}): the run has diverged",
+                metric, value,
             )
         elapsed = max(time.perf_counter() - started, 1e-9)
         step_metrics = {
@@ -313,12 +502,36 @@ class Trainer:
         self._last_metrics = step_metrics
         return step_metrics
 
+    def _count_skip(self) -> None:
+        self.skipped_steps += 1
+        self.consecutive_skips += 1
+
+    def _nonfinite_error(self, what: str, metric: str, value: float) -> NonFiniteError:
+        """The error for a non-finite window, naming the last checkpoint with finite values."""
+        step = self._last_checkpoint_step
+        path = None
+        if step is None:
+            where = "no checkpoint was written before it"
+        elif self.checkpoint_dir is not None:
+            path = self.checkpoint_dir / f"{step}.pt"
+            where = f"the last checkpoint with finite values is {path} (step {step})"
+        else:
+            where = f"the last finite state is the one this run resumed from (step {step})"
+        return NonFiniteError(
+            f"{what}; {where}. Lower the learning rate, clip gradients (grad_clip_norm), or "
+            "pass on_nonfinite='skip' to skip such steps",
+            step=self.global_step, metric=metric, value=value, checkpoint=path,
+        )
+
     # --------------------------------------------------------------- eval, events, files
-    def _evaluate(self, val_loader: Iterable[Any]) -> dict[str, float]:
+    def _evaluate(self, val_loader: Iterable[Any], scheduled: bool) -> dict[str, float]:
         values = evaluate(
             self.model, val_loader, self.loss_fn, self.precision, self.device,
-            self.count_items, self.ignore_index,
+            self.count_items, self.ignore_index, bool(self.shift_labels),
         )
+        if scheduled and is_plateau(self.scheduler):
+            assert self.scheduler is not None
+            self.scheduler.step(values["val_loss"])
         eval_metrics = {"step": float(self.global_step), "epoch": float(self.epoch), **values}
         self._last_eval_step = self.global_step
         self._history.evals.append(eval_metrics)
@@ -339,6 +552,16 @@ class Trainer:
                 "the model has BatchNorm layers: in train mode they normalise each micro-batch "
                 "on its own statistics, so accumulation is not exactly equivalent to the big batch",
                 {"accumulation_steps": self.schedule.max_steps},
+            )
+
+    def _warn_inexact_resume(self, loader: Iterable[Any]) -> None:
+        reason = loader_state.inexact_reason(loader)
+        self._resume_exact = reason is None
+        if reason is not None:
+            self._emit(
+                "resume_inexact",
+                f"a run resumed from this run's checkpoints will not be bitwise the same: {reason}",
+                {"reason": reason},
             )
 
     def checkpoint(self) -> CheckpointInfo | None:
@@ -365,9 +588,6 @@ class Trainer:
         self.callbacks.on_checkpoint(self, info)
         return info
 
-    def _default_count(self, inputs: Any, targets: Any) -> int | torch.Tensor:
-        return items.count_items(targets, self.ignore_index)
-
     # -------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """Everything needed for exact resume, as of the last window boundary."""
@@ -383,10 +603,18 @@ class Trainer:
                 "batch_in_epoch": self.batch_in_epoch,
                 "step": self.global_step,
                 "skipped_steps": self.skipped_steps,
+                "consecutive_skips": self.consecutive_skips,
             },
             "sampler": self._sampler_state,
+            "loader": {"epoch_start": self._epoch_start, "exact": self._resume_exact,
+                       "dataset": self._dataset_state()},
             "accumulation": {"schedule": dict(self.schedule.schedule), "oom_split": self.oom_split},
         }
+
+    def _dataset_state(self) -> dict[str, Any] | None:
+        if self._dataset_at_boundary is not None:
+            return self._dataset_at_boundary
+        return self._stateful_dataset.state_dict() if self._stateful_dataset is not None else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a ``state_dict()``; the next ``fit`` continues exactly where it stopped."""
@@ -402,13 +630,47 @@ class Trainer:
         self.batch_in_epoch = int(progress["batch_in_epoch"])
         self.global_step = int(progress["step"])
         self.skipped_steps = int(progress["skipped_steps"])
+        self.consecutive_skips = int(progress.get("consecutive_skips", 0))  # format 1 had none
         self.oom_split = int(state["accumulation"]["oom_split"])
         self._rng_at_boundary = state["rng"]
         self._pending_rng = state["rng"]
         self._pending_sampler = state["sampler"]
         self._sampler_state = state["sampler"]
+        # Format 1 saved no loader states: it resumed make_loader's loaders exactly, as now.
+        loader = state.get("loader")
+        self._pending_loader = loader["epoch_start"] if loader else None
+        self._epoch_start = self._pending_loader
+        self._pending_dataset = self._dataset_at_boundary = loader.get("dataset") if loader else None
         self._last_checkpoint_step = self.global_step
         self._last_eval_step = None
+
+
+def _shift_labels(model: torch.nn.Module, loss_fn: Any, shift_labels: bool | None) -> bool | None:
+    """Whether labels are scored shifted (causal LM), where it can be told; see Trainer."""
+    if shift_labels is not None or loss_fn is not None:
+        return bool(shift_labels)
+    name = type(distributed.unwrap(model)).__name__
+    return True if name.endswith(("ForCausalLM", "LMHeadModel")) else None
+
+
+def _check_model_and_optimizer(model: Any, optimizer: Any, loss_fn: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__ if model is not None else None}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            "optimizer must be a torch.optim.Optimizer built on the model's parameters, e.g. "
+            f"torch.optim.AdamW(model.parameters(), lr=1e-3); got {type(optimizer).__name__ if optimizer is not None else None}"
+        )
+    own = {id(p) for p in model.parameters()}
+    if isinstance(loss_fn, torch.nn.Module):
+        own |= {id(p) for p in loss_fn.parameters()}  # a loss with learnable weights
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    if held and not any(id(p) in own for p in held):
+        raise ValueError(
+            "none of the optimizer's parameters belong to the model: it would train nothing. "
+            "Build the optimizer on this model's parameters (after copying or wrapping it), "
+            "e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
+        )
 
 
 def _batch_samples(batch: Any) -> int:

@@ -1,6 +1,6 @@
 """One window: the forward/backward passes between two optimizer steps.
 
-The window's micro-batches have already been read (rule 2 of ACCUMULATION.md), or at least
+The window's micro-batches have already been read (rule 2 of docs/accumulation.md), or at least
 their targets (``window_source``: the inputs are then loaded one micro-batch at a time), so
 their item counts n_i and the window total W are known before the first backward. Micro-batch i is
 backpropagated with weight n_i / W, which makes the summed gradient exactly the gradient of
@@ -9,13 +9,14 @@ the window's mean loss, whatever the sizes and padding of the micro-batches (rul
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from accumcore import distributed, items
+from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, release_memory
 from accumcore.precision import Precision
 from accumcore.window_source import PendingBatch, split_indices
 
@@ -26,6 +27,10 @@ class WindowResult:
     items: float | torch.Tensor  # W over all ranks
     samples: float | torch.Tensor  # samples over all ranks
     micro_batches: int
+    manual_sync: bool = False  # DDP: some rank had no micro-batch; average the grads at the step
+    oom: bool = False  # DDP: this rank ran out of memory and dropped the window
+    oom_fatal: bool = False  # ... with micro-batches of one sample: it cannot back off
+    last_window: bool = False  # DDP: every rank's loader says this is the epoch's last window
 
 
 @dataclass
@@ -42,7 +47,7 @@ class MicroBatch:
             return self.inputs, self.targets
         inputs, targets = items.unpack(self.pending.source.load(self.pending.indices))
         if self.pending.source.verify:
-            loaded = items.normalise_count(items.count_items(targets, self.pending.source.ignore_index))
+            loaded = items.normalise_count(self.pending.source.count(inputs, targets))
             if not _same_count(loaded, self.items):
                 raise RuntimeError(
                     f"the window was weighted with {self.items} items for this micro-batch, but its "
@@ -96,8 +101,24 @@ def _pending_micro_batches(
     return result
 
 
+# What ``WindowRunner.run`` returns instead of a result: a callback asked to stop (on any
+# rank, under DDP), or, under DDP, no rank has a micro-batch left in this epoch.
+STOPPED = "stopped"
+EXHAUSTED = "exhausted"
+
+
 class WindowRunner:
-    """Runs a window's forward and backward passes; stepping is the trainer's job."""
+    """Runs a window's forward and backward passes; stepping is the trainer's job.
+
+    Under DDP every rank runs the same windows: the window's one small all-reduce carries the
+    item and sample counts and two flags, "I have micro-batches" and "stop", so all ranks stop
+    together, end the epoch together, and know before the first backward whether a rank has
+    nothing in this window (uneven shards at an epoch's end). Such a window runs on the bare
+    module, and its gradients are averaged by ``distributed.all_reduce_grads`` at the step, so
+    the empty rank joins every collective with zeros. An out-of-memory error on one rank is
+    caught here: that rank drops its window, joins the gradient all-reduce with an empty batch,
+    and the stepper's all-reduce tells every rank to back off.
+    """
 
     def __init__(
         self,
@@ -114,27 +135,51 @@ class WindowRunner:
         self.should_stop = should_stop
         self.ddp = distributed.ddp_wrapped(model)
 
-    def run(self, micro_batches: list[MicroBatch]) -> WindowResult | None:
-        """Forward+backward every micro-batch; None when ``should_stop`` asked to stop."""
+    def run(self, micro_batches: list[MicroBatch], windows_left: int | None = None) -> WindowResult | str:
+        """Forward+backward every micro-batch; ``STOPPED`` when ``should_stop`` asked to stop,
+        ``EXHAUSTED`` when (DDP) no rank has a micro-batch left. ``windows_left``: how many
+        windows this rank's loader has after this one, when its length says so (DDP: every
+        rank then knows which window is the epoch's last without one more all-reduce)."""
         local_items: float | torch.Tensor = sum(mb.items for mb in micro_batches)
         local_samples = sum(mb.samples for mb in micro_batches)
         total_items: float | torch.Tensor = local_items
-        total_samples: int | torch.Tensor = local_samples
+        total_samples: float | torch.Tensor = local_samples
         weight_factor = 1
+        manual_sync = False
+        last_window = False
         if self.ddp:
             # One small all-reduce per window; DDP then averages gradients over ranks, which
-            # the world_size factor undoes.
+            # the world_size factor undoes. should_stop is polled here, once per window, so
+            # that no rank leaves a window the others are in. Each rank also writes, in its
+            # own slot, 1 + the windows its loader has left (0: unknown).
+            stop = self.should_stop is not None and self.should_stop()
+            world, rank = distributed.world_size(), distributed.rank()
+            slots = [0.0] * world
+            slots[rank] = 0.0 if windows_left is None else windows_left + 1.0
             reduced = distributed.all_reduce_sum(
-                [local_items, local_samples], distributed.comm_device(self.model)
-            )
-            total_items, total_samples = reduced[0], reduced[1]
-            weight_factor = distributed.world_size()
+                [local_items, local_samples, 1.0 if micro_batches else 0.0, 1.0 if stop else 0.0, *slots],
+                distributed.comm_device(self.model),
+            ).tolist()  # the flags decide what every rank does next: read them here
+            total_items, total_samples, ranks_with_data, stops = reduced[:4]
+            if stops > 0:
+                return STOPPED
+            if ranks_with_data == 0:
+                return EXHAUSTED
+            weight_factor = world
+            manual_sync = ranks_with_data < world
+            last_window = min(reduced[4:]) > 0 and max(reduced[4:]) == 1
+        elif self.should_stop is not None and self.should_stop():
+            return STOPPED
         # W == 0 only when every micro-batch is empty too; then every weight is 0 anyway.
         divisor: float | torch.Tensor = (
             torch.where(total_items > 0, total_items, 1)
             if isinstance(total_items, torch.Tensor)
             else (total_items if total_items > 0 else 1)
         )
+        # DDP's hooks all-reduce at the last micro-batch's backward; a window that a rank has
+        # no micro-batch for runs on the bare module and is averaged at the step instead.
+        module = distributed.unwrap(self.model) if manual_sync else self.model
+        synced = self.ddp and not manual_sync
 
         losses: list[torch.Tensor] = []
         counts: list[int | float | torch.Tensor] = []
@@ -143,34 +188,118 @@ class WindowRunner:
         targets: Any = None
         outputs: Any = None
         loss: Any = None
+        loaded: Any = None  # the current micro-batch's inputs on the host (OOM template)
+        in_sync_backward = False
         for index, mb in enumerate(micro_batches):
             # Drop the previous micro-batch's tensors before loading the next, so that only
             # the current micro-batch's inputs are alive (on the device, on CUDA).
-            inputs = targets = outputs = loss = None
-            if self.should_stop is not None and self.should_stop():
-                return None
-            inputs, targets = mb.load()
-            inputs = items.to_device(inputs, self.device)
-            targets = items.to_device(targets, self.device)
-            with distributed.no_sync(self.model, self.ddp and index < last):
-                with self.precision.autocast():
-                    outputs = self.model(inputs)
-                    loss = self.loss_fn(outputs, targets)
-                if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                    raise ValueError(
-                        "loss_fn must return a scalar mean over the micro-batch's items; got "
-                        f"{type(loss).__name__} of shape {getattr(loss, 'shape', None)}. "
-                        "Use reduction='mean'"
-                    )
-                if not isinstance(mb.items, torch.Tensor) and mb.items == 0:
-                    # All targets ignored: the mean loss is 0/0. Backpropagate an exact zero
-                    # through the outputs so DDP still sees every parameter used.
-                    self.precision.backward(_zero_through(outputs))
-                    continue
-                losses.append(loss.detach())
-                counts.append(mb.items)
-                self.precision.backward(loss * (mb.items * weight_factor / divisor))
-        return WindowResult(_weighted_sum(losses, counts), total_items, total_samples, len(micro_batches))
+            inputs = targets = outputs = loss = loaded = None
+            if index and not self.ddp and self.should_stop is not None and self.should_stop():
+                return STOPPED
+            try:
+                loaded, targets = mb.load()
+                inputs = items.to_device(loaded, self.device)
+                targets = items.to_device(targets, self.device)
+                with distributed.no_sync(self.model, synced and index < last):
+                    with self.precision.autocast():
+                        outputs = items.forward(module, inputs)
+                        loss = self.loss_fn(outputs, targets)
+                    _check_scalar(loss)
+                    in_sync_backward = synced and index == last
+                    self._backward(mb, loss, outputs, weight_factor, divisor, losses, counts)
+            except OOM_ERRORS:
+                if not self.ddp:
+                    raise  # the trainer backs off and restarts the window
+                if in_sync_backward:
+                    raise MicroBatchTooSmall(
+                        "out of memory inside DDP's gradient all-reduce (the window's last "
+                        "backward): the ranks cannot back off together from there; lower "
+                        "micro_batch_size or use precision='bf16'"
+                    ) from None
+                inputs = targets = outputs = loss = None
+                return self._drop_window(micro_batches, loaded, synced, total_items, total_samples, manual_sync)
+        return WindowResult(
+            _weighted_sum(losses, counts), total_items, total_samples, len(micro_batches), manual_sync,
+            last_window=last_window,
+        )
+
+    def _backward(
+        self,
+        mb: MicroBatch,
+        loss: torch.Tensor,
+        outputs: Any,
+        weight_factor: int,
+        divisor: float | torch.Tensor,
+        losses: list[torch.Tensor],
+        counts: list[int | float | torch.Tensor],
+    ) -> None:
+        """Backpropagate ``loss x n_i x world / W`` and record the micro-batch's loss."""
+        if isinstance(mb.items, torch.Tensor):
+            # A count on the device: reading it would be a sync. A micro-batch without items
+            # has a 0/0 = NaN mean loss, and NaN x 0 is NaN: select 0 instead (the select's
+            # backward sends the loss a zero gradient, which the built-in losses pass on as 0).
+            loss = torch.where(mb.items > 0, loss, torch.zeros_like(loss))
+            # In float64: an integer count divided as a tensor would be rounded to float32.
+            weight: float | torch.Tensor = mb.items.to(torch.float64) * weight_factor / divisor
+        elif mb.items == 0:
+            # All targets ignored: the mean loss is 0/0. Backpropagate an exact zero through
+            # the outputs so DDP still sees every parameter used.
+            self.precision.backward(_zero_through(outputs))
+            return
+        else:
+            weight = mb.items * weight_factor / divisor
+        losses.append(loss.detach())
+        counts.append(mb.items)
+        self.precision.backward(loss * weight)
+
+    def _drop_window(
+        self,
+        micro_batches: list[MicroBatch],
+        loaded: Any,
+        synced: bool,
+        total_items: float | torch.Tensor,
+        total_samples: float | torch.Tensor,
+        manual_sync: bool,
+    ) -> WindowResult:
+        """DDP, this rank ran out of memory: drop the window's gradients, and join DDP's
+        gradient all-reduce (which the other ranks run at their last micro-batch) with an
+        empty batch; the stepper's all-reduce then tells every rank to back off."""
+        distributed.unwrap(self.model).zero_grad(set_to_none=True)
+        release_memory()
+        if synced:
+            if loaded is None:
+                raise MicroBatchTooSmall(
+                    "out of memory while loading a micro-batch under DDP, before any was loaded: "
+                    "lower micro_batch_size"
+                )
+            self._empty_sync_pass(loaded)
+        fatal = max(mb.samples for mb in micro_batches) <= 1
+        return WindowResult(None, total_items, total_samples, len(micro_batches), manual_sync,
+                            oom=True, oom_fatal=fatal)
+
+    def _empty_sync_pass(self, loaded: Any) -> None:
+        """Forward and backward a batch of 0 samples through DDP: every parameter gets a zero
+        gradient, so this rank takes part in the gradient all-reduce. Buffers (BatchNorm
+        statistics of an empty batch) are put back afterwards."""
+        module = distributed.unwrap(self.model)
+        buffers = [(b, b.detach().clone()) for b in module.buffers()]
+        inputs = items.to_device(items.empty_rows(loaded), self.device)
+        with self.precision.autocast():
+            outputs = items.forward(self.model, inputs)
+        self.precision.backward(_zero_through(outputs))
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
+        module.zero_grad(set_to_none=True)
+
+
+def _check_scalar(loss: Any) -> None:
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise ValueError(
+            "loss_fn must return a scalar mean over the micro-batch's items; got "
+            f"{type(loss).__name__} of shape {getattr(loss, 'shape', None)}. "
+            "Use reduction='mean'"
+        )
 
 
 def _weighted_sum(
@@ -192,7 +321,9 @@ def _weighted_sum(
 def _zero_through(outputs: Any) -> torch.Tensor:
     if isinstance(outputs, torch.Tensor):
         return outputs.float().sum() * 0.0
-    if isinstance(outputs, dict):
+    if isinstance(outputs, Mapping):
         outputs = list(outputs.values())
+    elif not isinstance(outputs, list | tuple):
+        outputs = list(vars(outputs).values())  # an output object (a dataclass of tensors)
     tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.requires_grad]
     return sum((t.float().sum() * 0.0 for t in tensors), torch.zeros(()))

@@ -1,6 +1,6 @@
 """Counting a window's items from its targets alone, and loading its inputs just in time.
 
-Rule 2 of ACCUMULATION.md: the window's item total W must be known before its first
+Rule 2 of docs/accumulation.md: the window's item total W must be known before its first
 backward. Loading the window's N micro-batches ahead gives W, but holds N micro-batches of
 inputs at once (the whole memory cost of accumulation on the host). When the loader is a
 single-process ``DataLoader`` (e.g. ``accumcore.data.make_loader``) over a dataset whose
@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, default_collate
 
+from accumcore.items import count_items
+
 TargetsFor = Callable[[list[int]], Any]
 
 
@@ -42,16 +44,21 @@ class PendingBatch:
 class TargetSource:
     """Reads targets by index, and loads whole batches, the way the DataLoader would."""
 
-    def __init__(self, loader: DataLoader[Any], targets_for: TargetsFor, verify: bool, ignore_index: int) -> None:
+    def __init__(
+        self, loader: DataLoader[Any], targets_for: TargetsFor, verify: bool, count: Callable[[Any, Any], Any]
+    ) -> None:
         self.loader = loader
-        self.ignore_index = ignore_index  # to check the loaded batch's count when ``verify``
+        self.count = count  # the trainer's counter, to check the loaded batch's count when ``verify``
         self.targets_for = targets_for
         self.verify = verify  # False only where the targets are the collated ones by construction
 
     def batches(self, skip: int) -> Iterator[PendingBatch]:
-        """The epoch's batches from batch ``skip`` on, without loading any inputs."""
-        # Creating the DataLoader's iterator draws its base seed (from the global RNG when
-        # the loader has no generator); doing the same keeps every RNG draw where it was.
+        """The epoch's batches from batch ``skip`` on, without loading any inputs.
+
+        The iterator is created and the skipped index batches are drawn now (not at the first
+        ``next``), so that a resumed run replays them before its RNG states are restored."""
+        # Creating the DataLoader's iterator draws its base seed (from the global RNG when the
+        # loader has no generator); doing the same keeps every RNG draw where it was.
         iter(self.loader)
         batch_sampler: Any = self.loader.batch_sampler
         if skip and hasattr(batch_sampler, "skip_batches"):
@@ -60,6 +67,9 @@ class TargetSource:
         index_batches = iter(batch_sampler)
         for _ in range(skip):
             next(index_batches, None)  # indices only: nothing is loaded
+        return self._pending(index_batches)
+
+    def _pending(self, index_batches: Iterator[Any]) -> Iterator[PendingBatch]:
         for indices in index_batches:
             indices = list(indices)
             yield PendingBatch(indices, self.targets_for(indices), self)
@@ -72,8 +82,12 @@ class TargetSource:
         return self.loader.collate_fn(data)
 
 
-def target_source(loader: Any, custom_counter: bool, ignore_index: int = -100) -> TargetSource | None:
-    """A ``TargetSource`` when the window can be counted from targets alone, else None."""
+def target_source(
+    loader: Any, custom_counter: bool, ignore_index: int = -100, count: Callable[[Any, Any], Any] | None = None
+) -> TargetSource | None:
+    """A ``TargetSource`` when the window can be counted from targets alone, else None.
+    ``count(inputs, targets)`` re-counts loaded batches (default: non-ignored elements)."""
+    counter = count or (lambda _inputs, targets: count_items(targets, ignore_index))
     if custom_counter:
         return None  # a user's count_items(inputs, targets) may need the inputs
     if not isinstance(loader, DataLoader) or type(loader).__iter__ is not DataLoader.__iter__:
@@ -85,19 +99,19 @@ def target_source(loader: Any, custom_counter: bool, ignore_index: int = -100) -
         return None
     hook = getattr(loader, "targets_for", None)
     if callable(hook):
-        return TargetSource(loader, hook, verify=True, ignore_index=ignore_index)
+        return TargetSource(loader, hook, verify=True, count=counter)
     if loader.collate_fn is not default_collate:
         return None
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
         targets = dataset.tensors[1]
-        return TargetSource(loader, lambda indices: targets[indices], verify=False, ignore_index=ignore_index)
+        return TargetSource(loader, lambda indices: targets[indices], verify=False, count=counter)
     stored = getattr(dataset, "targets", None)
     if stored is None or getattr(dataset, "target_transform", None) is not None:
         return None
     if isinstance(stored, torch.Tensor):
-        return TargetSource(loader, lambda indices: stored[indices], verify=True, ignore_index=ignore_index)
+        return TargetSource(loader, lambda indices: stored[indices], verify=True, count=counter)
     if isinstance(stored, list | tuple):
-        return TargetSource(loader, lambda indices: torch.as_tensor([stored[i] for i in indices]), verify=True, ignore_index=ignore_index)
+        return TargetSource(loader, lambda indices: torch.as_tensor([stored[i] for i in indices]), verify=True, count=counter)
     return None
 
 

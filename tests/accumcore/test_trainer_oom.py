@@ -226,3 +226,30 @@ def test_the_backed_off_split_is_resumed_exactly() -> None:
     assert [kind for kind, _ in first_events.events] == ["oom_backoff"] and resumed_events.events == []
     for p, q in zip(resumed.model.parameters(), full_model.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+def test_auto_micro_batch_leaves_module_modes_and_rngs_as_they_were() -> None:
+    """A frozen BatchNorm stays in eval mode (each module keeps its own mode, not the model's),
+    and the probes' draws (dropout, the sampled batches) do not move any RNG."""
+    import random
+
+    import numpy as np
+
+    from accumcore.rng import capture_rng_state
+
+    model = nn.Sequential(_activation_heavy_model(), nn.Dropout(0.2))
+    model.train()
+    model[0][2].eval()  # a frozen BatchNorm inside a training model
+    modes = [m.training for m in model.modules()]
+    before = capture_rng_state()
+
+    def sample(m: int):
+        return torch.randn(m, 4, 64), torch.from_numpy(np.random.randint(0, 3, m)) + random.randint(0, 0)
+
+    find_micro_batch_size(model, sample, 8)
+    measure_footprint(model, sample, 4)
+    assert [m.training for m in model.modules()] == modes
+    after = capture_rng_state()
+    assert torch.equal(before["torch"], after["torch"])
+    assert all(np.array_equal(a, b) for a, b in zip(before["numpy"][1:2], after["numpy"][1:2], strict=True))
+    assert before["numpy"][2] == after["numpy"][2] and before["python"] == after["python"]

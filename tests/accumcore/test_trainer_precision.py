@@ -12,7 +12,13 @@ import copy
 import pytest
 import torch
 from torch import nn
-from trainer_reference import class_dataset, class_model, relative_diff
+from trainer_reference import (
+    BadOnCalls,
+    class_dataset,
+    class_model,
+    full_batch_gradients,
+    relative_diff,
+)
 
 from accumcore import Callback, Trainer
 from accumcore.data import make_loader
@@ -66,22 +72,6 @@ def test_autocast_runs_low_precision_and_keeps_fp32_weights(precision: str) -> N
         assert all("loss_scale" not in s for s in history.steps)
 
 
-class InfOnCall(nn.Module):
-    """A loss that is inf on one chosen call, as an fp16 overflow would be."""
-
-    reduction = "mean"
-
-    def __init__(self, bad_call: int) -> None:
-        super().__init__()
-        self.bad_call = bad_call
-        self.calls = 0
-
-    def forward(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        loss = nn.functional.cross_entropy(out, target)
-        return loss * float("inf") if self.calls == self.bad_call else loss
-
-
 class Snapshots(Callback):
     def __init__(self) -> None:
         self.params: list[list[torch.Tensor]] = []
@@ -101,7 +91,7 @@ def test_fp16_overflow_skips_the_step_and_the_scheduler() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     snapshots = Snapshots()
     # 12 samples, m=3, N=2: two windows per epoch; the 3rd micro-batch is in window 2.
-    trainer = Trainer(model, optimizer, loss_fn=InfOnCall(bad_call=3), accumulation_steps=2,
+    trainer = Trainer(model, optimizer, loss_fn=BadOnCalls(float("inf"), {3}), accumulation_steps=2,
                       precision="fp16", scheduler=scheduler, callbacks=[snapshots])
     history = trainer.fit(make_loader(class_dataset(12, torch.float32), 3), epochs=2)
     assert history.skipped_steps == 1 and snapshots.events == ["fp16_step_skipped"]
@@ -118,15 +108,12 @@ def test_clipping_uses_and_reports_the_pre_clip_norm() -> None:
     dataset = class_dataset(8, torch.float64)
     model = class_model(torch.float64)
     reference = copy.deepcopy(model)
-    x, y = dataset.tensors
-    nn.functional.cross_entropy(reference(x), y).backward()
-    grads = [p.grad.clone() for p in reference.parameters()]
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    max_norm = float(norm) / 4
+    grads, norm = full_batch_gradients(model, dataset)
+    max_norm = norm / 4
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
                       accumulation_steps=4, grad_clip_norm=max_norm)
     history = trainer.fit(make_loader(dataset, 2, shuffle=False), epochs=1)
-    assert history.steps[0]["grad_norm"] == pytest.approx(float(norm), rel=1e-12)
+    assert history.steps[0]["grad_norm"] == pytest.approx(norm, rel=1e-12)
     for p, q, g in zip(model.parameters(), reference.parameters(), grads, strict=True):
-        expected = q.detach() - 0.1 * g * (max_norm / (float(norm) + 1e-6))
+        expected = q.detach() - 0.1 * g * (max_norm / (norm + 1e-6))
         assert torch.allclose(p, expected, rtol=0, atol=1e-12)

@@ -148,7 +148,8 @@ def test_load_state_dict_refuses_other_states_with_the_fix() -> None:
     state = trainer.state_dict()
     with pytest.raises(ValueError, match="not an accumcore trainer state"):
         trainer.load_state_dict({"model": state["model"]})
-    other = Trainer(nn.Linear(4, 3), torch.optim.SGD(nn.Linear(4, 3).parameters(), lr=0.1),
+    linear = nn.Linear(4, 3)
+    other = Trainer(linear, torch.optim.SGD(linear.parameters(), lr=0.1),
                     loss_fn=nn.CrossEntropyLoss(), accumulation_steps=3)
     with pytest.raises(ValueError, match="resume with the same accumulation_steps"):
         other.load_state_dict(state)

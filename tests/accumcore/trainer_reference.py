@@ -47,6 +47,35 @@ class TokenModel(nn.Module):
         return self.head(torch.tanh(self.embed(tokens)))
 
 
+class BadOnCalls(nn.Module):
+    """Mean cross-entropy, times ``factor`` (inf, nan) on the chosen calls (1-based): an
+    overflow or a diverged step at a known micro-batch."""
+
+    reduction = "mean"
+
+    def __init__(self, factor: float, calls: set[int]) -> None:
+        super().__init__()
+        self.factor = factor
+        self.bad_calls = calls
+        self.calls = 0
+
+    def forward(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        loss = F.cross_entropy(out, target)
+        return loss * self.factor if self.calls in self.bad_calls else loss
+
+
+def full_batch_gradients(model: nn.Module, dataset: TensorDataset) -> tuple[list[torch.Tensor], float]:
+    """Gradients of the mean cross-entropy over the whole dataset at ``model``'s weights, and
+    their total norm (the model itself is not touched)."""
+    reference = copy.deepcopy(model)
+    x, y = dataset.tensors
+    F.cross_entropy(reference(x), y).backward()
+    grads = [p.grad.clone() for p in reference.parameters()]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    return grads, float(norm)
+
+
 def class_model(dtype: torch.dtype, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).to(dtype)

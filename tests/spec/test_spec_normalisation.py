@@ -25,6 +25,7 @@ def test_defaults_are_filled_and_names_become_objects() -> None:
     assert normalised["precision"] == "fp32"
     assert normalised["fast_path"] is True and normalised["compile"] is False
     assert normalised["data_on_device"] is False
+    assert normalised["on_nonfinite"] == "fail"
     assert normalised["queue"] == "default"
     assert normalised["effective_batch_size"] is None and normalised["max_steps"] is None
     json.dumps(normalised, allow_nan=False)  # JSON-ready

@@ -202,6 +202,7 @@ def test_lr_overflowing_in_json_text_is_rejected() -> None:
     [
         ({"optimizer": {"name": "adam", "lr": 0.1}}, ("optimizer", "name"), ["sgd", "adamw"]),
         ({"precision": "fp8"}, ("precision",), ["fp32", "bf16", "fp16"]),
+        ({"on_nonfinite": "ignore"}, ("on_nonfinite",), ["fail", "skip"]),
         ({"scheduler": "linear"}, ("scheduler", "name"), ["none", "cosine", "step"]),
         ({"scheduler": {"name": "onecycle"}}, ("scheduler", "name"), ["none", "cosine", "step"]),
     ],

@@ -1,0 +1,112 @@
+"""A ``gpus: 2`` job is the big batch of its data: uneven shards, no sample counted twice.
+
+9 training samples on 2 ranks with m = 2, N = 2 (not divisible by k x m): ``rank_shard``
+gives 5 and 4 samples, every sample exactly once (no padding by repetition, which would count
+a sample twice per epoch). Rank 1 then has no micro-batch in each epoch's second window: it
+contributes zero items and still joins the collectives. Two gloo processes run ``build_run``
+(the worker's own objects: model, loader order, optimizer, Trainer) with the model in float64,
+and the result equals a single-process float64 big-batch step per window.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Subset
+
+from services.spec import parse_spec
+from services.worker.build import build_data, build_run, rank_shard
+
+WORLD = 2
+SPEC: dict[str, Any] = {
+    "model": "mlp", "dataset": {"name": "fake", "size": 9, "val_size": 2, "image_size": 2, "num_classes": 3},
+    "micro_batch_size": 2, "accumulation_steps": 2, "epochs": 2, "gpus": WORLD,
+    "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.5},
+}
+
+
+class Float64(nn.Module):
+    """Runs the job's model in float64 (the loader yields float32 images)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.double())
+
+
+def _rank(rank: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        run = build_run(parse_spec(SPEC), callbacks=[], checkpoint_dir=None, device="cpu", rank=rank, world=WORLD,
+                        wrap_model=lambda m: DistributedDataParallel(Float64(m)))
+        run.trainer.fit(run.train_loader, **{**run.fit_kwargs, "val_loader": None})
+        torch.save({"params": [p.detach() for p in run.trainer.model.module.inner.parameters()],
+                    "steps": run.trainer.global_step, "total": run.total_steps}, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _big_batch_reference() -> tuple[nn.Module, int]:
+    """The same initial weights and per-rank orders, one float64 big-batch step per window."""
+    from accumcore.data import make_loader
+    from services.catalog.build import build_model
+
+    spec = parse_spec(SPEC)
+    bundle = build_data(spec, None)
+    torch.manual_seed(spec.seed)
+    model = build_model(spec.model.name, bundle, **spec.model.options).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    # Rank r's samples are r, r + k, r + 2k, ... (each once), in the job's (seed, epoch) order.
+    shards = [Subset(bundle.train, list(range(r, 9, WORLD))) for r in range(WORLD)]
+    loaders = [make_loader(shard, 2, shuffle=True, seed=spec.seed) for shard in shards]
+    steps = 0
+    for epoch in range(2):
+        per_rank = []
+        for loader in loaders:
+            loader.batch_sampler.set_epoch(epoch)
+            per_rank.append(list(loader))
+        for w in range(max(math.ceil(len(b) / 2) for b in per_rank)):
+            window = [batch for batches in per_rank for batch in batches[2 * w : 2 * w + 2]]
+            x = torch.cat([x for x, _ in window]).double()
+            y = torch.cat([y for _, y in window])
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps += 1
+    return model, steps
+
+
+def test_shards_are_uneven_and_repeat_no_sample() -> None:
+    bundle = build_data(parse_spec(SPEC), None)
+    shards = [rank_shard(bundle.train, r, WORLD) for r in range(WORLD)]
+    indices = sorted(i for shard in shards for i in shard.indices)  # type: ignore[attr-defined]
+    assert [len(s) for s in shards] == [5, 4] and indices == list(range(9))  # type: ignore[arg-type]
+
+
+def test_too_few_samples_for_the_ranks_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="fewer than the 3 ranks"):
+        rank_shard(list(range(2)), 0, 3)  # type: ignore[arg-type]
+
+
+def test_a_two_rank_job_equals_the_single_process_big_batch(tmp_path) -> None:
+    import torch._dynamo  # noqa: F401  # imported before forking, as tests/accumcore/test_trainer_ddp.py does
+
+    mp.start_processes(_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True,
+                       start_method="fork")
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    reference, steps = _big_batch_reference()
+    for result in results:
+        assert result["steps"] == steps == result["total"] == 4  # 2 windows per epoch, as the spec predicts
+        for p, q in zip(result["params"], reference.parameters(), strict=True):
+            assert float((p - q.detach()).abs().max()) <= 1e-12
