@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The stamp changes whenever the dependency list or the pins change, so `make` reinstalls then only.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install browser test test-reliability reliability-report demo up lint bench clean screenshots
+.PHONY: install browser test test-fast test-reliability reliability-report demo up lint bench clean screenshots
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ browser:
 
 test: install browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: everything but tests/reliability, the browser tests and the extra cases of
+# sweeps (`sweep`: every torchvision model where one per family is stepped), on two processes.
+test-fast: install
+	$(PY) -m pytest -n 2 --ignore=tests/reliability -m "not browser and not reliability_slow and not sweep" $(PYTEST_ARGS)
 
 # Every reliability test, the slow ones too, plus bench/load.py; figures land in
 # bench/results/ and docs/reliability.md is rewritten from them.

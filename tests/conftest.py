@@ -81,7 +81,11 @@ def redis_url() -> str:
     require_service("redis", REDIS_URL, 6379)
     import redis
 
-    url = f"{REDIS_URL.rstrip('/')}/{int(os.environ.get('ACCUM_TEST_REDIS_DB', '9'))}"
+    # One database per pytest-xdist worker (gw0 -> 9, gw1 -> 10, ...): flushing it must not
+    # empty the queues of another worker's tests.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    number = int(os.environ.get("ACCUM_TEST_REDIS_DB", "9")) + (int(worker) if worker.isdigit() else 0)
+    url = f"{REDIS_URL.rstrip('/')}/{number}"
     redis.Redis.from_url(url).flushdb()
     return url
 

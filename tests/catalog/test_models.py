@@ -78,9 +78,26 @@ def build_key(model: str, dataset: str) -> tuple[int, int]:
 
 
 TORCHVISION = sorted(n for n, info in MODELS.items() if info.source == "torchvision")
+# The smallest member of each torchvision family (the same blocks and adapter at other widths
+# and depths): `make test-fast` steps these; `make test` steps every model (the `sweep` cases),
+# which is most of this file's cost (regnet_y_128gf alone builds 637 M parameters).
+FAMILY_REPRESENTATIVES = frozenset({
+    "alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "efficientnet_v2_s",
+    "googlenet", "inception_v3", "maxvit_t", "mnasnet0_5", "mobilenet_v2", "mobilenet_v3_small",
+    "regnet_x_400mf", "regnet_y_400mf", "resnet18", "resnext50_32x4d", "shufflenet_v2_x0_5",
+    "squeezenet1_0", "squeezenet1_1", "swin_t", "swin_v2_t", "vgg11", "vgg11_bn", "vit_b_32",
+    "wide_resnet50_2",
+})
 
 
-@pytest.mark.parametrize("name", TORCHVISION)
+def test_every_family_has_a_representative_in_the_catalog() -> None:
+    assert FAMILY_REPRESENTATIVES <= set(TORCHVISION)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n if n in FAMILY_REPRESENTATIVES else pytest.param(n, marks=pytest.mark.sweep) for n in TORCHVISION],
+)
 def test_torchvision_model_steps_on_every_image_dataset(name: str) -> None:
     torch.manual_seed(0)
     by_key: dict[tuple[int, int], dict[tuple[int, ...], list[str]]] = defaultdict(dict)
