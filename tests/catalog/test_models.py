@@ -91,7 +91,7 @@ FAMILY_REPRESENTATIVES = frozenset({
 
 
 def test_every_family_has_a_representative_in_the_catalog() -> None:
-    assert FAMILY_REPRESENTATIVES <= set(TORCHVISION)
+    assert set(TORCHVISION) >= FAMILY_REPRESENTATIVES
 
 
 @pytest.mark.parametrize(
