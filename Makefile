@@ -30,16 +30,16 @@ test: install browser
 test-fast: install
 	$(PY) -m pytest -n 2 --ignore=tests/reliability -m "not browser and not reliability_slow and not sweep" $(PYTEST_ARGS)
 
-# Every reliability test, the slow ones too, plus bench/load.py; figures land in
+# Every reliability test, the slow ones too, plus bench/service/load.py; figures land in
 # bench/results/ and docs/reliability.md is rewritten from them.
 test-reliability: install browser
 	ACCUM_RECORD_RELIABILITY=1 $(PY) -m pytest tests/reliability -m "" $(PYTEST_ARGS)
-	$(PY) bench/load.py --out bench/results
-	$(PY) bench/reliability_report.py
+	$(PY) -m bench.service.load --out bench/results
+	$(PY) tools/reliability_report.py
 
 # Rewrite docs/reliability.md from the recorded figures without running anything.
 reliability-report: install
-	$(PY) bench/reliability_report.py
+	$(PY) tools/reliability_report.py
 
 demo: install
 	$(VENV)/bin/accum demo
@@ -48,11 +48,11 @@ up: install
 	$(VENV)/bin/accum up
 
 lint: install
-	$(VENV)/bin/ruff check src services tests bench
+	$(VENV)/bin/ruff check src services tests bench tools
 	$(VENV)/bin/mypy
 
 bench: install
-	$(PY) bench/run_all.py
+	$(PY) -m bench.run_all
 
 # PNGs of the dashboard's main pages at 1366x900 and 390x844, for the README (about 2 min).
 screenshots: install browser

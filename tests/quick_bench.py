@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_quick_bench(name: str, postgres_url: str, env: dict[str, str], out: Path) -> dict[str, Any]:
-    """``bench/<name>.py --quick --out out`` with ``env`` added; the JSON row it printed, checked
+    """``python -m bench.service.<name> --quick --out out`` with ``env`` added; the JSON row it printed, checked
     to be a quick row of that bench and to be the row it appended to ``out/<name>.jsonl``."""
     completed = subprocess.run(
-        [sys.executable, f"bench/{name}.py", "--quick", "--out", str(out)],
+        [sys.executable, "-m", f"bench.service.{name}", "--quick", "--out", str(out)],
         cwd=ROOT, env={**os.environ, "ACCUM_TEST_POSTGRES_URL": postgres_url, **env},
         capture_output=True, text=True, timeout=240,
     )

@@ -31,7 +31,7 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     A request holds its session's connection across thread-pool hops (auth, route, close):
     with more requests in flight than the database pool has connections, the route threads
     all waited for connections that only a queued close could return (a deadlock until the
-    pool's 30 s timeout; bench/load.py, 50 clients back to back). So sessions are taken from
+    pool's 30 s timeout; bench/service/load.py, 50 clients back to back). So sessions are taken from
     ``app.state.session_slots``, fewer than the pool's connections; a request waits for a
     slot holding nothing.
     """

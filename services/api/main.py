@@ -54,7 +54,7 @@ ROUTERS = (
 
 # Threads that run the sync routes (anyio's default is 40). Routes hold the GIL for most of
 # their time and wait on the database only briefly, so more threads mostly fight over the
-# GIL: with 32 clients submitting jobs (bench/api.py), 8 threads gave ~20% more requests/s,
+# GIL: with 32 clients submitting jobs (bench/service/api.py), 8 threads gave ~20% more requests/s,
 # less CPU per request and a lower p99 than 40, 16 or 12; 4 was slower again.
 ROUTE_THREADS = 8
 # Requests that may hold a database session at once (services/api/deps.py, get_session): one

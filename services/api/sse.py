@@ -151,7 +151,7 @@ def metric_message(name: str, step: int, epoch: int | None, value: float | None,
 # have sent the same things so far (same last event, metric steps and job snapshot: after
 # their first poll, nearly all of them) need the same answer at the same tick, so the first
 # reads the database and the others reuse its messages and its new state: a hundred watchers
-# cost about one (bench/load.py, sse phase). A stream out of step polls on its own.
+# cost about one (bench/service/load.py, sse phase). A stream out of step polls on its own.
 
 
 @dataclass

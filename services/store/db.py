@@ -35,7 +35,7 @@ CONNECT_TIMEOUT_S = 2
 # psycopg prepares a statement after 5 runs, and PostgreSQL then may switch it to a generic
 # plan that cannot see the parameters' values. For a metrics page (`name IN (...) AND step >
 # $since`) the generic plan walks the job's whole history (9 ms at 280,000 rows, growing)
-# instead of one short range per name (0.3 ms): bench/load.py's GET p99 went from 7 ms to
+# instead of one short range per name (0.3 ms): bench/service/load.py's GET p99 went from 7 ms to
 # 600+ ms as a job's history grew. Planning with the values costs ~0.05 ms a statement.
 CUSTOM_PLANS = "-c plan_cache_mode=force_custom_plan"
 

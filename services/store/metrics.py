@@ -212,7 +212,7 @@ def _after_cursor_by_name(
     """Rows after a cursor as short primary-key ranges: the rest of the cursor's metric, then
     the later metrics from ``since_step``. The row comparison ``(name, step) > cursor`` made
     PostgreSQL walk every later metric's whole history and filter it by step (the cost grew
-    with the job's length: bench/load.py's second pages). "Later" is decided by the database
+    with the job's length: bench/service/load.py's second pages). "Later" is decided by the database
     (``name > after_name``), so the order is its collation's, as in ORDER BY."""
     later = and_(Metric.name.in_(names), Metric.name > after_name, Metric.step > since_step)
     if after_name not in names:  # a cursor naming no metric of this job: only later ones
@@ -230,7 +230,7 @@ def read_new_points(
 
     One statement for every name (an OR of primary-key ranges) instead of one per name: a
     stream polls twice a second, and a hundred watchers made the per-name reads most of the
-    API's work (bench/load.py). When ``limit`` cuts the page, the names after the cut simply
+    API's work (bench/service/load.py). When ``limit`` cuts the page, the names after the cut simply
     come in the next poll (each name's frontier moves only with its own rows).
     """
     if not frontiers:

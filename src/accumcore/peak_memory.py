@@ -3,7 +3,7 @@
 CUDA: ``torch.cuda.max_memory_allocated`` after a reset. CPU has no allocator peak counter,
 so the profiler's CPU memory reporter (``profile_memory=True``) is used: every allocation
 and free inside the profiled call carries the allocator's running total, and its maximum
-above the total at the start is the peak the call added (``bench/memory.py`` measures the
+above the total at the start is the peak the call added (``bench/trainer/memory.py`` measures the
 same way). Not RSS, which the C library's caching blurs.
 """
 

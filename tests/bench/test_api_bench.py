@@ -1,14 +1,13 @@
-"""bench/api.py runs end to end in --quick mode (real uvicorn, PostgreSQL, Redis) and prints
+"""bench/service/api.py runs end to end in --quick mode (real uvicorn, PostgreSQL, Redis) and prints
 one JSON row with every figure, so the benchmark cannot silently rot."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from quick_bench import run_quick_bench
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench import run_all
 
 
 def test_api_bench_quick_run_reports_every_figure(
@@ -33,9 +32,6 @@ def test_api_bench_quick_run_reports_every_figure(
     assert result["submit_at_300_rps"]["connections"] >= 32
 
     # The docs table shows its figures (value, target, verdict), not a pointer to the file.
-    sys.path.insert(0, str(ROOT / "bench"))
-    import run_all
-
     rows = run_all.api_rows(result)
     assert len(rows) == len(result["targets"]) + 1  # + the CPU per POST, shown
     p99_row = rows[0]

@@ -8,6 +8,7 @@ which spawns its own processes and so runs as a subprocess, as `make bench` runs
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import subprocess
@@ -17,7 +18,9 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from bench import run_all
+
+ROOT = Path(__file__).resolve().parents[2]
 IN_PROCESS = ["trainer_vs_loop", "trainer_vs_lightning", "exactness", "memory",
               "accumulation_cost", "auto_micro_batch", "resnet50_h100"]
 PEERS_HERE = all(importlib.util.find_spec(name) for name in ("lightning", "accelerate"))
@@ -25,12 +28,9 @@ PEERS_HERE = all(importlib.util.find_spec(name) for name in ("lightning", "accel
 
 def _run_in_process(name: str, argv: list[str], capsys: pytest.CaptureFixture[str],
                     monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    monkeypatch.syspath_prepend(str(BENCH))
-    monkeypatch.setattr(sys, "argv", [str(BENCH / f"{name}.py"), *argv])
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module_name = run_all.bench_modules()[name]
+    monkeypatch.setattr(sys, "argv", [module_name, *argv])
+    module = importlib.import_module(module_name)
     capsys.readouterr()  # drop anything printed while importing
     module.main()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
@@ -65,8 +65,8 @@ def test_bench_script_prints_valid_json_in_quick_mode(name: str, capsys, monkeyp
 
 def test_ddp_bench_runs_two_gloo_processes_in_quick_mode(tmp_path) -> None:
     completed = subprocess.run(
-        [sys.executable, str(BENCH / "ddp_no_sync.py"), "--quick"],
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "bench.trainer.ddp_no_sync", "--quick"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -75,9 +75,6 @@ def test_ddp_bench_runs_two_gloo_processes_in_quick_mode(tmp_path) -> None:
 
 
 def test_run_all_renders_the_latest_real_row_of_each_bench(tmp_path, monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(BENCH))
-    import run_all
-
     results = tmp_path / "results"
     results.mkdir()
     machine = {"cpu": "Test CPU", "cores": 2, "torch": "x", "device": "cpu"}

@@ -1,4 +1,4 @@
-"""bench/load.py runs end to end in --quick mode (PostgreSQL, Redis, a real uvicorn API and a
+"""bench/service/load.py runs end to end in --quick mode (PostgreSQL, Redis, a real uvicorn API and a
 real worker training a job) and prints one JSON row with every figure, so the load benchmark
 cannot silently rot."""
 

@@ -3,7 +3,7 @@
 A reliability test states what it measured with ``record_figure(...)`` (the fixture in
 conftest.py). Under ``ACCUM_RECORD_RELIABILITY=1`` (set by ``make test-reliability``) each
 figure is written to ``bench/results/reliability/<key>.json``; otherwise nothing is written,
-so `make test` leaves the tree clean. ``bench/reliability_report.py`` turns the files into
+so `make test` leaves the tree clean. ``tools/reliability_report.py`` turns the files into
 the table in docs/reliability.md.
 """
 

@@ -2,7 +2,7 @@
 worker on PostgreSQL + Redis, every watcher connected before the job starts receives every
 optimizer step's metrics exactly once, in order, then the job's final outcome.
 
-The worker's throughput with 100 watchers vs none is a figure of `bench/load.py` (its ``sse``
+The worker's throughput with 100 watchers vs none is a figure of `bench/service/load.py` (its ``sse``
 phase), not asserted here.
 """
 

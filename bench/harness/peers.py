@@ -20,7 +20,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PEERS_VENV = ROOT / "bench" / ".venv-peers"
 PEERS = ("lightning", "accelerate")
 _OVERLAY_PTH = "_accum_project_venv.pth"

@@ -1,6 +1,6 @@
-"""Worker figures (issue 4), one JSON object on stdout.
+"""Worker figures, one JSON object on stdout.
 
-    .venv/bin/python bench/worker.py [--quick] [--jobs 20] [--brokers sqlite,redis]
+    .venv/bin/python -m bench.service.worker [--quick] [--jobs 20] [--brokers sqlite,redis]
 
 1. Queue-to-running latency on an idle, warm worker: p50 over ``--jobs`` jobs of
    ``started_at - created_at`` (created_at is stamped before the job is committed and
@@ -27,10 +27,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.harness.common import base_parser, emit, machine, verdict
 
-from bench._common import base_parser, emit, machine, verdict  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 POSTGRES_ADMIN = os.environ.get("ACCUM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("ACCUM_TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/11"

@@ -1,6 +1,6 @@
-"""API load while a job trains (issue 7), one JSON object on stdout.
+"""API load while a job trains, one JSON object on stdout.
 
-    .venv/bin/python bench/load.py [--quick] [--out [DIR]] [--rounds 4] [--seconds 12]
+    .venv/bin/python -m bench.service.load [--quick] [--out [DIR]] [--rounds 4] [--seconds 12]
                                    [--clients 50] [--interval 1.0] [--queued 10000]
                                    [--sse-watchers 100] [--no-pin]
 
@@ -32,7 +32,7 @@ With ``--pin`` (default on 2+ cores) the worker runs on CPU 0 and the API, the l
 and PostgreSQL's server processes for our database on CPU 1; other users' processes still
 float, so on a shared machine a phase that keeps CPU 1 busy pushes them onto the worker's CPU:
 ``api_cpu_cores`` and ``db_cpu_cores`` say what our load itself costs. The load generator is a
-separate process (raw HTTP/1.1 on keep-alive connections, like bench/api.py).
+separate process (raw HTTP/1.1 on keep-alive connections, like bench/service/api.py).
 
 JSON fields (besides ``bench``, ``when``, ``quick``, ``machine``):
 
@@ -76,11 +76,8 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench._common import base_parser, emit, machine, verdict  # noqa: E402
-from bench.api import (  # noqa: E402
+from bench.harness.common import base_parser, emit, machine, verdict
+from bench.service.api import (
     Connection,
     _connect,
     cpu_seconds,
@@ -91,6 +88,7 @@ from bench.api import (  # noqa: E402
     summarise,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = "load"
 REDIS_URL = os.environ.get("ACCUM_LOAD_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 QUEUED_OWNERS = 10
@@ -112,7 +110,7 @@ def training_spec(queue: str) -> dict[str, Any]:
             "seed": 1, "gpus": 0, "queue": queue}
 
 
-# --- load generator (its own process: `bench/load.py --loadgen JSON`) ------------------------
+# --- load generator (its own process: `bench/service/load.py --loadgen JSON`) ------------------------
 
 
 async def _get(conn: Connection, plan: dict[str, Any], path: str) -> tuple[int, bytes]:
@@ -372,8 +370,8 @@ def run_phase(mode: str, plan: dict[str, Any], deployment: Deployment) -> dict[s
         end = time.time() + plan["seconds"]
     else:
         loadgen = subprocess.Popen(
-            [sys.executable, __file__, "--loadgen", json.dumps({**plan, "mode": mode})],
-            stdout=subprocess.PIPE, text=True, preexec_fn=deployment.affinity(API_CPU),
+            [sys.executable, "-m", __spec__.name, "--loadgen", json.dumps({**plan, "mode": mode})],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=deployment.affinity(API_CPU),
         )
     time.sleep(SETTLE_S + STARTUP_S)  # the load generator starts, the load settles
     backends = deployment.pin_database_backends()  # the pool may have grown since

@@ -1,6 +1,6 @@
 """API speed on PostgreSQL + Redis with one real uvicorn worker.
 
-    .venv/bin/python bench/api.py [--quick] [--seconds 10] [--out]
+    .venv/bin/python -m bench.service.api [--quick] [--seconds 10] [--out]
 
 Needs the local PostgreSQL (a temporary database is created and dropped) and Redis (the
 broker, as in production). Prints one JSON object with the machine description and:
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH = "api"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 POSTGRES_ADMIN_URL = os.environ.get(
     "ACCUM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
@@ -66,7 +66,7 @@ TARGET_RATE = 300.0
 METRIC_POINTS = 100_000
 
 
-# --- load generator (runs in its own process: `bench/api.py --loadgen JSON`) ---------------
+# --- load generator (runs in its own process: `bench/service/api.py --loadgen JSON`) ---------------
 
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -205,9 +205,10 @@ def run_load(port: int, plan: dict[str, Any], server_pid: int | None = None) -> 
     plan = {"host": "127.0.0.1", "port": port, **plan}
     cpu_before = cpu_seconds(server_pid) if server_pid else 0.0
     completed = subprocess.run(
-        [sys.executable, __file__, "--loadgen", json.dumps(plan)],
+        [sys.executable, "-m", __spec__.name, "--loadgen", json.dumps(plan)],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         timeout=plan["seconds"] + 120,
         check=True,
     )
@@ -331,8 +332,7 @@ def time_gets(url: str, headers: dict[str, str], repeats: int, server_pid: int) 
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _common
+    from bench.harness import common as _common
 
     parser = _common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each load phase")

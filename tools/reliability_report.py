@@ -1,11 +1,11 @@
 """Write docs/reliability.md from the recorded reliability figures (`make reliability-report`).
 
-    .venv/bin/python bench/reliability_report.py            # rewrite the doc from the records
+    .venv/bin/python tools/reliability_report.py            # rewrite the doc from the records
 
 Sources, newest row of each:
 - bench/results/reliability/<key>.json: one row per reliability test, written by the tests in
   tests/reliability/ when ACCUM_RECORD_RELIABILITY=1 (`make test-reliability` sets it);
-- bench/results/load.jsonl: bench/load.py (API p99 and training slowdown under load).
+- bench/results/load.jsonl: bench/service/load.py (API p99 and training slowdown under load).
 
 Nothing here runs a test: the table shows what was measured, when and where.
 """
@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
 RECORDS = BENCH / "results" / "reliability"
 LOAD = BENCH / "results" / "load.jsonl"
 DOC = ROOT / "docs" / "reliability.md"
@@ -26,7 +26,7 @@ AREA_ORDER = ["fault", "bad input", "auth", "limits", "load"]
 HEADER = """# Reliability
 
 What accum promises under faults, bad input, abuse and load, and what was measured. Each row
-is one test in `tests/reliability/` (or `bench/load.py`) with the figure it measured on its
+is one test in `tests/reliability/` (or `bench/service/load.py`) with the figure it measured on its
 last recorded run. Regenerate everything with `make test-reliability` (runs every reliability
 test, the slow ones too, and the load bench, then rewrites this file); `make reliability-report`
 rewrites the file from the recorded figures only. `make test` (CI) runs all of these tests
@@ -50,13 +50,13 @@ def latest_load() -> dict[str, Any] | None:
 
 
 def load_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows for bench/load.py's latest run: API latency and training slowdown under polling
-    clients, and the SSE watchers (field meanings: the docstring of bench/load.py)."""
+    """Rows for bench/service/load.py's latest run: API latency and training slowdown under polling
+    clients, and the SSE watchers (field meanings: the docstring of bench/service/load.py)."""
     setup, targets = result.get("setup", {}), result.get("targets", {})
     poll, closed, sse = result.get("poll", {}), result.get("closed", {}), result.get("sse", {})
     load = result.get("load_average", {})
     where = f"{result.get('machine', {}).get('cores', '?')} cores, load {load.get('start', ['?'])[0]}-{load.get('end', ['?'])[0]}"
-    common = {"area": "load", "test": "bench/load.py", "measured_at": result.get("when", "-"), "machine": where}
+    common = {"area": "load", "test": "bench/service/load.py", "measured_at": result.get("when", "-"), "machine": where}
     get_job, training = poll.get("get_job", {}), poll.get("training", {})
     stress = closed.get("get_job", {})
     rows = [

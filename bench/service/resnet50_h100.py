@@ -8,20 +8,18 @@ precision bf16 and the fast path, waits for it, and reads the job's `samples_per
 over HTTP (median after the warm-up steps). Without a GPU it reports `skipped: no GPU` and
 no number. `--cpu-pipeline` runs the same path with a tiny CPU job, to check the plumbing.
 
-    .venv/bin/python bench/resnet50_h100.py [--quick] [--out] [--cpu-pipeline]
+    .venv/bin/python -m bench.service.resnet50_h100 [--quick] [--out] [--cpu-pipeline]
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+from bench.harness import common as _common
 
 TARGET = 3000.0
 WARMUP_STEPS = 10

@@ -3,34 +3,30 @@
 `accumcore.auto_batch.find_micro_batch_size` probes divisors of the effective batch B under a
 memory cap. The truth is found here independently and exhaustively: for every divisor m of B,
 one real training step (Trainer, Adam, N = B/m) is run and its peak memory measured (CUDA max
-allocated, or on CPU the profiler's allocator peak plus live state, as in bench/memory.py);
+allocated, or on CPU the profiler's allocator peak plus live state, as in bench/trainer/memory.py);
 the largest m whose step peak is within the cap truly fits. On CPU nothing runs out of
 memory, so the cap is simulated: several caps are tried and the worst ratio reported.
 
 Targets: m_auto / m_true >= 0.9 (and m_auto <= m_true: a pick that does not fit fails
 outright), search time <= 30 training steps at the chosen m.
 
-    .venv/bin/python bench/auto_micro_batch.py [--quick] [--out]
+    .venv/bin/python -m bench.trainer.auto_micro_batch [--quick] [--out]
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-import _workloads as w  # noqa: E402
-from memory import peak_bytes  # noqa: E402
-
-from accumcore.auto_batch import divisors, find_micro_batch_size, measure_footprint  # noqa: E402
-from accumcore.device_data import DeviceBatches  # noqa: E402
-from accumcore.window_source import reads_window_ahead  # noqa: E402
+from accumcore.auto_batch import divisors, find_micro_batch_size, measure_footprint
+from accumcore.device_data import DeviceBatches
+from accumcore.window_source import reads_window_ahead
+from bench.harness import common as _common
+from bench.harness import workloads as w
+from bench.trainer.memory import peak_bytes
 
 
 def _step_seconds(model: nn.Module, data, m: int, n_acc: int, device: str, repeats: int) -> float:

@@ -11,26 +11,22 @@ the profiled step carries the running "Total Allocated"; its maximum is the peak
 added, to which we add what was alive before it (parameters, buffers, optimizer state).
 That is the CPU analogue of CUDA max allocated (not RSS, which glibc caching blurs).
 
-    .venv/bin/python bench/memory.py [--quick] [--out]
+    .venv/bin/python -m bench.trainer.memory [--quick] [--out]
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-import _workloads as w  # noqa: E402
-
-from accumcore.peak_memory import memory_events  # noqa: E402
-from accumcore.window_source import reads_window_ahead  # noqa: E402
+from accumcore.peak_memory import memory_events
+from accumcore.window_source import reads_window_ahead
+from bench.harness import common as _common
+from bench.harness import workloads as w
 
 
 def _alive_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:

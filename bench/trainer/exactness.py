@@ -15,31 +15,28 @@ fp32 rounding of the parameter values would hide everything below ~1e-5). The re
 one big-batch step per window in float64. error = max over windows of
 max |update - reference update| / max |reference update|; a window a method never steps,
 or a step the big batch does not take, counts as error 1.0 (NaN if that update is NaN).
-Two more rows (bench/_exactness_corners.py): `plain_loader_resume` (bitwise yes/no, after a
+Two more rows (bench/trainer/exactness_corners.py): `plain_loader_resume` (bitwise yes/no, after a
 stop and a resume on `DataLoader(shuffle=True)` with dropout) and `ddp_uneven_shards` (2 gloo
 ranks, one without a micro-batch in the last window: relative error of the final weights).
 Target: accum <= 1e-6; the table shows the others.
 
-    .venv/bin/python bench/exactness.py [--quick] [--out]
+    .venv/bin/python -m bench.trainer.exactness [--quick] [--out]
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-import _exactness_corners as _corners  # noqa: E402
-import _peers  # noqa: E402
-import _workloads as w  # noqa: E402
+from bench.harness import common as _common
+from bench.harness import peers as _peers
+from bench.harness import workloads as w
+from bench.trainer import exactness_corners as _corners
 
 LR = 0.1
 VOCAB, SEQ = 16, 6

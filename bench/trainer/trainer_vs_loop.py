@@ -5,25 +5,21 @@ loop, trainer, loop, ...) and the medians compared. Targets: >= 0.99 on CPU, >= 
 On a GPU it also measures the fast path (bf16 autocast, channels_last, fused AdamW, data held
 on the device) against the tutorial loop on ResNet-50, synthetic 224x224, m=64: target >= 1.5.
 
-    .venv/bin/python bench/trainer_vs_loop.py [--quick] [--out]
+    .venv/bin/python -m bench.trainer.trainer_vs_loop [--quick] [--out]
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-import _workloads as w  # noqa: E402
-
-from accumcore import fast_path  # noqa: E402
-from accumcore.data import make_loader  # noqa: E402
-from accumcore.device_data import DeviceBatches  # noqa: E402
+from accumcore import fast_path
+from accumcore.data import make_loader
+from accumcore.device_data import DeviceBatches
+from bench.harness import common as _common
+from bench.harness import workloads as w
 
 
 def _compare(name: str, model: nn.Module, data, m: int, n_acc: int, repeats: int, device: str,

@@ -4,23 +4,19 @@ Both through accumcore's Trainer, same model and samples; the data are held in m
 `accumcore.device_data.DeviceBatches` so the loader does not hide the cost. Swept over m: the
 target (>= 0.95) applies once m fills the device, i.e. at the largest m measured here.
 
-    .venv/bin/python bench/accumulation_cost.py [--quick] [--out]
+    .venv/bin/python -m bench.trainer.accumulation_cost [--quick] [--out]
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-import _workloads as w  # noqa: E402
-
-from accumcore.device_data import DeviceBatches  # noqa: E402
+from accumcore.device_data import DeviceBatches
+from bench.harness import common as _common
+from bench.harness import workloads as w
 
 
 def _rate(model: nn.Module, data, m: int, n_acc: int, device: str) -> float:

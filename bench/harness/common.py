@@ -1,7 +1,7 @@
 """Shared helpers for the bench scripts: machine description, timing, JSON output, result rows.
 
 Every bench script prints one JSON object to stdout (and nothing else there), so
-`bench/run_all.py` and the smoke tests can parse it. `--out DIR` also appends the object as
+`python -m bench.run_all` and the smoke tests can parse it. `--out DIR` also appends the object as
 one line to `DIR/<bench>.jsonl` (default folder: bench/results/).
 """
 
@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = ROOT / "bench" / "results"
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 # The clock `timed` reads; set once per process from --clock by `configure`.
 _clock = {"name": "wall"}

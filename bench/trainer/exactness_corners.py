@@ -1,4 +1,4 @@
-"""The corner cases of bench/exactness.py (issue 13): resume on a plain DataLoader, and 2 DDP
+"""The corner cases of bench/trainer/exactness.py: resume on a plain DataLoader, and 2 DDP
 ranks with uneven shards, for accum and, where they apply, Lightning and Accelerate.
 
 - ``plain_loader_resume``: a run stopped after k optimizer steps and resumed in fresh objects
@@ -166,7 +166,7 @@ def _accelerate_resume() -> dict[str, Any]:
 
 
 def plain_loader_resume(peers_ok: bool) -> dict[str, dict[str, Any]]:
-    from _peer_runs import _quiet
+    from bench.harness.peer_runs import _quiet
 
     table = {"accum": _accum_resume()}
     if peers_ok:
@@ -254,7 +254,8 @@ if importlib.util.find_spec("lightning") is not None:  # bench/.venv-peers only
 
 def _lightning_ddp(out: str) -> None:
     import lightning as L
-    from _peer_runs import _quiet
+
+    from bench.harness.peer_runs import _quiet
 
     _quiet()
     trainer = L.Trainer(accelerator="cpu", devices=DDP_WORLD, strategy="ddp_spawn", max_epochs=1,
@@ -271,8 +272,9 @@ def _accelerate_rank(rank: int, port: int, out: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(DDP_WORLD),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from _peer_runs import _quiet
     from accelerate import Accelerator
+
+    from bench.harness.peer_runs import _quiet
 
     _quiet()
     accelerator = Accelerator(gradient_accumulation_steps=2, cpu=True)

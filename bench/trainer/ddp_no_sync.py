@@ -6,7 +6,7 @@ N=4, one thread each, timed on the wall clock whatever --clock says. "no_sync" i
 i.e. what a loop that forgets `model.no_sync()` does. Modes are interleaved per repeat.
 Target: no_sync / sync_every <= 0.9 at N=4.
 
-    .venv/bin/python bench/ddp_no_sync.py [--quick] [--out]
+    .venv/bin/python -m bench.trainer.ddp_no_sync [--quick] [--out]
 """
 
 from __future__ import annotations
@@ -24,12 +24,10 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-import _workloads as w  # noqa: E402
-
-from accumcore import window  # noqa: E402
-from accumcore.device_data import DeviceBatches  # noqa: E402
+from accumcore import window
+from accumcore.device_data import DeviceBatches
+from bench.harness import common as _common
+from bench.harness import workloads as w
 
 WORLD = 2
 N_ACC = 4

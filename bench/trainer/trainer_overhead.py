@@ -1,6 +1,6 @@
 """Overhead of accumcore's Trainer.fit against the hand-written tutorial accumulation loop.
 
-    .venv/bin/python bench/trainer_overhead.py [--quick] [--repeats 21] [--threads 1] [--out]
+    .venv/bin/python -m bench.trainer.trainer_overhead [--quick] [--repeats 21] [--threads 1] [--out]
 
 Prints one JSON object:
 Two workloads: a small CNN (the service's image jobs) and an MLP, where the per-step pass
@@ -34,12 +34,10 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-import _workloads as w  # noqa: E402
-
-from accumcore import Trainer  # noqa: E402
-from accumcore.data import make_loader  # noqa: E402
+from accumcore import Trainer
+from accumcore.data import make_loader
+from bench.harness import common as _common
+from bench.harness import workloads as w
 
 BENCH = "trainer_overhead"
 
@@ -171,10 +169,10 @@ def memory_probe(args: Any, workload: str, n_acc: int, device: torch.device) -> 
 def memory(args: Any, workload: str, device: torch.device) -> dict[str, Any]:
     peaks = {}
     for label, n_acc in (("m_N", WORKLOADS[workload][2]), ("m_1", 1)):
-        command = [sys.executable, __file__, "--memory-probe", str(n_acc), "--workloads", workload,
+        command = [sys.executable, "-m", __spec__.name, "--memory-probe", str(n_acc), "--workloads", workload,
                    "--device", str(device)] + (["--quick"] if args.quick else []) + (
                    ["--threads", str(args.threads)] if args.threads else [])
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=_common.ROOT).stdout
         peaks[label] = json.loads(out)
     kind = "cuda_max_allocated" if device.type == "cuda" else "cpu_rss_high_water"
     growth = {k: v["peak_bytes"] - v["before_bytes"] for k, v in peaks.items()}
@@ -193,7 +191,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
     parser.add_argument("--repeats", type=int, default=21, help="timed repeats per side (median)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--out", nargs="?", const=str(Path(__file__).resolve().parent / "results"),
+    parser.add_argument("--out", nargs="?", const=str(_common.RESULTS_DIR),
                         default=None, help="also append the JSON to OUT/trainer_overhead.jsonl")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -2,7 +2,7 @@
 / Accelerate's `accumulate()` loop, same model, data, loader, m, N, fp32.
 
 Lightning and Accelerate are never project dependencies: without --quick the script builds
-bench/.venv-peers (see bench/_peers.py) and re-runs itself there; with --quick it reports
+bench/.venv-peers (see bench/harness/peers.py) and re-runs itself there; with --quick it reports
 "peer not installed" unless it already runs where they are. Each repeat is one whole `fit`
 of one epoch (what a user calls), interleaved across all of them. Target: >= 1.1 on small
 models on CPU, >= 1.0 on GPU. The figure uses the same DataLoader for everyone; `accum_fast`
@@ -10,25 +10,21 @@ is also shown: accum with its own fast data path (`DeviceBatches`: the dataset h
 tensors, one gather per micro-batch), same samples in the same order, against the peers on
 the DataLoader their docs use.
 
-    .venv/bin/python bench/trainer_vs_lightning.py [--quick] [--out]
+    .venv/bin/python -m bench.trainer.trainer_vs_lightning [--quick] [--out]
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-import _peers  # noqa: E402
-import _workloads as w  # noqa: E402
-
-from accumcore.device_data import DeviceBatches  # noqa: E402
+from accumcore.device_data import DeviceBatches
+from bench.harness import common as _common
+from bench.harness import peers as _peers
+from bench.harness import workloads as w
 
 
 def _compare(name: str, model: nn.Module, data, m: int, n_acc: int, repeats: int, device: str,
