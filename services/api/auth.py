@@ -27,13 +27,14 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from services.api.deps import SessionDep
 from services.api.errors import Problem
 from services.store.db import retry_if_dropped
 from services.store.models import Owner
-from services.store.tokens import authenticate
+from services.store.tokens import TOUCHED, authenticate
 
 # Declares the scheme in OpenAPI (the "Authorize" button in /docs); errors are ours (401).
 bearer_scheme = HTTPBearer(auto_error=False, description="`accum token create NAME` prints one")
@@ -72,7 +73,18 @@ def resolve_owner(token: str, session: Session) -> Owner:
         raise unauthorized(
             "invalid, unknown or revoked token; create one with `accum token create NAME`"
         )
+    if session.info.pop(TOUCHED, False):
+        _commit_last_used(session)
     return owner
+
+
+def _commit_last_used(session: Session) -> None:
+    """Commit the token's new `last_used_at` (at most once a minute per token). A busy or
+    failing database must not fail the request for a display field: roll it back instead."""
+    try:
+        session.commit()
+    except SQLAlchemyError:
+        session.rollback()
 
 
 def get_current_owner(

@@ -119,6 +119,9 @@ class TokenPublic(BaseModel):
     prefix: str = Field(description="The first 12 characters: enough to tell tokens apart")
     created_at: datetime
     revoked_at: datetime | None = None
+    last_used_at: datetime | None = Field(
+        default=None, description="When a request last presented it, to the minute; null: never"
+    )
 
 
 class TokenList(BaseModel):

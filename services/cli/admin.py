@@ -2,7 +2,7 @@
 
     ACCUM_DATABASE_URL=postgresql+psycopg://accum@db/accum accum db upgrade
     accum token create alice [--admin]     # prints the token once, on stdout
-    accum token list [alice] [--all]       # owner, prefix, created (--all: revoked too, and when)
+    accum token list [alice] [--all]       # owner, prefix, created, last used (--all: revoked too, and when)
     accum token revoke accum_AbCdEf        # the prefix or the whole token; refused at once
 """
 
@@ -111,8 +111,9 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     rows = in_store("token list", lambda s: list_tokens(s, args.name, include_revoked=args.all))
     if isinstance(rows, Failed):
         return rows
-    for owner, prefix, created_at, revoked_at in rows:
-        line = f"{owner}\t{prefix}\t{created_at:%Y-%m-%d %H:%M:%S}"
+    for owner, prefix, created_at, revoked_at, last_used_at in rows:
+        used = f"used {last_used_at:%Y-%m-%d %H:%M}" if last_used_at else "never used"
+        line = f"{owner}\t{prefix}\t{created_at:%Y-%m-%d %H:%M:%S}\t{used}"
         if args.all:
             line += f"\trevoked {revoked_at:%Y-%m-%d %H:%M:%S}" if revoked_at else "\tlive"
         print(line)

@@ -188,6 +188,8 @@ def test_make_a_token_and_revoke_it(logged_in: Any, deployment: Deployment, shot
     token = value.inner_text()
     made = page.locator(f"#tokens-table tr[data-prefix='{token[:12]}']")
     expect(made).to_be_visible()
+    expect(made.locator("td[data-label='Last used']")).to_have_text("never")
+    expect(in_use.locator("td[data-label='Last used']")).to_have_text(re.compile(r" ago$"))
     page.click("#copy-token")  # the clipboard, or (refused in a headless browser) a selection
     expect(page.locator("#copy-token")).to_have_text(re.compile(r"^(Copied|Selected: press Ctrl-C)$"))
     assert httpx.get(f"{deployment.url}/v1/me", headers={"Authorization": f"Bearer {token}"}).status_code == 200

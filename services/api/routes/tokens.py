@@ -58,8 +58,10 @@ def list_tokens(
     )
     return TokenList(
         items=[
-            TokenPublic(owner=name, prefix=prefix, created_at=created, revoked_at=revoked)
-            for name, prefix, created, revoked in rows
+            TokenPublic(
+                owner=name, prefix=prefix, created_at=created, revoked_at=revoked, last_used_at=used
+            )
+            for name, prefix, created, revoked, used in rows
         ]
     )
 
