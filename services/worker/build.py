@@ -219,6 +219,7 @@ def build_run(
         checkpoint_every=spec.checkpoint_every if checkpoint_dir is not None else None,
         checkpoint_dir=checkpoint_dir,
         on_nonfinite=spec.on_nonfinite,
+        verify_window=spec.verify_window,
     )
     fit_kwargs: dict[str, Any] = {
         "epochs": spec.epochs or UNBOUNDED_EPOCHS,
