@@ -133,7 +133,8 @@ export function uniqueLabel(job) {
 export function exactnessBadge(job) {
   const check = job.exactness;
   if (!check || !check.checked) return null;
-  const error = typeof check.rel_error === "number" ? `, rel. error ${check.rel_error.toExponential(1)}` : "";
+  const value = check.rel_error;
+  const error = typeof value === "number" ? `, rel. error ${value === 0 ? "0" : value.toExponential(1)}` : "";
   const text = check.passed ? `first window = big batch${error}` : `accumulation NOT exact${error}`;
   return el("span", { class: `exactness ${check.passed ? "exact" : "inexact"}`, id: "exactness", title: check.note || "" }, text);
 }
