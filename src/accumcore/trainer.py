@@ -168,6 +168,8 @@ class Trainer:
         self.on_nonfinite = on_nonfinite
         self.max_consecutive_skips = max_consecutive_skips
         self.verify_window = check_option(verify_window)
+        if verify_memory_limit_bytes is not None and verify_memory_limit_bytes < 1:
+            raise ValueError(f"verify_memory_limit_bytes must be >= 1 or None, got {verify_memory_limit_bytes}")
         self.verify_memory_limit_bytes = verify_memory_limit_bytes
         self._verify_pending = False  # set by fit: the check runs on a fresh fit's first window
         self.device = torch.device(device)
