@@ -70,6 +70,30 @@ def test_a_catalog_job_passes_and_records_event_and_metric(
     assert shown.checked and shown.passed and shown.rel_error == data["rel_error"] and shown.tolerance == 1e-6
 
 
+CATALOG_CASES = {
+    # BatchNorm (the check runs in eval mode), fp16 autocast in training, 8-sample windows.
+    "resnet18-fake-fp16": {"model": "resnet18", "dataset": {"name": "fake", "size": 32, "val_size": 8,
+                                                              "image_size": 32},
+                           "precision": "fp16", "micro_batch_size": 4},
+    # Padded token targets: n_i differ between micro-batches.
+    "tiny_transformer-text-bf16": {"model": "tiny_transformer", "dataset": "text", "precision": "bf16",
+                                   "micro_batch_size": 4},
+    "small_cnn-digits-fp32": {"model": "small_cnn", "dataset": "digits", "micro_batch_size": 8},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CATALOG_CASES))
+def test_catalog_models_pass_in_every_precision(
+    settings: Settings, make_job: Callable[..., str], case: str
+) -> None:
+    job_id = make_job({**TINY_SPEC, "max_steps": 1, **CATALOG_CASES[case]})
+    assert run_job(settings, job_id, "w") == "succeeded"
+    _, _, latest = _job(settings, job_id)
+    assert latest.data["passed"] is True, latest.message
+    assert latest.data["rel_error"] <= 1e-6 and latest.data["precision"] == "fp32"
+    assert latest.data["micro_batches"] == 2 and len(latest.data["item_counts"]) == 2
+
+
 def test_a_failed_check_fails_the_job_with_the_cause(
     settings: Settings, make_job: Callable[..., str], summing_loss: None
 ) -> None:
