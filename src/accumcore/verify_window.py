@@ -201,6 +201,10 @@ def _compare(
         param.grad = None
     result.micro_batches = k
     result.item_counts = [float(mb.items) for mb in loaded[:k]]
+    if not all(bool(torch.isfinite(g).all()) for g in (*accumulated, *reference) if g is not None):
+        # Not a question of accumulation: training's own non-finite check (on_nonfinite) decides.
+        result.note = "skipped: the first window's gradient is not finite (inf/NaN)"
+        return
     result.rel_error, result.max_tensor_rel_error, result.worst_tensor = _relative_errors(
         [name for name, _ in params], accumulated, reference)
     if len(loaded) == 1:
@@ -435,8 +439,8 @@ def _message(data: dict[str, Any]) -> str:
         return (f"first window = big batch: relative error {rel:.2g} (tolerance {TOLERANCE:g}; "
                 f"{window}){extra}")
     where = f" (worst tensor {data['worst_tensor']})" if data.get("worst_tensor") else ""
+    rank = f"rank {data['worst_rank']} fails; " if data.get("worst_rank") is not None else ""
     cause = f": likely cause {data['cause']}: {data['fix']}" if data["fix"] else (
-        ": rank {} fails; its causes: loss_fn's reduction, count_items, shift_labels".format(
-            data.get("worst_rank")))
+        f": {rank}check loss_fn's reduction ('mean'), count_items and shift_labels")
     return (f"first window != big batch: relative error {rel:.2g} > tolerance {TOLERANCE:g}"
             f"{where}, {window}{extra}{cause}")

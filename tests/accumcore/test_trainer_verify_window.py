@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from trainer_reference import VOCAB, TokenCrossEntropy, token_dataset, token_model
 
-from accumcore import Callback, ExactnessError, Trainer
+from accumcore import Callback, ExactnessError, NonFiniteError, Trainer
 from accumcore.data import make_loader
 from accumcore.peak_memory import cpu_peak_added
 from accumcore.verify_window import TOLERANCE, check_window
@@ -268,6 +268,21 @@ def test_no_check_on_a_resume_past_step_zero() -> None:
     resumed.load_state_dict(first.state_dict())
     resumed.fit(make_loader(data, 4), epochs=1)
     assert resumed.global_step > 2 and not events.exactness()
+
+
+def test_a_nonfinite_first_window_is_left_to_on_nonfinite() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    g = torch.Generator().manual_seed(6)
+    data = TensorDataset(torch.randn(12, 4, generator=g) * torch.tensor([1.0, float("inf"), 1.0, 1.0]),
+                         torch.randint(0, 3, (12,), generator=g))
+    events = Events()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                      accumulation_steps=2, callbacks=[events], verify_window=True)
+    with pytest.raises(NonFiniteError):
+        trainer.fit(make_loader(data, 3, shuffle=False), epochs=1)
+    [(message, result)] = events.exactness()
+    assert result["passed"] is None and "not finite" in message
 
 
 def test_verify_window_refuses_other_values() -> None:
