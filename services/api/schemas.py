@@ -57,6 +57,34 @@ class WorkerInfo(BaseModel):
     gpu: str | None
 
 
+class Exactness(BaseModel):
+    checked: bool = Field(description="whether the first window was compared with its big batch")
+    rel_error: float | None = Field(
+        default=None, description="relative error of the first window's accumulated gradient against "
+        "the big batch's (fp32, eval mode); null when not checked or not finite")
+    tolerance: float | None = None
+    passed: bool | None = Field(default=None, description="rel_error <= tolerance; null when not checked")
+    note: str = Field(default="", description="the check's message: the likely cause and fix on a "
+                      "failure, why it did not run otherwise")
+
+
+def exactness(spec: dict[str, Any], event: Any | None) -> Exactness:
+    """The job's exactness check, from its latest ``exactness_check`` event (or why none)."""
+    if event is None:
+        mode = spec.get("verify_window", True)
+        note = "verify_window is false: not checked" if mode is False else "not checked yet"
+        return Exactness(checked=False, note=note)
+    data = event.data or {}
+    rel = data.get("rel_error")
+    return Exactness(
+        checked=data.get("passed") is not None,
+        rel_error=float(rel) if isinstance(rel, int | float) and math.isfinite(rel) else None,
+        tolerance=data.get("tolerance"),
+        passed=data.get("passed"),
+        note=event.message,
+    )
+
+
 # `owner` is not an attribute of the row: the /v1/jobs routes set it on the model
 # (`routes/jobs.py`, `with_owner`); stream messages leave it out. (A docstring here
 # would become the schema's description in the OpenAPI document.)
@@ -86,6 +114,10 @@ class JobPublic(BaseModel):
     worker: WorkerInfo | None
     owner: str | None = Field(
         None, description="The owner's name (in the /v1/jobs answers; not in stream messages)"
+    )
+    exactness: Exactness | None = Field(
+        default=None, description="The first-window exactness check (spec verify_window), in the "
+        "answers about one job; not in listings or stream messages"
     )
 
     _empty_if_null = field_validator("progress", "latest_metrics", mode="before")(empty_if_null)

@@ -36,6 +36,7 @@ from services.spec.refs import Dataset, Model
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("fail", "skip")  # accumcore.Trainer(on_nonfinite=...)
+VERIFY_WINDOW_MODES = (True, False, "warn")  # accumcore.Trainer(verify_window=...)
 MAX_ACCUMULATION_STEPS = 65536
 MAX_MICRO_BATCH_SIZE = 1 << 20
 MAX_SEED = (1 << 63) - 1
@@ -47,6 +48,18 @@ QUEUE_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 MAX_QUEUE_LENGTH = 64
 MAX_NAME_LENGTH = 200
 AUTO = "auto"
+
+
+def _verify_window(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    if value is True or value is False or value == "warn":
+        return value
+    raise spec_error(
+        "not_allowed",
+        f"unknown verify_window {value!r}; choose one of: true (fail the job when the first "
+        "window's accumulated gradient is not the big batch's), \"warn\" (record it and train "
+        "on), false (no check)",
+        VERIFY_WINDOW_MODES,
+    )
 
 
 def _is_int(value: Any) -> bool:
@@ -177,6 +190,14 @@ class JobSpec(BaseModel):
         one_of("on_nonfinite", NONFINITE_POLICIES),
         Field(description="a window with an inf/NaN loss or gradient: fail the job, or skip its step"),
     ] = "fail"
+    verify_window: Annotated[
+        bool | Literal["warn"],
+        WrapValidator(_verify_window),
+        Field(description="before the first step, compare the first window's accumulated "
+              "gradient with the big batch's (fp32, eval mode, relative tolerance 1e-6): true "
+              "fails the job when they differ, naming the cause; \"warn\" records it and trains "
+              "on; false skips the check"),
+    ] = True
     seed: Annotated[NonNegativeInt, Field(le=MAX_SEED)] = 0
     checkpoint_every: Annotated[
         PositiveInt, Field(le=MAX_STORED_INT, description="optimizer steps between checkpoints")

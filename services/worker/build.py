@@ -101,6 +101,12 @@ def make_train_loader(
     cuda = device.startswith("cuda")
     extra = fast_path.loader_kwargs(device, num_workers=loader_workers()) if cuda and spec.fast_path else {}
     loader = make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn, **extra)
+    collate = bundle.collate_fn
+    if collate is not None:
+        # Batches padded per batch (text) do not concatenate: with their targets by index the
+        # trainer counts a window from its targets and the exactness check (verify_window)
+        # collates the window's samples as one batch (accumcore.window_source).
+        loader.targets_for = lambda indices: collate([train[i] for i in indices])[1]
     return fast_path.CudaPrefetcher(loader, device) if cuda and spec.fast_path else loader
 
 
@@ -219,6 +225,7 @@ def build_run(
         checkpoint_every=spec.checkpoint_every if checkpoint_dir is not None else None,
         checkpoint_dir=checkpoint_dir,
         on_nonfinite=spec.on_nonfinite,
+        verify_window=spec.verify_window,
     )
     fit_kwargs: dict[str, Any] = {
         "epochs": spec.epochs or UNBOUNDED_EPOCHS,

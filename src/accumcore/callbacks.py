@@ -45,7 +45,8 @@ class Callback:
 
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
         """Called for notable events: ``oom_backoff``, ``fp16_step_skipped``,
-        ``nonfinite_step_skipped``, ``empty_window``, ``batchnorm_warning``, ``resume_inexact``."""
+        ``nonfinite_step_skipped``, ``empty_window``, ``batchnorm_warning``, ``resume_inexact``,
+        ``exactness_check`` (``Trainer(verify_window=...)``)."""
 
     def should_stop(self) -> bool:
         """Polled before every micro-batch (under DDP: once per window, and every rank stops

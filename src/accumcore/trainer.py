@@ -9,6 +9,7 @@ What ``fit`` does, one screen (numbers: the rules of docs/accumulation.md; right
         batches = iter(loader) from the epoch's start RNG states       # loader_state (9)
         while window := next N batches:                                 # _train_epoch
             micro, n_i = split on OOM back-off, count items             # window, items (2, 10, 15)
+            first window, verify_window: accumulated == big batch?      # verify_window (16)
             W = sum(n_i)  [DDP: all-reduce with the stop/data flags]    # window.WindowRunner (7)
             for i, mb in enumerate(micro):
                 with no_sync unless i is last:                          # distributed (7)
@@ -51,6 +52,7 @@ from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_st
 from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
 from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
+from accumcore.verify_window import check_first_window, check_option
 from accumcore.window import EXHAUSTED, STOPPED, WindowRunner, make_micro_batches
 from accumcore.window_source import PendingBatch, target_source
 
@@ -122,6 +124,13 @@ class Trainer:
             the GradScaler, which skips those steps itself.
         max_consecutive_skips: raise ``NonFiniteError`` after this many skipped steps in a
             row (``on_nonfinite="skip"`` or fp16 overflows): the run has diverged.
+        verify_window: before the first optimizer step of a fit from step 0, compare the
+            first window's accumulated gradient with its big batch's (eval mode, fp32;
+            ``accumcore.verify_window``) and report it as an ``exactness_check`` event.
+            ``True`` raises ``ExactnessError`` (naming the likely cause) above the tolerance,
+            ``"warn"`` reports and trains on, ``False`` (default) skips the check.
+        verify_memory_limit_bytes: cap on the check's big-batch peak memory; the check then
+            uses the first micro-batches that fit (a sub-window, said in the event).
 
     Raises:
         TypeError: no model or no optimizer.
@@ -148,6 +157,8 @@ class Trainer:
         shift_labels: bool | None = None,
         on_nonfinite: str = "fail",
         max_consecutive_skips: int = 25,
+        verify_window: bool | str = False,
+        verify_memory_limit_bytes: int | None = None,
     ) -> None:
         _check_model_and_optimizer(model, optimizer, loss_fn)
         if on_nonfinite not in NONFINITE_POLICIES:
@@ -156,6 +167,11 @@ class Trainer:
             raise ValueError(f"max_consecutive_skips must be >= 1, got {max_consecutive_skips}")
         self.on_nonfinite = on_nonfinite
         self.max_consecutive_skips = max_consecutive_skips
+        self.verify_window = check_option(verify_window)
+        if verify_memory_limit_bytes is not None and verify_memory_limit_bytes < 1:
+            raise ValueError(f"verify_memory_limit_bytes must be >= 1 or None, got {verify_memory_limit_bytes}")
+        self.verify_memory_limit_bytes = verify_memory_limit_bytes
+        self._verify_pending = False  # set by fit: the check runs on a fresh fit's first window
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
@@ -249,6 +265,7 @@ class Trainer:
                 "stepped after each epoch's evaluation, and every eval_every steps)"
             )
         history = self._history = FitHistory()
+        self._verify_pending = bool(self.verify_window) and self.global_step == 0
         self.callbacks.on_fit_start(self)
         if not self.model.training:
             # Only a model left in eval mode as a whole is switched: submodules the user put
@@ -407,6 +424,9 @@ class Trainer:
                 self._check_loss_scale = not check_mean_over_items(
                     distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
                 )
+            if self._verify_pending:  # before the first optimizer step (rule 16)
+                self._verify_pending = False
+                check_first_window(self, micro_batches)
             try:
                 result = self._runner.run(micro_batches, windows_left)
             except OOM_ERRORS:

@@ -203,6 +203,8 @@ def test_lr_overflowing_in_json_text_is_rejected() -> None:
         ({"optimizer": {"name": "adam", "lr": 0.1}}, ("optimizer", "name"), ["sgd", "adamw"]),
         ({"precision": "fp8"}, ("precision",), ["fp32", "bf16", "fp16"]),
         ({"on_nonfinite": "ignore"}, ("on_nonfinite",), ["fail", "skip"]),
+        ({"verify_window": "yes"}, ("verify_window",), [True, False, "warn"]),
+        ({"verify_window": 1}, ("verify_window",), [True, False, "warn"]),
         ({"scheduler": "linear"}, ("scheduler", "name"), ["none", "cosine", "step"]),
         ({"scheduler": {"name": "onecycle"}}, ("scheduler", "name"), ["none", "cosine", "step"]),
     ],

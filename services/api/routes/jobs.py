@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from services.api.auth import CurrentOwner
 from services.api.deps import SessionDep, SettingsDep
 from services.api.errors import Problem, invalid_field, problem_responses
-from services.api.schemas import JobPage, JobPublic, JobStatus
+from services.api.schemas import JobPage, JobPublic, JobStatus, exactness
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.settings import Settings
 from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
@@ -24,6 +24,7 @@ from services.store.errors import (
     InvalidCursor,
     JobStateError,
 )
+from services.store.events import latest_event
 from services.store.models import Job, Owner
 from services.worker.enqueue import enqueue_job
 
@@ -68,8 +69,10 @@ def with_owner(job: Job, names: dict[int, str]) -> JobPublic:
 
 
 def job_public(session: Session, owner: Owner, job: Job) -> JobPublic:
-    """The job as answered, with its owner's name."""
-    return with_owner(job, owner_names(session, owner, [job]))
+    """The job as answered, with its owner's name and its exactness check."""
+    public = with_owner(job, owner_names(session, owner, [job]))
+    public.exactness = exactness(job.spec or {}, latest_event(session, job.id, "exactness_check"))
+    return public
 
 
 def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:

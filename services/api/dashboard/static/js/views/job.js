@@ -7,7 +7,7 @@ import { chartControls, chartSettings } from "../chart_controls.js";
 import { LineChart, Series, xContext } from "../charts.js";
 import { clear, el, errorBox, richText } from "../dom.js";
 import {
-  ACTIVE, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, formatBytes,
+  ACTIVE, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, exactnessOfEvent, formatBytes,
   formatNumber, grouped, hasMetric, isNonFinite, jobLabel, latestMetric, progressBar, runTime, statusBadge,
 } from "../format.js";
 
@@ -121,7 +121,8 @@ class JobPage {
 
   show(job) {
     // Stream `status` messages may not name the owner (only GET /v1/jobs/ID does): keep it.
-    this.job = { ...job, owner: job.owner ?? this.job?.owner };
+    // ... nor the exactness check (GET /v1/jobs/ID, or the exactness_check event as it comes).
+    this.job = { ...job, owner: job.owner ?? this.job?.owner, exactness: job.exactness ?? this.job?.exactness };
     job = this.job;
     this.title.textContent = jobLabel(job);
     clear(this.badge, statusBadge(job.status));
@@ -219,8 +220,13 @@ class JobPage {
   onMessage({ event, data }) {
     if (event === "metric") this.addPoint(data);
     else if (event === "status") this.show(data);
-    else if (event === "job_event") this.addEvent(data);
-    else if (event === "end") {
+    else if (event === "job_event") {
+      this.addEvent(data);
+      if (data.kind === "exactness_check" && this.job) {
+        this.job.exactness = exactnessOfEvent(data);
+        clear(this.exactness, exactnessBadge(this.job));
+      }
+    } else if (event === "end") {
       this.streamState.textContent = "";
       this.loadCheckpoints();
       api(`v1/jobs/${this.id}`, { signal: this.signal }).then((job) => { this.show(job); this.draw(); }).catch(() => {});
