@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from services.api.auth_failures import AuthFailureLimiter, shared_failure_log
 from services.api.body_limit import BodySizeLimitMiddleware
+from services.api.client_address import trusted_proxies
 from services.api.errors import install_error_handlers
 from services.api.routes import (
     catalog,
@@ -33,6 +34,7 @@ from services.api.routes import (
     monitoring,
     tokens,
 )
+from services.api.streams import StreamSlots
 from services.api.telemetry import LatencyMiddleware, Telemetry
 from services.settings import Settings, get_settings
 from services.store.db import make_engine, make_session_factory
@@ -104,6 +106,8 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.state.auth_failures = AuthFailureLimiter(
         limit, window_s, shared=shared_failure_log(app.state.session_factory, limit, window_s)
     )
+    app.state.trusted_proxies = trusted_proxies(settings.forwarded_allow_ips)
+    app.state.stream_slots = StreamSlots(settings.max_streams_per_owner)
     app.state.telemetry = telemetry = Telemetry()
 
     install_error_handlers(app)

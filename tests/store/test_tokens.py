@@ -106,3 +106,14 @@ def test_a_prefix_shared_by_two_tokens_is_refused(session_factory: sessionmaker[
         assert tokens.revoke_token(session, token) == 1
     with session_factory.begin() as session, pytest.raises(ValueError, match="12-character prefix"):
         tokens.revoke_token(session, "accum_")
+
+
+def test_owner_names_are_letters_digits_dot_underscore_dash(
+    session_factory: sessionmaker[Session],
+) -> None:
+    for bad in ("a\nb", "two words", "x" * 65, "semi;colon", "ünï"):
+        with session_factory() as session, pytest.raises(ValueError, match="1 to 64 letters"):
+            tokens.create_owner_with_token(session, bad)
+    with session_factory.begin() as session:
+        owner, _ = tokens.create_owner_with_token(session, "ok.name_1-" + "x" * 54)
+        assert len(owner.name) == 64
