@@ -76,10 +76,13 @@ def serve(api_settings: Settings, **settings: str) -> Iterator[str]:
 
 
 def read_stream(url: str, headers: dict[str, str], out: queue.Queue[tuple[str, dict[str, Any]]]) -> None:
-    with httpx.stream("GET", url, headers={**headers, "Accept": "text/event-stream"}, timeout=30) as response:
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for event, data in parse_sse(response.iter_lines()):
-            out.put((event, data))
+    try:
+        with httpx.stream("GET", url, headers={**headers, "Accept": "text/event-stream"}, timeout=30) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for event, data in parse_sse(response.iter_lines()):
+                out.put((event, data))
+    except httpx.RemoteProtocolError:  # the server stopped under an open stream (teardown)
+        out.put(("cut", {}))
     out.put(("closed", {}))
 
 
