@@ -23,6 +23,7 @@ from services.api.body_limit import BodySizeLimitMiddleware
 from services.api.client_address import trusted_proxies
 from services.api.errors import install_error_handlers
 from services.api.routes import (
+    api_docs,
     catalog,
     checkpoints,
     dashboard,
@@ -51,6 +52,7 @@ ROUTERS = (
     me.router,
     tokens.router,
     dashboard.router,
+    api_docs.router,
 )
 
 
@@ -93,6 +95,10 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         summary="Training jobs with exact gradient accumulation",
         version="0.1.0",
         lifespan=lifespan,
+        # /docs and /redoc come from files installed with the package (routes/api_docs.py):
+        # FastAPI's own load them from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.run_reaper = run_reaper
