@@ -120,8 +120,11 @@ def get_current_owner(
             raise
         keys = failure_keys(address, token)
         waits = [w for w in map(limiter.retry_after, keys) if w is not None]
+        telemetry = request.app.state.telemetry
         if waits:  # blocked: answered without counting, so a blocked key frees in time
+            telemetry.auth_failures.labels(answer="429").inc()
             raise too_many_bad_tokens(max(waits)) from None
+        telemetry.auth_failures.labels(answer="401").inc()
         for key in keys:
             limiter.record_failure(key)
         raise
