@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.catalog import configured_dataset
+from services.catalog import DatasetInfo, configured_dataset
 from services.catalog.sizes import MemoryEstimate, estimate_memory, gib
 from services.spec.batching import micro_batch_size, steps_per_epoch, total_optimizer_steps
 from services.spec.fields import MAX_STEPS
@@ -56,9 +56,10 @@ def _error(field: str, message: str, value: Any, kind: str = "limit") -> dict[st
     return {"type": kind, "loc": ("body", field), "msg": message, "input": value}
 
 
-def step_memory(spec: JobSpec) -> MemoryEstimate:
-    """The floor of one device's memory for a step of `spec` ("auto": one sample)."""
-    data = configured_dataset(spec.dataset.name, spec.dataset.options)
+def step_memory(spec: JobSpec, data: DatasetInfo | None = None) -> MemoryEstimate:
+    """The floor of one device's memory for a step of `spec` ("auto": one sample); `data` is
+    its configured dataset, when the caller has it already."""
+    data = data or configured_dataset(spec.dataset.name, spec.dataset.options)
     return estimate_memory(
         spec.model.name,
         spec.model.options,
@@ -100,17 +101,19 @@ def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
                 spec.timeout,
             )
         )
-    if spec.epochs is not None and (steps := total_optimizer_steps(spec)) > MAX_STEPS:
+    data = configured_dataset(spec.dataset.name, spec.dataset.options)  # once: ~45 us
+    if spec.epochs is not None and (steps := total_optimizer_steps(spec, data.train_size)) > MAX_STEPS:
         errors.append(
             _error(
                 "epochs",
-                f"{spec.epochs} epochs of {steps_per_epoch(spec, 0):,} optimizer steps are "
+                f"{spec.epochs} epochs of {steps_per_epoch(spec, 0, data.train_size):,} "
+                "optimizer steps are "
                 f"{steps:,} steps; at most {MAX_STEPS:,} are allowed: lower epochs or raise "
                 "the batch",
                 spec.epochs,
             )
         )
-    estimate = step_memory(spec)
+    estimate = step_memory(spec, data)
     if estimate.total_bytes > limits.max_device_memory_bytes:
         # The model alone too large: its options are the fix; else the micro-batch is.
         weights_alone = estimate.weights_bytes > limits.max_device_memory_bytes
