@@ -39,8 +39,13 @@ def claim_job(
     gpu: str | None,
     lease_timeout_s: float,
     now: datetime | None = None,
+    poison_after: int = 2,
 ) -> Job | None:
     """Take the job for ``worker_id``; returns it (status ``running``) or None if not claimable.
+
+    A takeover that would be the next attempt of a poison job (``poison_after`` lost attempts
+    in a row without a checkpoint, this one included: ``reap_expired_leases``) is refused,
+    so the reaper fails it with the cause instead.
 
     Claimable: ``queued``, or ``running`` with an expired lease and restarts left (a takeover
     from a dead worker: counts as a restart, resumes from the latest checkpoint). A cancelled,
@@ -65,7 +70,17 @@ def claim_job(
     claimed = _claim_where(session, job_id, Job.status == "queued", values)
     previous_host = None
     if claimed is None:
-        previous_host = session.scalar(select(Job.worker_host).where(Job.id == job_id))
+        row = session.execute(
+            select(Job.worker_host, Job.attempts, Job.resume_step,
+                   _latest_checkpoint_step().label("latest")).where(Job.id == job_id)
+        ).one_or_none()
+        if row is None:
+            return None
+        previous_host = row.worker_host
+        no_progress = row.latest == row.resume_step
+        lost = 1 + _lost_in_a_row(session, job_id, row.attempts) if no_progress else 0
+        if poison_after and lost >= poison_after:
+            return None  # not another attempt: the reaper fails it as poison, with the cause
         expired = and_(
             Job.status == "running", Job.lease_expires_at < now, Job.restarts < Job.max_restarts
         )
@@ -78,7 +93,7 @@ def claim_job(
             job_id,
             "lease_expired",
             f"lease of {previous_host or 'unknown host'} expired; taken over by {host}",
-            {"host": previous_host},
+            {"host": previous_host, "no_progress": no_progress},
             attempt=claimed.attempts - 1,
         )
     add_event(

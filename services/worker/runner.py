@@ -77,7 +77,8 @@ def claim(settings: Any, job_id: str, worker_name: str) -> Attempt | None:
     worker_id = f"{worker_name or socket.gethostname()}/{uuid.uuid4().hex[:8]}"
     with session_factory(settings).begin() as session:
         job = claim_job(
-            session, job_id, worker_id, socket.gethostname(), describe_gpu(), settings.lease_timeout_s
+            session, job_id, worker_id, socket.gethostname(), describe_gpu(),
+            settings.lease_timeout_s, poison_after=settings.poison_after_lost_attempts,
         )
         if job is None:
             return None
@@ -109,7 +110,7 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
             heartbeat.set_timeout(timeout_s)
             status = train(settings, spec, attempt, heartbeat)
             if status == TIMED_OUT:
-                status, error = "failed", timeout_error(attempt, timeout_s)
+                status, error = "failed", timeout_error(attempt, timeout_s, spec.gpus <= 1)
         except Exception as exc:
             status, error = "failed", {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             log.exception("job %s failed", job_id)
@@ -139,14 +140,21 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
     return status
 
 
-def timeout_error(attempt: Attempt, timeout_s: int) -> dict[str, Any]:
+def timeout_error(attempt: Attempt, timeout_s: int, checkpointed: bool) -> dict[str, Any]:
+    # A DDP job's ranks are stopped without a checkpoint of their own (services.worker.
+    # distributed): it resumes from its latest periodic one.
+    where = (
+        "stopped and checkpointed at its last finished window"
+        if checkpointed
+        else "stopped (a multi-GPU job keeps its latest periodic checkpoint)"
+    )
     return {
         "type": "JobTimeout",
         "reason": "timeout",
         "message": (
             f"the job ran for its timeout of {timeout_s} s (spec timeout; at most "
-            "ACCUM_MAX_JOB_SECONDS) and was stopped and checkpointed at its last finished "
-            f"window; `accum resume {attempt.job_id}` continues from there with a new timeout"
+            f"ACCUM_MAX_JOB_SECONDS) and was {where}; `accum resume {attempt.job_id}` "
+            "continues from there with a new timeout"
         ),
     }
 
