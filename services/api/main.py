@@ -20,8 +20,10 @@ from fastapi import FastAPI
 
 from services.api.auth_failures import AuthFailureLimiter, shared_failure_log
 from services.api.body_limit import BodySizeLimitMiddleware
+from services.api.client_address import trusted_proxies
 from services.api.errors import install_error_handlers
 from services.api.routes import (
+    api_docs,
     catalog,
     checkpoints,
     dashboard,
@@ -33,6 +35,7 @@ from services.api.routes import (
     monitoring,
     tokens,
 )
+from services.api.streams import StreamSlots
 from services.api.telemetry import LatencyMiddleware, Telemetry
 from services.settings import Settings, get_settings
 from services.store.db import make_engine, make_session_factory
@@ -49,6 +52,7 @@ ROUTERS = (
     me.router,
     tokens.router,
     dashboard.router,
+    api_docs.router,
 )
 
 
@@ -91,6 +95,10 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         summary="Training jobs with exact gradient accumulation",
         version="0.1.0",
         lifespan=lifespan,
+        # /docs and /redoc come from files installed with the package (routes/api_docs.py):
+        # FastAPI's own load them from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.run_reaper = run_reaper
@@ -104,6 +112,8 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.state.auth_failures = AuthFailureLimiter(
         limit, window_s, shared=shared_failure_log(app.state.session_factory, limit, window_s)
     )
+    app.state.trusted_proxies = trusted_proxies(settings.forwarded_allow_ips)
+    app.state.stream_slots = StreamSlots(settings.max_streams_per_owner)
     app.state.telemetry = telemetry = Telemetry()
 
     install_error_handlers(app)

@@ -50,6 +50,9 @@ class Progress(BaseModel):
 class JobError(BaseModel):
     type: str
     message: str
+    reason: str | None = Field(
+        None, description="Why the service ended the job: `timeout` or `poison` (else null)"
+    )
 
 
 class WorkerInfo(BaseModel):
@@ -128,7 +131,12 @@ class JobPublic(BaseModel):
         # The worker stores what it caught as a free-form dict: show its type and message.
         if not error:
             return None
-        return {"type": str(error.get("type", "Error")), "message": str(error.get("message", ""))}
+        reason = error.get("reason")
+        return {
+            "type": str(error.get("type", "Error")),
+            "message": str(error.get("message", "")),
+            "reason": None if reason is None else str(reason),
+        }
 
     @model_validator(mode="after")
     def _split_nonfinite(self) -> Self:

@@ -21,7 +21,7 @@ import functools
 import json
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,12 +207,34 @@ def shared_poll(
     return messages, finished
 
 
+REVOKED = "the token of this stream was revoked; open it again with a valid token"
+
+
 async def job_stream(
-    session_factory: sessionmaker[Session], job_id: str, state: StreamState
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    state: StreamState,
+    *,
+    token_live: Callable[[], bool] | None = None,
+    recheck_s: float = 10.0,
 ) -> AsyncIterator[bytes]:
-    """The SSE body: poll, send what is new, keep the connection alive, stop after `end`."""
-    last_sent = time.monotonic()
+    """The SSE body: poll, send what is new, keep the connection alive, stop after `end`.
+
+    Every `recheck_s` the stream asks `token_live()` whether the token that opened it still
+    authenticates; once it does not, it sends `event: error` (status 401) and closes."""
+    last_sent = checked_at = time.monotonic()
     while True:
+        if token_live is not None and time.monotonic() - checked_at >= recheck_s:
+            checked_at = time.monotonic()
+            try:
+                live = await anyio.to_thread.run_sync(token_live)
+            except Exception as exc:
+                if not database_unreachable(exc):
+                    raise
+                live = True  # an outage is not a revocation: asked again next time
+            if not live:
+                yield sse_message("error", {"status": 401, "detail": REVOKED})
+                return
         # The poll works on a copy: one that fails half-way must not mark messages as sent.
         trial = dataclasses.replace(state, metric_steps=dict(state.metric_steps))
         tick = int(time.monotonic() // POLL_INTERVAL_S)

@@ -10,6 +10,7 @@ checks the two agree, and that the torchvision list below equals
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -190,9 +191,37 @@ BUILTIN_MODELS: dict[str, ModelInfo] = {
     ),
 }
 
-# Every model option is a size or a count (>= 1); an MLP may have no hidden layer (a linear
-# model). `configured_model` checks these, at submit and again before a build.
-MODEL_OPTION_MINIMUM = {"depth": 0}
+# Every model option is a size or a count, inclusive (minimum, maximum); an MLP may have no
+# hidden layer (a linear model). The maxima keep one option from asking for more than any
+# device holds (mlp hidden 65536 x depth 64 is already 275 billion parameters: the memory
+# estimate, services.catalog.sizes, refuses what is still too large). `configured_model`
+# checks these, at submit and again before a build.
+MODEL_OPTION_RANGE: dict[str, tuple[int, int]] = {
+    "hidden": (1, 65536),
+    "depth": (0, 64),
+    "width": (1, 4096),
+    "d_model": (1, 8192),
+    "n_layers": (1, 128),
+    "n_heads": (1, 256),
+}
+# Dataset options: sizes in samples, image side in pixels, sequence length in tokens.
+DATASET_OPTION_RANGE: dict[str, tuple[int, int]] = {
+    "size": (1, 10_000_000),
+    "val_size": (1, 1_000_000),
+    "image_size": (1, 1024),
+    "num_classes": (2, 100_000),
+    "max_len": (2, 4096),
+}
+
+
+def option_value(kind: str, name: str, key: str, value: Any) -> int:
+    """`value` when it is an integer inside the option's range, else ValueError naming both."""
+    low, high = (MODEL_OPTION_RANGE if kind == "model" else DATASET_OPTION_RANGE)[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(
+            f"{kind} {name!r} option {key} must be an integer from {low} to {high}; got {value!r}"
+        )
+    return value
 
 MODELS: dict[str, ModelInfo] = {
     **BUILTIN_MODELS,
@@ -287,6 +316,12 @@ DATASETS: dict[str, DatasetInfo] = {
 }
 
 
+def torchvision_input_side(info: ModelInfo, image_size: int) -> int:
+    """The square side a torchvision model is fed for images of side `image_size`."""
+    side = max(image_size, info.min_input_size or 1)
+    return math.ceil(side / info.input_multiple) * info.input_multiple
+
+
 def _unknown(kind: str, name: object, allowed: Iterable[str]) -> ValueError:
     return ValueError(f"unknown {kind} {name!r}; allowed {kind}s: {', '.join(sorted(allowed))}")
 
@@ -369,11 +404,7 @@ def configured_model(name: str, options: Mapping[str, Any] | None = None) -> Mod
     if reason := check_options("model", name, options):
         raise ValueError(reason)
     for key, value in options.items():
-        minimum = MODEL_OPTION_MINIMUM.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(
-                f"model {name!r} option {key} must be an integer >= {minimum}; got {value!r}"
-            )
+        option_value("model", name, key, value)
     return info
 
 
@@ -389,26 +420,21 @@ def configured_dataset(name: str, options: Mapping[str, Any] | None = None) -> D
     if reason := check_options("dataset", name, options):
         raise ValueError(reason)
 
-    def option(key: str, default: int, minimum: int) -> int:
-        value = options.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(
-                f"dataset {name!r} option {key} must be an integer >= {minimum}, got {value!r}"
-            )
-        return value
+    def option(key: str, default: int) -> int:
+        return option_value("dataset", name, key, options.get(key, default))
 
     if name == "fake":
         assert info.image_size is not None
         return replace(
             info,
-            train_size=option("size", info.train_size, 1),
-            val_size=option("val_size", info.val_size, 1),
-            image_size=option("image_size", info.image_size, 1),
-            num_classes=option("num_classes", info.num_classes, 2),
+            train_size=option("size", info.train_size),
+            val_size=option("val_size", info.val_size),
+            image_size=option("image_size", info.image_size),
+            num_classes=option("num_classes", info.num_classes),
         )
     if name == "text":
         assert info.max_seq_len is not None
-        max_len = option("max_len", info.max_seq_len, 2)
+        max_len = option("max_len", info.max_seq_len)
         stats = corpus_stats(max_len)
         return replace(
             info, train_size=stats.train_size, val_size=stats.val_size, max_seq_len=max_len

@@ -30,7 +30,14 @@ from pydantic import (
 
 from services.catalog import check_compatible, compatible_datasets
 from services.spec.errors import one_of, spec_error
-from services.spec.fields import SPEC_CONFIG, Bool, NonNegativeInt, PositiveFloat, PositiveInt
+from services.spec.fields import (
+    MAX_STEPS,
+    SPEC_CONFIG,
+    Bool,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+)
 from services.spec.parts import Optimizer, Scheduler, SchedulerSpec
 from services.spec.refs import Dataset, Model
 
@@ -40,7 +47,14 @@ VERIFY_WINDOW_MODES = (True, False, "warn")  # accumcore.Trainer(verify_window=.
 MAX_ACCUMULATION_STEPS = 65536
 MAX_MICRO_BATCH_SIZE = 1 << 20
 MAX_SEED = (1 << 63) - 1
-MAX_EPOCHS = 1_000_000
+# 10,000 passes over the data is more than any job this service is for; the run's optimizer
+# steps are bounded by MAX_STEPS (fields.py) besides, at submit (services.spec.limits).
+MAX_EPOCHS = 10_000
+MAX_KEEP_CHECKPOINTS = 100
+# The hard ceiling of max_restarts and gpus; the service's own (ACCUM_MAX_RESTARTS,
+# ACCUM_MAX_GPUS) are lower and checked at submit (services.spec.limits).
+MAX_RESTARTS = 100
+MAX_GPUS = 64
 # Steps and batch sizes are 32-bit INTEGER columns in the store (PostgreSQL refuses more,
 # SQLite would keep it): larger values are refused here, the same on both backends.
 MAX_STORED_INT = 2**31 - 1
@@ -48,6 +62,10 @@ QUEUE_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 MAX_QUEUE_LENGTH = 64
 MAX_NAME_LENGTH = 200
 AUTO = "auto"
+# A job's timeout: seconds, or a duration such as "90m", "12h", "7d". The service's own
+# maximum (and the default) is ACCUM_MAX_JOB_SECONDS, checked at submit; this is the ceiling.
+MAX_TIMEOUT_S = 30 * 24 * 3600
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _verify_window(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
@@ -158,6 +176,22 @@ def _queue(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     )
 
 
+def _timeout(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """Seconds as an int, from an int or a duration text ("45s", "90m", "12h", "7d")."""
+    if value is None:
+        return None
+    seconds = value if _is_int(value) else None
+    if isinstance(value, str) and (match := re.fullmatch(r"\s*(\d{1,9})\s*([smhd])\s*", value)):
+        seconds = int(match[1]) * _UNITS[match[2]]
+    if seconds is not None and 1 <= seconds <= MAX_TIMEOUT_S:
+        return seconds
+    raise spec_error(
+        "timeout",
+        f"timeout must be a duration from 1 s to {MAX_TIMEOUT_S // 86400} days: seconds, or text "
+        f'such as "90m", "12h", "7d" (default and maximum: ACCUM_MAX_JOB_SECONDS); got {value!r}',
+    )
+
+
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -172,7 +206,8 @@ class JobSpec(BaseModel):
     model: Model
     dataset: Dataset
     gpus: Annotated[
-        NonNegativeInt, Field(le=64, description="GPUs to train on (DDP when > 1); 0 = CPU")
+        NonNegativeInt,
+        Field(le=MAX_GPUS, description="GPUs to train on (DDP when > 1); 0 = CPU; see ACCUM_MAX_GPUS"),
     ] = 1
     micro_batch_size: Annotated[int | Literal["auto"], WrapValidator(_micro_batch)]
     accumulation_steps: Annotated[int | dict[str, int] | None, WrapValidator(_accumulation)] = None
@@ -180,7 +215,7 @@ class JobSpec(BaseModel):
         PositiveInt | None, Field(le=MAX_STORED_INT, validate_default=True)
     ] = None
     epochs: Annotated[PositiveInt, Field(le=MAX_EPOCHS)] | None = None
-    max_steps: Annotated[PositiveInt | None, Field(le=MAX_STORED_INT, validate_default=True)] = None
+    max_steps: Annotated[PositiveInt | None, Field(le=MAX_STEPS, validate_default=True)] = None
     optimizer: Optimizer
     scheduler: Scheduler = Field(default_factory=lambda: SchedulerSpec(name="none"))
     precision: Annotated[Literal["fp32", "bf16", "fp16"], one_of("precision", PRECISIONS)] = "fp32"
@@ -202,13 +237,23 @@ class JobSpec(BaseModel):
     checkpoint_every: Annotated[
         PositiveInt, Field(le=MAX_STORED_INT, description="optimizer steps between checkpoints")
     ] = 100
-    keep_checkpoints: PositiveInt = 3
+    keep_checkpoints: Annotated[PositiveInt, Field(le=MAX_KEEP_CHECKPOINTS)] = 3
     eval_every: Annotated[
         PositiveInt | None,
         Field(le=MAX_STORED_INT, description="optimizer steps; null = each epoch end"),
     ] = None
     queue: Annotated[str, Field(pattern=QUEUE_PATTERN), WrapValidator(_queue)] = "default"
-    max_restarts: Annotated[NonNegativeInt, Field(le=100)] = 3
+    timeout: Annotated[
+        int | str | None,
+        WrapValidator(_timeout),
+        Field(
+            description="run time after which the job is checkpointed and fails (reason "
+            'timeout): seconds or "90m", "12h", "7d"; default and maximum ACCUM_MAX_JOB_SECONDS'
+        ),
+    ] = None
+    max_restarts: Annotated[
+        NonNegativeInt, Field(le=MAX_RESTARTS, description="at most ACCUM_MAX_RESTARTS (10)")
+    ] = 3
     compile: Bool = False
     fast_path: Bool = True
     data_on_device: Bool = False

@@ -9,6 +9,7 @@ from pydantic_core import PydanticCustomError
 
 from services.spec.errors import one_of, spec_error
 from services.spec.fields import (
+    MAX_STEPS,
     SPEC_CONFIG,
     Float,
     NonNegativeFloat,
@@ -23,6 +24,9 @@ DEFAULT_BETAS = (0.9, 0.999)
 DEFAULT_STEP_GAMMA = 0.1
 
 Beta = Annotated[Float, Field(ge=0, lt=1)]
+# Far above any learning rate that trains (SGD on a normalised net diverges well before);
+# a value above it is a typo (1e308) that would only turn the weights into inf.
+MAX_LR = 10.0
 
 
 def _only_for(field: str, owner: str, kind: str) -> PydanticCustomError:
@@ -38,7 +42,7 @@ class OptimizerSpec(BaseModel):
     model_config = SPEC_CONFIG
 
     name: Annotated[Literal["sgd", "adamw"], one_of("optimizer", OPTIMIZERS)]
-    lr: PositiveFloat
+    lr: Annotated[PositiveFloat, Field(le=MAX_LR)]
     momentum: Annotated[Float, Field(ge=0, lt=1)] | None = None
     weight_decay: NonNegativeFloat = 0.0
     betas: tuple[Beta, Beta] | None = None
@@ -70,8 +74,8 @@ class SchedulerSpec(BaseModel):
     model_config = SPEC_CONFIG
 
     name: Annotated[Literal["none", "cosine", "step"], one_of("scheduler", SCHEDULERS)]
-    warmup_steps: NonNegativeInt = 0
-    step_size: PositiveInt | None = None
+    warmup_steps: Annotated[NonNegativeInt, Field(le=MAX_STEPS)] = 0
+    step_size: Annotated[PositiveInt, Field(le=MAX_STEPS)] | None = None
     gamma: Annotated[PositiveFloat, Field(le=1)] | None = None
 
     @model_validator(mode="after")

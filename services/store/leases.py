@@ -22,7 +22,7 @@ from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
 from services.store.events import add_event
-from services.store.models import ACTIVE_STATUSES, FINISHED_STATUSES, Checkpoint, Job
+from services.store.models import ACTIVE_STATUSES, FINISHED_STATUSES, Checkpoint, Job, JobEvent
 from services.store.nonfinite import json_safe
 from services.store.types import utcnow
 
@@ -39,8 +39,13 @@ def claim_job(
     gpu: str | None,
     lease_timeout_s: float,
     now: datetime | None = None,
+    poison_after: int = 2,
 ) -> Job | None:
     """Take the job for ``worker_id``; returns it (status ``running``) or None if not claimable.
+
+    A takeover that would be the next attempt of a poison job (``poison_after`` lost attempts
+    in a row without a checkpoint, this one included: ``reap_expired_leases``) is refused,
+    so the reaper fails it with the cause instead.
 
     Claimable: ``queued``, or ``running`` with an expired lease and restarts left (a takeover
     from a dead worker: counts as a restart, resumes from the latest checkpoint). A cancelled,
@@ -65,7 +70,17 @@ def claim_job(
     claimed = _claim_where(session, job_id, Job.status == "queued", values)
     previous_host = None
     if claimed is None:
-        previous_host = session.scalar(select(Job.worker_host).where(Job.id == job_id))
+        row = session.execute(
+            select(Job.worker_host, Job.attempts, Job.resume_step,
+                   _latest_checkpoint_step().label("latest")).where(Job.id == job_id)
+        ).one_or_none()
+        if row is None:
+            return None
+        previous_host = row.worker_host
+        no_progress = row.latest == row.resume_step
+        lost = 1 + _lost_in_a_row(session, job_id, row.attempts) if no_progress else 0
+        if poison_after and lost >= poison_after:
+            return None  # not another attempt: the reaper fails it as poison, with the cause
         expired = and_(
             Job.status == "running", Job.lease_expires_at < now, Job.restarts < Job.max_restarts
         )
@@ -78,7 +93,7 @@ def claim_job(
             job_id,
             "lease_expired",
             f"lease of {previous_host or 'unknown host'} expired; taken over by {host}",
-            {"host": previous_host},
+            {"host": previous_host, "no_progress": no_progress},
             attempt=claimed.attempts - 1,
         )
     add_event(
@@ -238,13 +253,61 @@ def hand_back_job(
     return str(moved.queue)
 
 
+def _poison_error(
+    session: Session, job_id: str, attempt: int, lost: int, host: str | None, progress: Any
+) -> dict[str, Any]:
+    """Why a job is stopped as poison: how many attempts died without a checkpoint, at which
+    step, and the last thing the last of them recorded (its last event)."""
+    last = session.scalars(
+        select(JobEvent)
+        .where(JobEvent.job_id == job_id, JobEvent.attempt == attempt)
+        .order_by(JobEvent.id.desc())
+        .limit(1)
+    ).first()
+    cause = f"{last.kind}: {last.message}" if last is not None else "none recorded"
+    step = (progress or {}).get("optimizer_step", 0)
+    return {
+        "type": "PoisonJob",
+        "reason": "poison",
+        "last_event": cause,
+        "message": (
+            f"{lost} attempts in a row died without writing a checkpoint (the last on host "
+            f"{host or 'unknown'}, at optimizer step {step}; its last event: {cause}): a job "
+            "that kills its worker (out of memory, a crash in native code) would take down one "
+            "worker per restart, so it is not restarted again. Fix the cause (a smaller "
+            f"micro_batch_size, model or dataset option), then POST /v1/jobs/{job_id}/resume"
+        ),
+    }
+
+
+def _lost_in_a_row(session: Session, job_id: str, attempt: int) -> int:
+    """How many attempts just before ``attempt`` were lost without progress, in a row (from
+    the ``no_progress`` their ``lease_expired`` events recorded)."""
+    lost = session.execute(
+        select(JobEvent.attempt, JobEvent.data)
+        .where(JobEvent.job_id == job_id, JobEvent.kind == "lease_expired",
+               JobEvent.attempt < attempt)
+        .order_by(JobEvent.attempt.desc())
+    ).all()
+    count, expected = 0, attempt - 1
+    for previous, data in lost:
+        if previous != expected or not (data or {}).get("no_progress"):
+            break
+        count, expected = count + 1, expected - 1
+    return count
+
+
 def reap_expired_leases(
-    session: Session, now: datetime | None = None
+    session: Session, now: datetime | None = None, poison_after: int = 2
 ) -> tuple[list[str], list[str]]:
     """Handle every active job whose lease expired before ``now`` (its worker died).
 
     ``running`` with restarts left -> ``queued`` (restarts + 1, ``resume_step`` = latest
     checkpoint; the next claim counts the new attempt): enqueue these ids after the commit.
+    ``running`` whose last ``poison_after`` attempts (this one included; 0: never) were all
+    lost without a new checkpoint -> ``failed`` with reason ``poison`` and the last known
+    cause, whatever restarts are left: a job that kills its worker (the kernel's OOM killer)
+    would otherwise take one down per restart.
     ``running`` with no restarts left -> ``failed`` with the reason.
     ``cancelling`` -> ``cancelled`` (the cancel was requested; nothing more to run).
     Returns ``(requeued_ids, failed_ids)``. Safe to run in many processes at once: each job
@@ -253,15 +316,25 @@ def reap_expired_leases(
     """
     now = now or utcnow()
     expired = session.execute(
-        select(Job.id, Job.status, Job.attempts, Job.restarts, Job.max_restarts, Job.worker_host)
+        select(Job.id, Job.status, Job.attempts, Job.restarts, Job.max_restarts, Job.worker_host,
+               Job.resume_step, _latest_checkpoint_step().label("latest"), Job.progress)
         .where(Job.status.in_(ACTIVE_STATUSES), Job.lease_expires_at < now)
         .order_by(Job.id)
     ).all()
     requeued: list[str] = []
     failed: list[str] = []
-    for job_id, status, attempt, restarts, max_restarts, host in expired:
+    for job_id, status, attempt, restarts, max_restarts, host, started_from, latest, progress in expired:
+        # This attempt wrote no checkpoint past the one it started from: it got nowhere.
+        no_progress = latest == started_from
+        lost = 1 + _lost_in_a_row(session, job_id, attempt) if no_progress else 0
         if status == "cancelling":
             target: dict[str, Any] = {"status": "cancelled", "finished_at": now}
+        elif poison_after and lost >= poison_after:
+            target = {
+                "status": "failed",
+                "finished_at": now,
+                "error": _poison_error(session, job_id, attempt, lost, host, progress),
+            }
         elif restarts < max_restarts:
             target = {
                 "status": "queued",
@@ -296,7 +369,7 @@ def reap_expired_leases(
             job_id,
             "lease_expired",
             f"lease of {host or 'unknown host'} expired",
-            {"host": host},
+            {"host": host, "no_progress": no_progress},
             attempt=attempt,
         )
         if moved.status == "queued":

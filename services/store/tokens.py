@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from datetime import datetime, timedelta
 
@@ -17,6 +18,9 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 from services.store.models import ApiToken, Owner
 from services.store.types import utcnow
 
+# Owner names are shown in tables, logs and file names, and passed on command lines: no
+# spaces, newlines or control characters (one with a newline broke `accum token list`).
+OWNER_NAME_PATTERN = r"[A-Za-z0-9._-]{1,64}"
 TOKEN_PREFIX = "accum_"
 PREFIX_LENGTH = 12  # "accum_" + 6 characters: enough to tell tokens apart in a listing
 # `last_used_at` is written at most once a minute per token: a write on every request would
@@ -37,8 +41,11 @@ def create_owner_with_token(session: Session, name: str, admin: bool = False) ->
     The clear-text token is returned once and never stored. Does not commit.
     """
     name = name.strip()
-    if not name:
-        raise ValueError("owner name must not be empty; e.g. `accum token create alice`")
+    if not re.fullmatch(OWNER_NAME_PATTERN, name):
+        raise ValueError(
+            f"owner name {name[:80]!r} is not allowed: use 1 to 64 letters, digits, '.', '_' "
+            "or '-'; e.g. `accum token create alice`"
+        )
     owner = session.scalar(select(Owner).where(Owner.name == name))
     if owner is None:
         owner = Owner(name=name, is_admin=admin)

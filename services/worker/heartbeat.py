@@ -54,6 +54,8 @@ class Heartbeat:
         self._last_ok = time.monotonic()
         self.cancel_requested = False
         self.lease_lost = False
+        self.timed_out = False
+        self._deadline: float | None = None
         self._shutdown: Flag = shutdown or threading.Event()
 
     def start(self) -> Heartbeat:
@@ -76,11 +78,18 @@ class Heartbeat:
     def shutting_down(self) -> bool:
         return self._shutdown.is_set()
 
+    def set_timeout(self, seconds: float | None) -> None:
+        """Stop the job (``timed_out``) once it has run ``seconds`` from now (the job's
+        ``timeout``), checked at every beat."""
+        self._deadline = None if seconds is None else time.monotonic() + seconds
+
     def should_stop(self) -> bool:
-        return self.cancel_requested or self.lease_lost or self._shutdown.is_set()
+        return self.cancel_requested or self.lease_lost or self.timed_out or self._shutdown.is_set()
 
     def beat(self) -> None:
         """Renew once now (also called by the thread)."""
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            self.timed_out = True
         try:
             status = self._renew()
         except Exception:  # a database blip must not kill the job; the lease has slack

@@ -54,7 +54,9 @@ def reap_once(settings: Any) -> list[str]:
     """Re-queue (or fail, past ``max_restarts``) every job with an expired lease; returns the
     ids of the jobs that were re-queued and enqueued again."""
     with session_factory(settings).begin() as session:
-        requeued_ids, _failed = reap_expired_leases(session)
+        requeued_ids, _failed = reap_expired_leases(
+            session, poison_after=settings.poison_after_lost_attempts
+        )
         requeued = [(job_id, queue_of(session, job_id)) for job_id in requeued_ids]
     # Enqueue after the commit: a worker that takes the message must see the job queued.
     for job_id, queue in requeued:

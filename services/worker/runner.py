@@ -42,6 +42,9 @@ TRACEBACK_LIMIT = 20_000  # characters kept in the traceback event
 # What ``train`` returns when the worker is shutting down and the job, checkpointed where it
 # stopped, goes back to the queue; ``run_job`` then returns "queued".
 HANDED_BACK = "handed_back"
+# What ``train`` returns when the job ran past its ``timeout`` (checkpointed where it stopped);
+# ``run_job`` fails it with reason "timeout".
+TIMED_OUT = "timed_out"
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ def claim(settings: Any, job_id: str, worker_name: str) -> Attempt | None:
     worker_id = f"{worker_name or socket.gethostname()}/{uuid.uuid4().hex[:8]}"
     with session_factory(settings).begin() as session:
         job = claim_job(
-            session, job_id, worker_id, socket.gethostname(), describe_gpu(), settings.lease_timeout_s
+            session, job_id, worker_id, socket.gethostname(), describe_gpu(),
+            settings.lease_timeout_s, poison_after=settings.poison_after_lost_attempts,
         )
         if job is None:
             return None
@@ -101,7 +105,12 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
     with heartbeat:
         try:
             spec = parse_spec(attempt.spec)
+            # A spec stored before timeouts existed runs under the service's maximum.
+            timeout_s = int(spec.timeout or settings.max_job_seconds)
+            heartbeat.set_timeout(timeout_s)
             status = train(settings, spec, attempt, heartbeat)
+            if status == TIMED_OUT:
+                status, error = "failed", timeout_error(attempt, timeout_s, spec.gpus <= 1)
         except Exception as exc:
             status, error = "failed", {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             log.exception("job %s failed", job_id)
@@ -129,6 +138,25 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
         log.error("job %s: lease lost before recording %s", job_id, status)
         return None
     return status
+
+
+def timeout_error(attempt: Attempt, timeout_s: int, checkpointed: bool) -> dict[str, Any]:
+    # A DDP job's ranks are stopped without a checkpoint of their own (services.worker.
+    # distributed): it resumes from its latest periodic one.
+    where = (
+        "stopped and checkpointed at its last finished window"
+        if checkpointed
+        else "stopped (a multi-GPU job keeps its latest periodic checkpoint)"
+    )
+    return {
+        "type": "JobTimeout",
+        "reason": "timeout",
+        "message": (
+            f"the job ran for its timeout of {timeout_s} s (spec timeout; at most "
+            f"ACCUM_MAX_JOB_SECONDS) and was {where}; `accum resume {attempt.job_id}` "
+            "continues from there with a new timeout"
+        ),
+    }
 
 
 def _finish(sessions: sessionmaker[Session], attempt: Attempt, status: str,

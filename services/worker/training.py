@@ -11,12 +11,13 @@ from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.db import session_factory
 from services.worker.heartbeat import Heartbeat
-from services.worker.runner import HANDED_BACK, Attempt, prepare_resume
+from services.worker.runner import HANDED_BACK, TIMED_OUT, Attempt, prepare_resume
 
 
 def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
-    """Returns ``succeeded``, ``cancelled``, ``HANDED_BACK`` (the worker is shutting down; the
-    job is checkpointed where it stopped), or None when the lease was lost mid-run."""
+    """Returns ``succeeded``, ``cancelled``, ``HANDED_BACK`` (the worker is shutting down) or
+    ``TIMED_OUT``, the last three checkpointed where they stopped, or None when the lease was
+    lost mid-run."""
     sessions = session_factory(settings)
     callback = StoreCallback(
         sessions, attempt.job_id, attempt.attempt, attempt.worker_id,
@@ -36,8 +37,11 @@ def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heart
     try:
         history = run.trainer.fit(run.train_loader, **run.fit_kwargs)
         status = outcome(history.stopped, heartbeat)
-        if status == HANDED_BACK:
-            run.trainer.checkpoint()  # where it stopped: the store callback records it
+        if status in (HANDED_BACK, "cancelled", TIMED_OUT):
+            # Where it stopped (the last finished window), so a hand-back or a `resume` after
+            # a cancel continues from there with the metrics up to it kept (the store
+            # callback records it), not from an older checkpoint or the start.
+            run.trainer.checkpoint()
     except CheckpointWriteError as exc:
         message = f"{exc.strerror or exc}; then `accum resume {attempt.job_id}` continues from there"
         raise CheckpointWriteError.of(exc.errno, message) from exc
@@ -49,6 +53,8 @@ def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heart
 def outcome(stopped: bool, heartbeat: Heartbeat) -> str | None:
     if heartbeat.lease_lost:
         return None
+    if stopped and not heartbeat.cancel_requested and heartbeat.timed_out:
+        return TIMED_OUT
     if stopped and not heartbeat.cancel_requested and heartbeat.shutting_down:
         return HANDED_BACK
     if stopped:

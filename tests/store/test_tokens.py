@@ -133,3 +133,14 @@ def test_authenticating_records_when_the_token_was_last_used_at_most_once_a_minu
         assert tokens.authenticate(session, token) is not None
         assert tokens.TOUCHED not in session.info
     assert last_used()[token[:12]] == first
+
+
+def test_owner_names_are_letters_digits_dot_underscore_dash(
+    session_factory: sessionmaker[Session],
+) -> None:
+    for bad in ("a\nb", "two words", "x" * 65, "semi;colon", "ünï"):
+        with session_factory() as session, pytest.raises(ValueError, match="1 to 64 letters"):
+            tokens.create_owner_with_token(session, bad)
+    with session_factory.begin() as session:
+        owner, _ = tokens.create_owner_with_token(session, "ok.name_1-" + "x" * 54)
+        assert len(owner.name) == 64

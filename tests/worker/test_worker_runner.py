@@ -88,3 +88,26 @@ def test_checkpoint_epoch_is_the_0_based_epoch_of_its_step_like_metrics(
     final = max(saved, key=lambda c: c.step)
     assert {r.epoch for r in rows} == {0}
     assert (final.step, final.epoch) == (last.step, last.epoch) == (last.step, 0)
+
+
+def test_a_job_past_its_timeout_is_checkpointed_and_fails_with_reason_timeout(
+    settings: Settings, make_job: Callable[..., str]
+) -> None:
+    spec = {**TINY_SPEC, "max_steps": 10_000_000, "checkpoint_every": 10_000_000, "timeout": "1s"}
+    job_id = make_job(spec)
+    assert run_job(settings, job_id, "w") == "failed"
+    job = load(settings, job_id)
+    assert job.error["type"] == "JobTimeout" and job.error["reason"] == "timeout"
+    assert "timeout of 1 s" in job.error["message"] and f"accum resume {job_id}" in job.error["message"]
+    stopped_at = job.progress["optimizer_step"]
+    with session_factory(settings)() as session:
+        kept = [c.step for c in checkpoints.list_checkpoints(session, job_id)]
+        rows, _ = metrics.read_metrics(session, job_id, name="loss", limit=10_000_000)
+    assert 0 < stopped_at < 10_000_000 and kept == [stopped_at]
+    assert [r.step for r in rows] == list(range(1, stopped_at + 1))
+    assert kinds(settings, job_id)[-2:] == ["checkpoint", "failed"]
+    # Resumed, it continues from there with a new timeout.
+    with session_factory(settings).begin() as session:
+        jobs.request_resume(session, jobs.load_job(session, job_id))
+    assert run_job(settings, job_id, "w") == "failed"
+    assert load(settings, job_id).progress["optimizer_step"] > stopped_at

@@ -7,6 +7,7 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
+from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
 from services.api.auth import CurrentOwner
@@ -16,6 +17,7 @@ from services.api.schemas import JobPage, JobPublic, JobStatus, exactness
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.settings import Settings
 from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
+from services.spec.limits import SpecLimits, limit_errors, with_defaults
 from services.store import jobs as store_jobs
 from services.store import tokens as store_tokens
 from services.store.errors import (
@@ -87,15 +89,25 @@ def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
     )
 
 
-def check_data_root(spec: JobSpec, settings: Settings) -> None:
-    """422 at `dataset.data_root` when it is outside the allowed roots (listed in `allowed`)."""
+def check_data_root(spec: JobSpec, settings: Settings, owner: Owner) -> None:
+    """422 at `dataset.data_root` when it is outside the allowed roots; the roots are the
+    servers' paths, so only an admin is told them (in the message and in `allowed`)."""
     if spec.dataset.data_root is None:
         return
     roots = allowed_data_roots(settings)
-    if (reason := data_root_refusal(spec.dataset.data_root, roots)) is not None:
-        raise invalid_field(
-            ("body", "dataset", "data_root"), reason, spec.dataset.data_root, [str(r) for r in roots]
-        )
+    reason = data_root_refusal(spec.dataset.data_root, roots, show_roots=owner.is_admin)
+    if reason is not None:
+        allowed = [str(r) for r in roots] if owner.is_admin else None
+        raise invalid_field(("body", "dataset", "data_root"), reason, spec.dataset.data_root, allowed)
+
+
+def within_limits(spec: JobSpec, settings: Settings) -> JobSpec:
+    """The spec with this service's defaults, or 422 at each field that exceeds its limits
+    (services.spec.limits)."""
+    limits = SpecLimits.from_settings(settings)
+    if errors := limit_errors(spec, limits):
+        raise RequestValidationError(errors)
+    return with_defaults(spec, limits)
 
 
 def enqueue_after_commit(settings: Settings, job: Job) -> None:
@@ -134,7 +146,8 @@ def submit_job(
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobPublic:
     """Submit a training job; it is queued and a worker picks it up."""
-    check_data_root(spec, settings)
+    check_data_root(spec, settings, owner)
+    spec = within_limits(spec, settings)
     try:
         job, created = store_jobs.create_job(
             session,

@@ -1,4 +1,5 @@
-"""`GET /metrics`: Prometheus text for scrapers (jobs by status, queue depth, request latency)."""
+"""`GET /metrics`: Prometheus text for scrapers (jobs by status, queue depth, request latency,
+lifecycle counters from the event log, failed token checks, open streams; docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
 from services.api.deps import SessionDep
+from services.store.events import lifecycle_counts
 from services.store.models import JOB_STATUSES, Job
 from services.worker.app import DEFAULT_QUEUE
 
@@ -31,4 +33,6 @@ def prometheus_metrics(*, session: SessionDep, request: Request) -> Response:
     telemetry.queue_depth.clear()
     for queue, count in queued.items():
         telemetry.queue_depth.labels(queue=queue).set(count)
+    telemetry.lifecycle.counts = lifecycle_counts(session)
+    telemetry.event_streams.set(request.app.state.stream_slots.total)
     return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)

@@ -213,7 +213,9 @@ def test_a_failed_job_shows_its_error_and_resume_clears_it(
     resumed = client.post(f"/v1/jobs/{job_id}/resume", headers=alice)
 
     assert failed["status"] == "failed" and failed["finished_at"] is not None
-    assert failed["error"] == {"type": "DatasetUnavailable", "message": "no data under /data/cifar10"}
+    assert failed["error"] == {
+        "type": "DatasetUnavailable", "message": "no data under /data/cifar10", "reason": None
+    }
     assert resumed.status_code == 202
     assert resumed.json()["status"] == "queued" and resumed.json()["error"] is None
 
@@ -286,3 +288,30 @@ def test_a_bad_verify_window_is_422_with_the_allowed_values(
     assert response.headers["content-type"].startswith(PROBLEM_JSON)
     [error] = response.json()["errors"]
     assert error["loc"] == "body.verify_window" and error["allowed"] == [True, False, "warn"]
+
+
+def test_data_root_refusal_names_the_roots_to_admins_only(
+    api_settings: Settings,
+    session_factory: sessionmaker[Session],
+    alice: dict[str, str],
+    admin: dict[str, str],
+    spec: dict[str, Any],
+    tmp_path: Any,
+) -> None:
+    """ACCUM_DATA_ROOTS is the one allow-list; its paths are the servers', shown to admins."""
+    roots = [tmp_path / "datasets", tmp_path / "shared"]
+    app = create_app(api_settings.model_copy(update={"data_roots": roots}), run_reaper=False)
+    outside = {**spec, "dataset": {"name": "mnist", "data_root": str(tmp_path / "etc")}}
+    inside = {**spec, "dataset": {"name": "mnist", "data_root": str(roots[1] / "mnist")}}
+    with TestClient(app) as client:
+        owner_error = client.post("/v1/jobs", json=outside, headers=alice).json()["errors"][0]
+        admin_error = client.post("/v1/jobs", json=outside, headers=admin).json()["errors"][0]
+        accepted = client.post("/v1/jobs", json=inside, headers=alice)
+    assert owner_error["loc"] == admin_error["loc"] == "body.dataset.data_root"
+    assert "allowed" not in owner_error and str(tmp_path) not in owner_error["msg"].replace(
+        str(tmp_path / "etc"), ""
+    )
+    assert "ACCUM_DATA_ROOTS" in owner_error["msg"]
+    assert admin_error["allowed"] == [str(r.resolve()) for r in roots]
+    assert all(str(r.resolve()) in admin_error["msg"] for r in roots)
+    assert accepted.status_code == 201, accepted.text
