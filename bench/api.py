@@ -287,7 +287,8 @@ def torch_loaded(pid: int) -> bool:
 def seed_metrics(database_url: str, job_id: str, points: int) -> None:
     from sqlalchemy import text
 
-    from services.store import make_engine, make_session_factory, metrics
+    from services.store import metrics
+    from services.store.db import make_engine, make_session_factory
 
     engine = make_engine(database_url)
     factory = make_session_factory(engine)
@@ -345,7 +346,8 @@ def main() -> None:
     import httpx
     import redis
 
-    from services.store import make_engine, make_session_factory, tokens
+    from services.store import tokens
+    from services.store.db import make_engine, make_session_factory
     from services.store.migrate import upgrade
 
     database_url, handle = create_database()

@@ -100,14 +100,14 @@ class Deployment:
         """Poll until the job ends. Poll slowly while timing throughput: on a small machine a
         busy poller steals the CPU that the worker's torch threads wait for."""
         from services.store import jobs
-        from services.store.models import FINISHED_STATUSES
+        from services.store.status import FINISHED
         from services.worker.db import session_factory
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with session_factory(self.settings)() as session:
                 job = jobs.load_job(session, job_id)
-                if job is not None and job.status in FINISHED_STATUSES:
+                if job is not None and job.status in FINISHED:
                     if job.status != "succeeded":
                         raise RuntimeError(f"bench job {job_id} {job.status}: {job.error}")
                     return job

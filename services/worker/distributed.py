@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
+from services.store.status import JobStatus
 from services.worker.heartbeat import Heartbeat
 from services.worker.runner import Attempt, prepare_resume
 from services.worker.training import outcome
@@ -70,7 +71,7 @@ def train_distributed(
     except mp.ProcessExitedException as exc:
         _terminate(context)
         raise RuntimeError(f"a DDP rank died: {exc}") from exc
-    return "succeeded"
+    return JobStatus.SUCCEEDED
 
 
 def _terminate(context: Any) -> None:

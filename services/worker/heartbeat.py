@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-log = logging.getLogger(__name__)
+from services.store.status import JobStatus
 
-CANCELLING = "cancelling"
+log = logging.getLogger(__name__)
 
 
 class Flag(Protocol):
@@ -93,7 +93,7 @@ class Heartbeat:
         if status is None:
             log.error("lease lost: another worker owns the job now; stopping")
             self.lease_lost = True
-        elif status == CANCELLING:
+        elif status == JobStatus.CANCELLING:
             self.cancel_requested = True
 
     def _run(self) -> None:

@@ -29,6 +29,7 @@ from services.store.checkpoints import get_checkpoint, list_checkpoints
 from services.store.events import add_event
 from services.store.leases import claim_job, finish_job, hand_back_job, renew_lease
 from services.store.metrics import delete_metrics_after
+from services.store.status import JobStatus
 from services.worker import shutdown
 from services.worker.checkpoints import remove_orphans
 from services.worker.db import session_factory
@@ -103,7 +104,7 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
             spec = parse_spec(attempt.spec)
             status = train(settings, spec, attempt, heartbeat)
         except Exception as exc:
-            status, error = "failed", {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
+            status, error = JobStatus.FAILED, {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             log.exception("job %s failed", job_id)
             if not heartbeat.lease_lost:
                 with sessions.begin() as session:
@@ -119,8 +120,8 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
         if queue is not None:
             enqueue_job(settings, job_id, queue)  # after the commit, as the reaper does
             log.warning("job %s handed back to queue %s: this worker process was asked to stop (SIGTERM)", job_id, queue)
-            return "queued"
-        status = "cancelled"  # a cancel came first (or the lease is gone: finishing fails too)
+            return JobStatus.QUEUED
+        status = JobStatus.CANCELLED  # a cancel came first (or the lease is gone: finishing fails too)
     # The outcome survives a database outage at the very end (retried for a lease timeout).
     if not retry_while_unreachable(
         lambda: _finish(sessions, attempt, status, error),

@@ -7,6 +7,7 @@ from typing import Any
 from accumcore import load_checkpoint
 from accumcore.checkpoint import CheckpointWriteError
 from services.spec import JobSpec
+from services.store.status import JobStatus
 from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.db import session_factory
@@ -52,5 +53,5 @@ def outcome(stopped: bool, heartbeat: Heartbeat) -> str | None:
     if stopped and not heartbeat.cancel_requested and heartbeat.shutting_down:
         return HANDED_BACK
     if stopped:
-        return "cancelled"
-    return "succeeded"
+        return JobStatus.CANCELLED
+    return JobStatus.SUCCEEDED

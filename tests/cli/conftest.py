@@ -79,7 +79,7 @@ class Seeder:
 
     def __init__(self, home: Path) -> None:
         from services.settings import Settings
-        from services.store import make_engine, make_session_factory
+        from services.store.db import make_engine, make_session_factory
 
         self.settings = Settings(home=home)
         self.engine = make_engine(self.settings)
