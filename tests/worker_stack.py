@@ -25,14 +25,14 @@ from typing import Any
 
 import pytest
 
+from services.dispatch.enqueue import enqueue_job
 from services.settings import Settings
 from services.spec import parse_spec, total_optimizer_steps
 from services.store import checkpoints, events, jobs, metrics, tokens
 from services.store.migrate import upgrade
 from services.store.models import Job, Owner
+from services.store.sessions import session_factory
 from services.store.status import FINISHED
-from services.worker.db import session_factory
-from services.worker.enqueue import enqueue_job
 
 ROOT = Path(__file__).resolve().parents[1]
 # Short leases so a killed worker's job is reaped within seconds (5 s leaves a loaded

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from services.store.events import add_event
 from services.store.models import Checkpoint, Job
 from services.store.nonfinite import json_safe
-from services.store.status import ACTIVE, FINISHED, JobStatus, ordered
+from services.store.status import ACTIVE, FINISHED, JobStatus, ordered, resume_hint
 from services.store.types import utcnow
 
 
@@ -280,7 +280,7 @@ def reap_expired_leases(
                     "message": (
                         f"the worker stopped renewing its lease (last host {host or 'unknown'}) "
                         f"and the job already restarted {restarts} times (max_restarts="
-                        f"{max_restarts}); fix the cause, then POST /v1/jobs/{job_id}/resume"
+                        f"{max_restarts}); fix the cause, then {resume_hint(job_id)}"
                     ),
                 },
             }

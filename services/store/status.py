@@ -36,6 +36,12 @@ FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
 UNFINISHED = frozenset({JobStatus.QUEUED}) | ACTIVE
 
 
+def resume_hint(job_id: str) -> str:
+    """How a user continues a failed or cancelled job, in every message that says so (the CLI
+    shows it as ``accum resume <id>``: ``services.cli.common.in_cli_words``)."""
+    return f"POST /v1/jobs/{job_id}/resume"
+
+
 def ordered(statuses: Iterable[str]) -> tuple[JobStatus, ...]:
     """``statuses`` in lifecycle order (for messages that list them, and stable SQL)."""
     wanted = set(statuses)

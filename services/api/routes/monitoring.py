@@ -7,9 +7,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
 from services.api.deps import SessionDep
+from services.dispatch.broker import DEFAULT_QUEUE
 from services.store.models import Job
 from services.store.status import JobStatus
-from services.worker.app import DEFAULT_QUEUE
 
 router = APIRouter(tags=["monitoring"])
 
