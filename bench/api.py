@@ -45,6 +45,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from services.ports import free_port
+
 BENCH = "api"
 ROOT = Path(__file__).resolve().parents[1]
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -222,12 +224,6 @@ def run_load(port: int, plan: dict[str, Any], server_pid: int | None = None) -> 
         spent = cpu_seconds(server_pid) - cpu_before
         summary["server_cpu_ms_per_request"] = round(1000 * spent / len(raw["latency"]), 3)
     return summary
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def create_database() -> tuple[str, Any]:

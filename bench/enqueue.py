@@ -1,7 +1,6 @@
-"""The cost of one enqueue on Redis: the one path kept (``enqueue_job``: Celery's
-``send_task``) against a hand-built message (the removed ``redis_publish``: Celery's own
-``as_task_v2`` body in kombu's Redis envelope, one LPUSH on a shared redis-py client).
-One JSON object on stdout.
+"""The cost of one enqueue on Redis: Celery's ``send_task`` against ``enqueue_job``'s Redis
+path (``services/dispatch/redis_publish.py``: Celery's own ``as_task_v2`` message in kombu's
+Redis envelope, one LPUSH on a shared redis-py client). One JSON object on stdout.
 
     PYTHONPATH=src:. .venv/bin/python bench/enqueue.py [--messages 2000] [--rounds 7] [--quick]
 
@@ -15,7 +14,6 @@ queues it writes are deleted at the end.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import platform
@@ -28,42 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from celery import Celery
 
-from services.dispatch.broker import TASK_NAME
+from services.dispatch.broker import TASK_NAME, declare_queue
 from services.dispatch.enqueue import celery_app_for, enqueue_job, reset_enqueue_cache
 from services.settings import Settings
-
-
-class HandBuilt:
-    """What ``services/worker/redis_publish.py`` did before this change, kept here only to be
-    measured: kombu's Redis envelope around Celery's protocol-2 message, one LPUSH."""
-
-    def __init__(self, app: Celery, url: str) -> None:
-        self.app = app
-        self.client = redis.Redis.from_url(url)
-
-    def publish(self, job_id: str, queue: str) -> None:
-        args = [job_id]
-        message = self.app.amqp.as_task_v2(
-            str(uuid.uuid4()), TASK_NAME, args=args, kwargs={}, argsrepr=repr(args),
-            kwargsrepr="{}",
-        )
-        envelope = {
-            "body": base64.b64encode(json.dumps(message.body).encode()).decode(),
-            "content-encoding": "utf-8",
-            "content-type": "application/json",
-            "headers": message.headers,
-            "properties": {
-                **message.properties,
-                "delivery_mode": 2,
-                "delivery_info": {"exchange": "", "routing_key": queue},
-                "priority": 0,
-                "body_encoding": "base64",
-                "delivery_tag": str(uuid.uuid4()),
-            },
-        }
-        self.client.lpush(queue, json.dumps(envelope))
 
 
 def timed(publish: Callable[[str], None], messages: int) -> tuple[float, float]:
@@ -85,11 +51,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix="accum-bench-enqueue-"))
     settings = Settings(home=home, broker_url=url)
     queue_a, queue_b = f"bench-send-task-{uuid.uuid4().hex[:8]}", f"bench-hand-{uuid.uuid4().hex[:8]}"
-    hand = HandBuilt(celery_app_for(settings), url)
+    app = celery_app_for(settings)
     paths: dict[str, Callable[[str], None]] = {
-        "send_task": lambda job_id: enqueue_job(settings, job_id, queue_a),
-        "hand_built": lambda job_id: hand.publish(job_id, queue_b),
+        "send_task": lambda job_id: app.send_task(
+            TASK_NAME, args=[job_id], queue=declare_queue(queue_a), routing_key=queue_a
+        ),
+        "hand_built": lambda job_id: enqueue_job(settings, job_id, queue_b),
     }
+    client = redis.Redis.from_url(url)
     runs: list[dict[str, Any]] = []
     try:
         for publish in paths.values():  # warm-up: connections, declarations, caches
@@ -101,10 +70,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 cpu, wall = timed(paths[name], messages)
                 row[f"{name}_cpu_us"], row[f"{name}_wall_us"] = cpu * 1e6, wall * 1e6
             runs.append(row)
-        published = hand.client.llen(queue_a), hand.client.llen(queue_b)
+        published = client.llen(queue_a), client.llen(queue_b)
     finally:
-        hand.client.delete(queue_a, queue_b)
-        hand.client.close()
+        client.delete(queue_a, queue_b)
+        client.close()
         reset_enqueue_cache()
 
     def median(key: str) -> float:

@@ -11,7 +11,6 @@ stops them the same way and hands the job back from its latest periodic checkpoi
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import asdict
 from typing import Any
 
@@ -21,6 +20,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from accumcore import load_checkpoint
+from services.ports import free_port
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
 from services.store.sessions import session_factory
@@ -31,12 +31,6 @@ from services.worker.heartbeat import Heartbeat
 from services.worker.training import outcome
 
 POLL_S = 0.1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def train_distributed(

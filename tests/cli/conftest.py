@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from cli_helpers import ACCUM, Server, accum_env, run_accum, wait_until_ready
 from job_specs import MINIMAL_SPEC
-from ports import free_port
 
 from accum import AccumClient
+from services.ports import free_port
 
 START_TIMEOUT_S = 30.0
 
