@@ -12,10 +12,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.cli.common import load_spec
 from services.ports import free_port
+
+if TYPE_CHECKING:
+    from services.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO_ROOT / "examples" / "digits_small_cnn.yaml"
@@ -90,7 +93,7 @@ def _final_accuracy(client: Any, job: dict[str, Any]) -> float | None:
 
 
 def _report(
-    settings: Any,
+    settings: Settings,
     job: dict[str, Any],
     accuracy: float | None,
     checkpoints: list[dict[str, Any]],
