@@ -33,7 +33,6 @@ from services.store.status import JobStatus
 from services.worker import shutdown
 from services.worker.attempt import Attempt, Outcome
 from services.worker.db_retry import retry_while_unreachable
-from services.worker.distributed import train_distributed
 from services.worker.heartbeat import Heartbeat
 from services.worker.training import train_local
 
@@ -138,5 +137,10 @@ def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartb
     ``CANCELLED``, ``HANDED_BACK`` or ``LEASE_LOST``."""
     require_allowed_data_root(spec.dataset.data_root, settings)  # the API checked it too
     if spec.gpus > 1:
+        # Lazy: torch.distributed must stay out of a prefork worker's parent (the runner is
+        # preloaded there); with it imported, the forked child hung before its first job on
+        # Redis (tests/integration/test_worker_prefork.py).
+        from services.worker.distributed import train_distributed
+
         return train_distributed(settings, spec, attempt, heartbeat)
     return train_local(settings, spec, attempt, heartbeat)

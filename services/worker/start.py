@@ -67,7 +67,7 @@ def start_worker(
         # for it (queue-to-running latency). Importing torch does not initialise CUDA, so a
         # prefork pool still forks a CUDA-free parent.
         # Lazy, not at the top: torch stays out until --gpus has pinned CUDA_VISIBLE_DEVICES.
-        import services.worker.runner  # noqa: F401  (imports training and distributed)
+        import services.worker.runner  # noqa: F401  (and training)
     # SIGTERM/SIGINT: an idle embedded-broker consumer stops polling at once (Redis's event
     # loop already wakes within a second).
     sqlite_transport.resume_polling()
