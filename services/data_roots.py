@@ -19,12 +19,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from services.settings import Settings
 
 MAX_DATA_ROOT_LENGTH = 4096  # PATH_MAX on Linux
 
 
-def allowed_data_roots(settings: Any) -> list[Path]:
+def allowed_data_roots(settings: Settings) -> list[Path]:
     """ACCUM_DATA_ROOTS, resolved; `<home>/data` when it is empty."""
     roots = settings.data_roots or [Path(settings.home) / "data"]
     return [Path(os.path.realpath(root)) for root in roots]
@@ -59,7 +60,7 @@ class DataRootNotAllowed(ValueError):
     """A job's data_root outside the allowed roots: the worker fails the job with it."""
 
 
-def require_allowed_data_root(data_root: str | None, settings: Any) -> None:
+def require_allowed_data_root(data_root: str | None, settings: Settings) -> None:
     """The worker's check before it reads data; raises DataRootNotAllowed with the reason."""
     if data_root is None:
         return

@@ -37,7 +37,7 @@ class Settings(BaseSettings):
         default="",
         description=(
             "Celery broker; default the embedded SQLite transport "
-            "(services.worker.sqlite_transport) at sqlite:///<home>/broker.sqlite."
+            "(services.dispatch.sqlite_transport) at sqlite:///<home>/broker.sqlite."
         ),
     )
     artifacts_dir: Path | None = Field(default=None, description="Default <home>/artifacts.")

@@ -37,9 +37,9 @@ from services.api.routes import (
 )
 from services.api.streams import StreamSlots
 from services.api.telemetry import LatencyMiddleware, Telemetry
+from services.dispatch.reaper import LeaseReaper
 from services.settings import Settings, get_settings
 from services.store.db import make_engine, make_session_factory
-from services.worker.reaper import LeaseReaper
 
 ROUTERS = (
     jobs.router,

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any, Literal, NotRequired, Self
+from typing import Any, NotRequired, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import TypedDict
 
 from services.store.nonfinite import Label, label, split_latest
+from services.store.status import JobStatus
 
 # Steps and ids are INTEGER columns (32-bit on PostgreSQL): larger query values are refused
 # as 422 instead of overflowing in the driver.
 MAX_INT32 = 2**31 - 1
-
-JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
-
 
 EPOCH_DOC = (
     "0-based index of the epoch (the first epoch is 0); the CLI and the dashboard show it "

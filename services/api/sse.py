@@ -36,6 +36,7 @@ from services.store.db import database_unreachable
 from services.store.jobs import is_finished, load_job
 from services.store.metrics import read_new_points
 from services.store.models import Job
+from services.store.status import FINISHED
 
 POLL_INTERVAL_S = 0.5
 # A comment line after this much silence: proxies and clients see traffic and keep the
@@ -47,7 +48,8 @@ EVENTS_PER_POLL = 500
 NAMES_REFRESH_S = 5.0
 
 
-TERMINAL_EVENT_KINDS = frozenset({"succeeded", "failed", "cancelled"})
+# A finished attempt writes an event named after its status (``leases.finish_job``).
+TERMINAL_EVENT_KINDS = FINISHED
 
 
 def sse_message(event: str, data: Any, event_id: int | None = None) -> bytes:

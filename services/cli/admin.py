@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from services.settings import Settings
+
 T = TypeVar("T")
 
 
@@ -75,7 +77,7 @@ def in_store(command: str, work: Callable[[Session], T]) -> T | Failed:
         engine.dispose()
 
 
-def create_token(settings: Any, name: str, admin: bool) -> str:
+def create_token(settings: Settings, name: str, admin: bool) -> str:
     """A new token for owner `name` (created when new), committed; returns the clear text."""
     from services.store.db import make_engine, make_session_factory
     from services.store.tokens import create_owner_with_token
@@ -89,7 +91,7 @@ def create_token(settings: Any, name: str, admin: bool) -> str:
     return token
 
 
-def upgrade_database(settings: Any) -> None:
+def upgrade_database(settings: Settings) -> None:
     from services.store.migrate import upgrade
 
     upgrade(settings.database_url)

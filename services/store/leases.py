@@ -22,8 +22,9 @@ from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
 from services.store.events import add_event
-from services.store.models import ACTIVE_STATUSES, FINISHED_STATUSES, Checkpoint, Job, JobEvent
+from services.store.models import Checkpoint, Job, JobEvent
 from services.store.nonfinite import json_safe
+from services.store.status import ACTIVE, FINISHED, JobStatus, ordered, resume_hint
 from services.store.types import utcnow
 
 
@@ -55,7 +56,7 @@ def claim_job(
     """
     now = now or utcnow()
     values: dict[str, Any] = dict(
-        status="running",
+        status=JobStatus.RUNNING,
         attempts=Job.attempts + 1,
         lease_owner=worker_id,
         lease_expires_at=now + timedelta(seconds=lease_timeout_s),
@@ -67,7 +68,7 @@ def claim_job(
         error=None,
         updated_at=now,
     )
-    claimed = _claim_where(session, job_id, Job.status == "queued", values)
+    claimed = _claim_where(session, job_id, Job.status == JobStatus.QUEUED, values)
     previous_host = None
     if claimed is None:
         row = session.execute(
@@ -82,7 +83,7 @@ def claim_job(
         if poison_after and lost >= poison_after:
             return None  # not another attempt: the reaper fails it as poison, with the cause
         expired = and_(
-            Job.status == "running", Job.lease_expires_at < now, Job.restarts < Job.max_restarts
+            Job.status == JobStatus.RUNNING, Job.lease_expires_at < now, Job.restarts < Job.max_restarts
         )
         takeover = dict(values, restarts=Job.restarts + 1, resume_step=_latest_checkpoint_step())
         claimed = _claim_where(session, job_id, expired, takeover)
@@ -134,7 +135,7 @@ def renew_lease(
     now = now or utcnow()
     return session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(ACTIVE_STATUSES))
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(ordered(ACTIVE)))
         .values(lease_expires_at=now + timedelta(seconds=lease_timeout_s), heartbeat_at=now)
         .returning(Job.status)
         .execution_options(synchronize_session=False)
@@ -163,7 +164,7 @@ def update_progress(
     merged_metrics = {**(current.latest_metrics or {}), **json_safe(latest_metrics or {})}
     query = update(Job).where(Job.id == job_id)
     if worker_id is not None:
-        query = query.where(Job.lease_owner == worker_id, Job.status.in_(ACTIVE_STATUSES))
+        query = query.where(Job.lease_owner == worker_id, Job.status.in_(ordered(ACTIVE)))
     result = session.execute(
         query.values(
             progress=merged_progress, latest_metrics=merged_metrics, updated_at=utcnow()
@@ -185,19 +186,19 @@ def finish_job(
     nothing) when ``worker_id`` no longer holds the lease. Writes the outcome's event.
     Does not commit.
     """
-    if status not in FINISHED_STATUSES:
+    if status not in FINISHED:
         raise ValueError(
-            f"finish status must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}"
+            f"finish status must be one of {', '.join(ordered(FINISHED))}, got {status!r}"
         )
-    if status == "failed" and not (error and "type" in error and "message" in error):
+    if status == JobStatus.FAILED and not (error and "type" in error and "message" in error):
         raise ValueError('a failed job needs error={"type": ..., "message": ...}')
     now = now or utcnow()
     attempt = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(ACTIVE_STATUSES))
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(ordered(ACTIVE)))
         .values(
             status=status,
-            error=error if status == "failed" else None,
+            error=error if status == JobStatus.FAILED else None,
             finished_at=now,
             lease_owner=None,
             lease_expires_at=None,
@@ -208,7 +209,8 @@ def finish_job(
     ).scalar()
     if attempt is None:
         return False
-    message = {"succeeded": "succeeded", "cancelled": "cancelled by request"}.get(
+    messages: dict[str, str] = {JobStatus.SUCCEEDED: "succeeded", JobStatus.CANCELLED: "cancelled by request"}
+    message = messages.get(
         status, f"{(error or {}).get('type')}: {(error or {}).get('message')}"
     )
     add_event(session, job_id, status, message, {"error": error} if error else {}, attempt=attempt)
@@ -227,9 +229,9 @@ def hand_back_job(
     now = now or utcnow()
     moved = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status == "running")
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status == JobStatus.RUNNING)
         .values(
-            status="queued",
+            status=JobStatus.QUEUED,
             resume_step=_latest_checkpoint_step(),
             lease_owner=None,
             lease_expires_at=None,
@@ -318,7 +320,7 @@ def reap_expired_leases(
     expired = session.execute(
         select(Job.id, Job.status, Job.attempts, Job.restarts, Job.max_restarts, Job.worker_host,
                Job.resume_step, _latest_checkpoint_step().label("latest"), Job.progress)
-        .where(Job.status.in_(ACTIVE_STATUSES), Job.lease_expires_at < now)
+        .where(Job.status.in_(ordered(ACTIVE)), Job.lease_expires_at < now)
         .order_by(Job.id)
     ).all()
     requeued: list[str] = []
@@ -327,31 +329,31 @@ def reap_expired_leases(
         # This attempt wrote no checkpoint past the one it started from: it got nowhere.
         no_progress = latest == started_from
         lost = 1 + _lost_in_a_row(session, job_id, attempt) if no_progress else 0
-        if status == "cancelling":
-            target: dict[str, Any] = {"status": "cancelled", "finished_at": now}
+        if status == JobStatus.CANCELLING:
+            target: dict[str, Any] = {"status": JobStatus.CANCELLED, "finished_at": now}
         elif poison_after and lost >= poison_after:
             target = {
-                "status": "failed",
+                "status": JobStatus.FAILED,
                 "finished_at": now,
                 "error": _poison_error(session, job_id, attempt, lost, host, progress),
             }
         elif restarts < max_restarts:
             target = {
-                "status": "queued",
+                "status": JobStatus.QUEUED,
                 "restarts": Job.restarts + 1,
                 "resume_step": _latest_checkpoint_step(),
                 "enqueued_at": now,  # the reaper enqueues it right after the commit
             }
         else:
             target = {
-                "status": "failed",
+                "status": JobStatus.FAILED,
                 "finished_at": now,
                 "error": {
                     "type": "LeaseExpired",
                     "message": (
                         f"the worker stopped renewing its lease (last host {host or 'unknown'}) "
                         f"and the job already restarted {restarts} times (max_restarts="
-                        f"{max_restarts}); fix the cause, then POST /v1/jobs/{job_id}/resume"
+                        f"{max_restarts}); fix the cause, then {resume_hint(job_id)}"
                     ),
                 },
             }
@@ -372,7 +374,7 @@ def reap_expired_leases(
             {"host": host, "no_progress": no_progress},
             attempt=attempt,
         )
-        if moved.status == "queued":
+        if moved.status == JobStatus.QUEUED:
             requeued.append(job_id)
             add_event(
                 session,
@@ -387,7 +389,7 @@ def reap_expired_leases(
                 {"resume_step": moved.resume_step, "restart": restarts + 1},
                 attempt=attempt,
             )
-        elif moved.status == "failed":
+        elif moved.status == JobStatus.FAILED:
             failed.append(job_id)
             add_event(
                 session,
@@ -416,7 +418,7 @@ def stale_queued_jobs(
     """
     now = now or utcnow()
     is_stale = and_(
-        Job.status == "queued",
+        Job.status == JobStatus.QUEUED,
         (Job.enqueued_at.is_(None)) | (Job.enqueued_at < older_than),
     )
     stale = select(Job.id).where(is_stale).order_by(Job.id).limit(limit)

@@ -25,6 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from services.store.status import JobStatus
 from services.store.types import UTCDateTime, new_id, utcnow
 
 # Named constraints: Alembic's batch mode on SQLite can only alter constraints with names.
@@ -36,9 +37,6 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
-ACTIVE_STATUSES = ("running", "cancelling")  # a worker holds the lease
-FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
 
 
 class Base(DeclarativeBase):
@@ -83,7 +81,7 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("owner_id", "idempotency_key"),
         CheckConstraint(
-            "status IN ('queued', 'running', 'cancelling', 'succeeded', 'failed', 'cancelled')",
+            f"status IN ({', '.join(repr(str(status)) for status in JobStatus)})",
             name="status",
         ),
         Index("ix_jobs_owner_id_id", "owner_id", "id"),
@@ -98,7 +96,7 @@ class Job(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     spec_hash: Mapped[str] = mapped_column(String(64))
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value)
     queue: Mapped[str] = mapped_column(String(100), default="default")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     restarts: Mapped[int] = mapped_column(Integer, default=0)

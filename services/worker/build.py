@@ -18,7 +18,9 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from accumcore import Callback, Trainer, fast_path
+from accumcore.auto_batch import accumulation_for, find_micro_batch_size
 from accumcore.data import make_loader
+from accumcore.device_data import DeviceBatches
 from services.catalog.build import DatasetBundle, build_dataset, build_loss, build_model
 from services.spec import JobSpec, accumulation_at, effective_batch_size, world_size
 from services.spec import total_optimizer_steps as spec_total_steps
@@ -71,8 +73,6 @@ def probe_micro_batch(
     loss_fn: Any, device: str, optimizer: torch.optim.Optimizer | None = None,
 ) -> tuple[int, int]:
     """The largest m dividing the per-rank effective batch that fits on the GPU (m x N == B)."""
-    from accumcore.auto_batch import accumulation_for, find_micro_batch_size
-
     per_rank = effective_batch_size(spec) // world_size(spec)
 
     def sample(m: int) -> Any:
@@ -94,8 +94,6 @@ def make_train_loader(
     indexing kernel. Otherwise a DataLoader; on CUDA with the fast path, with pinned memory,
     worker processes and a prefetcher that copies the next batch while this one computes.
     """
-    from accumcore.device_data import DeviceBatches
-
     if spec.data_on_device and bundle.collate_fn is None:
         return DeviceBatches.from_dataset(train, micro, device=device, seed=spec.seed, shuffle=True)
     cuda = device.startswith("cuda")

@@ -11,36 +11,33 @@ stops them the same way and hands the job back from its latest periodic checkpoi
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import asdict
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
 
+from accumcore import load_checkpoint
+from services.ports import free_port
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
+from services.store.sessions import session_factory
+from services.worker.attempt import Attempt, Outcome, prepare_resume
+from services.worker.build import build_run
+from services.worker.callbacks import StoreCallback
 from services.worker.heartbeat import Heartbeat
-from services.worker.runner import Attempt, prepare_resume
 from services.worker.training import outcome
 
 POLL_S = 0.1
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def train_distributed(
-    settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat
-) -> str | None:
-    """Run ``spec.gpus`` ranks; returns ``succeeded``, ``cancelled``, ``HANDED_BACK`` (worker
-    shutdown), or None (lease lost)."""
-    from services.worker.db import session_factory
-
+    settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat
+) -> Outcome:
+    """Run ``spec.gpus`` ranks; returns ``SUCCEEDED``, ``CANCELLED``, ``HANDED_BACK`` (worker
+    shutdown), or ``LEASE_LOST``."""
     world = spec.gpus
     if torch.cuda.is_available() and torch.cuda.device_count() < world:
         raise ValueError(
@@ -70,7 +67,7 @@ def train_distributed(
     except mp.ProcessExitedException as exc:
         _terminate(context)
         raise RuntimeError(f"a DDP rank died: {exc}") from exc
-    return "succeeded"
+    return Outcome.SUCCEEDED
 
 
 def _terminate(context: Any) -> None:
@@ -93,13 +90,6 @@ def _rank_main(
     checkpoint: str | None,
 ) -> None:
     """One rank: join the process group, build the run, restore, fit."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    from accumcore import load_checkpoint
-    from services.worker.build import build_run
-    from services.worker.callbacks import StoreCallback
-    from services.worker.db import session_factory
-
     settings = Settings(**settings_data)
     spec = parse_spec(spec_data)
     attempt = Attempt(**attempt_data)

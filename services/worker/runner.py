@@ -1,6 +1,6 @@
 """Run one attempt of a job: claim it, build it from its spec, train, record the outcome.
 
-    run_job(settings, job_id, worker_name="accum@host")   # what the Celery task calls
+    run_job(settings, job_id, worker_name="accum@host")   # what the Celery task calls -> Outcome
 
 The database decides who trains: the claim is one atomic UPDATE, and a message whose claim
 fails (job cancelled, finished, or held by a live worker) is simply dropped. Failures are
@@ -17,51 +17,32 @@ import os
 import socket
 import traceback
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import torch
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.data_roots import require_allowed_data_root
+from services.dispatch.enqueue import enqueue_job
+from services.settings import Settings
 from services.spec import JobSpec, parse_spec
-from services.store.checkpoints import get_checkpoint, list_checkpoints
 from services.store.events import add_event
 from services.store.leases import claim_job, finish_job, hand_back_job, renew_lease
-from services.store.metrics import delete_metrics_after
+from services.store.sessions import session_factory
+from services.store.status import JobStatus
 from services.worker import shutdown
-from services.worker.checkpoints import remove_orphans
-from services.worker.db import session_factory
+from services.worker.attempt import Attempt, Outcome
 from services.worker.db_retry import retry_while_unreachable
-from services.worker.enqueue import enqueue_job
 from services.worker.heartbeat import Heartbeat
+from services.worker.training import train_local
 
 log = logging.getLogger(__name__)
 
 TRACEBACK_LIMIT = 20_000  # characters kept in the traceback event
-# What ``train`` returns when the worker is shutting down and the job, checkpointed where it
-# stopped, goes back to the queue; ``run_job`` then returns "queued".
-HANDED_BACK = "handed_back"
-# What ``train`` returns when the job ran past its ``timeout`` (checkpointed where it stopped);
-# ``run_job`` fails it with reason "timeout".
-TIMED_OUT = "timed_out"
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """The claimed attempt: who runs it and where it starts."""
-
-    job_id: str
-    attempt: int
-    worker_id: str
-    resume_step: int | None
-    spec: dict[str, Any]
 
 
 def describe_gpu() -> str:
     """``cpu``, or the visible GPUs' names, e.g. ``2x NVIDIA H100 (CUDA_VISIBLE_DEVICES=0,1)``."""
-    import torch
-
     if not torch.cuda.is_available():
         return "cpu"
     count = torch.cuda.device_count()
@@ -70,7 +51,7 @@ def describe_gpu() -> str:
     return f"{label} (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else label
 
 
-def claim(settings: Any, job_id: str, worker_name: str) -> Attempt | None:
+def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
     """Claim the job atomically; None means: drop the message."""
     # Unique per attempt: a heartbeat left over from an earlier attempt in this process can
     # never renew (or finish) the lease of this one.
@@ -85,14 +66,15 @@ def claim(settings: Any, job_id: str, worker_name: str) -> Attempt | None:
         return Attempt(job.id, job.attempts, worker_id, job.resume_step, dict(job.spec))
 
 
-def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
-    """Run the job if it can be claimed; returns the final status, "queued" when the worker
-    is shutting down and handed the job back, or None when the message was dropped (not
-    claimable) or the lease was lost mid-run (someone else owns the job)."""
+def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
+    """Run the job if it can be claimed. Returns the status recorded (``SUCCEEDED``,
+    ``FAILED``, ``CANCELLED``), ``HANDED_BACK`` (the worker is shutting down: the job is queued
+    again), ``SKIPPED`` (not claimable: the message is dropped) or ``LEASE_LOST`` (someone
+    else owns the job now)."""
     attempt = claim(settings, job_id, worker_name)
     if attempt is None:
         log.info("job %s is not claimable (cancelled, finished or running elsewhere): skipped", job_id)
-        return None
+        return Outcome.SKIPPED
     sessions = session_factory(settings)
     heartbeat = Heartbeat(
         lambda: _renew(sessions, attempt, settings.lease_timeout_s),
@@ -100,7 +82,6 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
         settings.lease_timeout_s,
         shutdown=shutdown.requested,
     )
-    status: str | None
     error: dict[str, Any] | None = None
     with heartbeat:
         try:
@@ -108,36 +89,37 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
             # A spec stored before timeouts existed runs under the service's maximum.
             timeout_s = int(spec.timeout or settings.max_job_seconds)
             heartbeat.set_timeout(timeout_s)
-            status = train(settings, spec, attempt, heartbeat)
-            if status == TIMED_OUT:
-                status, error = "failed", timeout_error(attempt, timeout_s, spec.gpus <= 1)
+            outcome = train(settings, spec, attempt, heartbeat)
+            if outcome == Outcome.TIMED_OUT:
+                outcome, error = Outcome.FAILED, timeout_error(attempt, timeout_s, spec.gpus <= 1)
         except Exception as exc:
-            status, error = "failed", {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
+            outcome, error = Outcome.FAILED, {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             log.exception("job %s failed", job_id)
             if not heartbeat.lease_lost:
                 with sessions.begin() as session:
                     add_event(session, job_id, "traceback", f"{error['type']}: {error['message']}",
                               {"traceback": traceback.format_exc()[-TRACEBACK_LIMIT:]},
                               attempt=attempt.attempt)
-    if heartbeat.lease_lost or status is None:
+    if heartbeat.lease_lost or outcome == Outcome.LEASE_LOST:
         log.error("job %s: lease lost; leaving the job to its new owner", job_id)
-        return None
-    if status == HANDED_BACK:
+        return Outcome.LEASE_LOST
+    if outcome == Outcome.HANDED_BACK:
         queue = retry_while_unreachable(lambda: _hand_back(sessions, attempt),
                                         what=f"job {job_id}: handing back", for_s=settings.lease_timeout_s)
         if queue is not None:
             enqueue_job(settings, job_id, queue)  # after the commit, as the reaper does
             log.warning("job %s handed back to queue %s: this worker process was asked to stop (SIGTERM)", job_id, queue)
-            return "queued"
-        status = "cancelled"  # a cancel came first (or the lease is gone: finishing fails too)
+            return Outcome.HANDED_BACK
+        outcome = Outcome.CANCELLED  # a cancel came first (or the lease is gone: finishing fails too)
+    final = outcome
     # The outcome survives a database outage at the very end (retried for a lease timeout).
     if not retry_while_unreachable(
-        lambda: _finish(sessions, attempt, status, error),
-        what=f"job {job_id}: recording {status}", for_s=settings.lease_timeout_s,
+        lambda: _finish(sessions, attempt, final, error),
+        what=f"job {job_id}: recording {final}", for_s=settings.lease_timeout_s,
     ):
-        log.error("job %s: lease lost before recording %s", job_id, status)
-        return None
-    return status
+        log.error("job %s: lease lost before recording %s", job_id, final)
+        return Outcome.LEASE_LOST
+    return final
 
 
 def timeout_error(attempt: Attempt, timeout_s: int, checkpointed: bool) -> dict[str, Any]:
@@ -159,10 +141,10 @@ def timeout_error(attempt: Attempt, timeout_s: int, checkpointed: bool) -> dict[
     }
 
 
-def _finish(sessions: sessionmaker[Session], attempt: Attempt, status: str,
+def _finish(sessions: sessionmaker[Session], attempt: Attempt, outcome: Outcome,
             error: dict[str, Any] | None) -> bool:
     with sessions.begin() as session:
-        return finish_job(session, attempt.job_id, attempt.worker_id, status, error=error)
+        return finish_job(session, attempt.job_id, attempt.worker_id, JobStatus(outcome), error=error)
 
 
 def _hand_back(sessions: sessionmaker[Session], attempt: Attempt) -> str | None:
@@ -175,32 +157,15 @@ def _renew(sessions: sessionmaker[Session], attempt: Attempt, lease_timeout_s: f
         return renew_lease(session, attempt.job_id, attempt.worker_id, lease_timeout_s)
 
 
-def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, checkpoint_dir: Path) -> str | None:
-    """Drop the metrics a predecessor logged after the checkpoint this attempt resumes from
-    (all of them when it starts over) and the checkpoint files no row lists (a predecessor
-    killed mid-write left them in ``checkpoint_dir``); returns the checkpoint file to load,
-    if any."""
-    with sessions.begin() as session:
-        delete_metrics_after(session, attempt.job_id, attempt.resume_step)
-        remove_orphans(checkpoint_dir, [c.step for c in list_checkpoints(session, attempt.job_id)])
-        if attempt.resume_step is None:
-            return None
-        checkpoint = get_checkpoint(session, attempt.job_id, attempt.resume_step)
-        if checkpoint is None:
-            raise FileNotFoundError(
-                f"job {attempt.job_id} should resume from step {attempt.resume_step} but that "
-                "checkpoint has no record; POST /resume again to restart from the latest one"
-            )
-        return checkpoint.uri
-
-
-def train(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
-    """Train on this process (or on ``spec.gpus`` DDP processes); returns the outcome."""
+def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> Outcome:
+    """Train on this process (or on ``spec.gpus`` DDP processes); returns ``SUCCEEDED``,
+    ``CANCELLED``, ``HANDED_BACK`` or ``LEASE_LOST``."""
     require_allowed_data_root(spec.dataset.data_root, settings)  # the API checked it too
     if spec.gpus > 1:
+        # Lazy: torch.distributed must stay out of a prefork worker's parent (the runner is
+        # preloaded there); with it imported, the forked child hung before its first job on
+        # Redis (tests/integration/test_worker_prefork.py).
         from services.worker.distributed import train_distributed
 
         return train_distributed(settings, spec, attempt, heartbeat)
-    from services.worker.training import train_local
-
     return train_local(settings, spec, attempt, heartbeat)

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from accumcore import load_checkpoint
 from accumcore.checkpoint import CheckpointWriteError
+from services.settings import Settings
 from services.spec import JobSpec
+from services.store.sessions import session_factory
+from services.store.status import resume_hint
+from services.worker.attempt import Attempt, Outcome, prepare_resume
 from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
-from services.worker.db import session_factory
 from services.worker.heartbeat import Heartbeat
-from services.worker.runner import HANDED_BACK, TIMED_OUT, Attempt, prepare_resume
 
 
-def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
-    """Returns ``succeeded``, ``cancelled``, ``HANDED_BACK`` (the worker is shutting down) or
-    ``TIMED_OUT``, the last three checkpointed where they stopped, or None when the lease was
-    lost mid-run."""
+def train_local(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> Outcome:
+    """Returns ``SUCCEEDED``, ``CANCELLED``, ``HANDED_BACK`` (the worker is shutting down) or
+    ``TIMED_OUT``, the last three checkpointed where they stopped, or ``LEASE_LOST``."""
     sessions = session_factory(settings)
     callback = StoreCallback(
         sessions, attempt.job_id, attempt.attempt, attempt.worker_id,
@@ -36,27 +35,29 @@ def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heart
         run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=run.trainer.device))
     try:
         history = run.trainer.fit(run.train_loader, **run.fit_kwargs)
-        status = outcome(history.stopped, heartbeat)
-        if status in (HANDED_BACK, "cancelled", TIMED_OUT):
+        ended = outcome(history.stopped, heartbeat)
+        if ended in (Outcome.HANDED_BACK, Outcome.CANCELLED, Outcome.TIMED_OUT):
             # Where it stopped (the last finished window), so a hand-back or a `resume` after
             # a cancel continues from there with the metrics up to it kept (the store
             # callback records it), not from an older checkpoint or the start.
             run.trainer.checkpoint()
     except CheckpointWriteError as exc:
-        message = f"{exc.strerror or exc}; then `accum resume {attempt.job_id}` continues from there"
+        message = f"{exc.strerror or exc}; then {resume_hint(attempt.job_id)} continues from there"
         raise CheckpointWriteError.of(exc.errno, message) from exc
     finally:
         callback.close()  # on_fit_end did it, unless fit raised: stop the writer thread
-    return status
+    return ended
 
 
-def outcome(stopped: bool, heartbeat: Heartbeat) -> str | None:
+def outcome(stopped: bool, heartbeat: Heartbeat) -> Outcome:
+    """How a ``fit`` that returned ended: stopped by a cancel, a shutdown or a lost lease, or
+    run to its end."""
     if heartbeat.lease_lost:
-        return None
+        return Outcome.LEASE_LOST
     if stopped and not heartbeat.cancel_requested and heartbeat.timed_out:
-        return TIMED_OUT
+        return Outcome.TIMED_OUT
     if stopped and not heartbeat.cancel_requested and heartbeat.shutting_down:
-        return HANDED_BACK
+        return Outcome.HANDED_BACK
     if stopped:
-        return "cancelled"
-    return "succeeded"
+        return Outcome.CANCELLED
+    return Outcome.SUCCEEDED

@@ -93,6 +93,12 @@ class CallbackList:
         for callback in self.callbacks:
             callback.on_event(trainer, kind, message, data)
 
+    @property
+    def can_stop(self) -> bool:
+        """Whether any callback overrides ``should_stop`` (else the trainer never polls it and
+        keeps no stop bookkeeping)."""
+        return bool(self._stoppers)
+
     def should_stop(self) -> bool:
         return any(c.should_stop() for c in self._stoppers)
 

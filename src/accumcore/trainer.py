@@ -206,7 +206,7 @@ class Trainer:
         )
         self._runner = WindowRunner(
             self.model, self.loss_fn, self.precision, self.device,
-            self.callbacks.should_stop if self.callbacks._stoppers else None,
+            self.callbacks.should_stop if self.callbacks.can_stop else None,
         )
         # Progress, all of it at the last window boundary.
         self.epoch = 0
@@ -308,7 +308,7 @@ class Trainer:
         eval_every: int | None,
     ) -> str:
         steps_per_window = self.schedule.at(self.epoch)
-        may_stop = bool(self.callbacks._stoppers)
+        may_stop = self.callbacks.can_stop
         stateful = self._stateful_dataset = loader_state.stateful_dataset(loader)
         batches = self._epoch_batches(loader, may_stop)
         batches_per_epoch = loader_state.batches_per_epoch(loader)

@@ -16,13 +16,13 @@ import pytest
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.testclient import TestClient
 from job_specs import MINIMAL_SPEC
-from ports import free_port
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from services.api.errors import PROBLEM_JSON, Problem, install_error_handlers, validation_problem
 from services.api.main import create_app
 from services.catalog import DATASETS, MODELS
+from services.ports import free_port
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
 

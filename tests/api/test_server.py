@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 from job_specs import MINIMAL_SPEC
-from ports import free_port
 from sqlalchemy.orm import Session, sessionmaker
 
 from accum import parse_sse
+from services.ports import free_port
 from services.settings import Settings
 from services.store import events, leases, metrics, tokens
 

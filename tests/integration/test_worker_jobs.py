@@ -52,7 +52,7 @@ def test_job_succeeds_with_every_step_logged_and_checkpoints_retained(stack: Any
 def test_cancelled_queued_job_is_skipped_when_its_message_arrives(stack: Any) -> None:
     cancelled = stack.create(enqueue=False)
     assert stack.cancel(cancelled) == "cancelled"
-    from services.worker.enqueue import enqueue_job
+    from services.dispatch.enqueue import enqueue_job
 
     enqueue_job(stack.settings, cancelled, stack.queue)
     after = stack.create(max_steps=2)  # the single worker takes messages in order
@@ -97,7 +97,7 @@ def test_cancel_keeps_the_work_and_resume_continues_from_the_cancel_step(stack: 
 
 
 def test_message_delivered_twice_runs_the_job_once(stack: Any) -> None:
-    from services.worker.enqueue import enqueue_job
+    from services.dispatch.enqueue import enqueue_job
 
     job_id = stack.create(max_steps=6)
     enqueue_job(stack.settings, job_id, stack.queue)  # a duplicate of the nudge

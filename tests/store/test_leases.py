@@ -10,7 +10,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import Job, checkpoints, events, jobs, leases, utcnow
+from services.store import checkpoints, events, jobs, leases
+from services.store.models import Job
+from services.store.types import utcnow
 
 LEASE_S = 60
 

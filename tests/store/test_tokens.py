@@ -6,7 +6,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import ApiToken, tokens
+from services.store import tokens
+from services.store.models import ApiToken
 
 
 def test_token_authenticates_its_owner_and_is_stored_hashed(

@@ -21,8 +21,8 @@ from services.api.schemas import exactness
 from services.settings import Settings
 from services.store import events, jobs
 from services.store.metrics import read_metrics
+from services.store.sessions import session_factory
 from services.worker import build
-from services.worker.db import session_factory
 from services.worker.runner import run_job
 
 

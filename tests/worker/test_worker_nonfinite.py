@@ -15,7 +15,7 @@ from job_specs import TINY_SPEC
 
 from services.settings import Settings
 from services.store import events, jobs
-from services.worker.db import session_factory
+from services.store.sessions import session_factory
 from services.worker.runner import run_job
 
 DIVERGING: dict[str, Any] = {**TINY_SPEC, "max_steps": 6, "checkpoint_every": 1,

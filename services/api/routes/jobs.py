@@ -15,6 +15,7 @@ from services.api.deps import SessionDep, SettingsDep
 from services.api.errors import Problem, invalid_field, problem_responses
 from services.api.schemas import JobPage, JobPublic, JobStatus, exactness
 from services.data_roots import allowed_data_roots, data_root_refusal
+from services.dispatch.enqueue import enqueue_job
 from services.settings import Settings
 from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
 from services.spec.limits import SpecLimits, limit_errors, with_defaults
@@ -28,7 +29,6 @@ from services.store.errors import (
 )
 from services.store.events import latest_event
 from services.store.models import Job, Owner
-from services.worker.enqueue import enqueue_job
 
 log = logging.getLogger(__name__)
 

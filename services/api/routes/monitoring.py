@@ -8,9 +8,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
 from services.api.deps import SessionDep
+from services.dispatch.broker import DEFAULT_QUEUE
 from services.store.events import lifecycle_counts
-from services.store.models import JOB_STATUSES, Job
-from services.worker.app import DEFAULT_QUEUE
+from services.store.models import Job
+from services.store.status import JobStatus
 
 router = APIRouter(tags=["monitoring"])
 
@@ -22,11 +23,11 @@ def prometheus_metrics(*, session: SessionDep, request: Request) -> Response:
     counts = session.execute(
         select(Job.status, Job.queue, func.count()).group_by(Job.status, Job.queue)
     ).all()
-    by_status = dict.fromkeys(JOB_STATUSES, 0)
+    by_status: dict[str, int] = dict.fromkeys(JobStatus, 0)
     queued = {DEFAULT_QUEUE: 0}
     for job_status, queue, count in counts:
         by_status[job_status] = by_status.get(job_status, 0) + count
-        if job_status == "queued":
+        if job_status == JobStatus.QUEUED:
             queued[queue] = count
     for job_status, count in by_status.items():
         telemetry.jobs.labels(status=job_status).set(count)

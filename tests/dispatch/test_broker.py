@@ -1,4 +1,5 @@
-"""The Celery app is configured for long GPU jobs, and the enqueue path stays torch-free."""
+"""The Celery app is configured for long GPU jobs, registers no task by being built, and the
+enqueue path stays torch-free."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from pathlib import Path
 
 from kombu import Connection
 
+from services.dispatch.broker import TASK_NAME, VISIBILITY_TIMEOUT_S, make_celery
+from services.dispatch.enqueue import enqueue_job, reset_enqueue_cache
 from services.settings import Settings
-from services.worker.app import TASK_NAME, VISIBILITY_TIMEOUT_S, make_celery
-from services.worker.enqueue import enqueue_job, reset_enqueue_cache
+from services.worker.tasks import register_tasks
 
 
 def test_long_job_settings(tmp_path: Path) -> None:
@@ -23,7 +25,9 @@ def test_long_job_settings(tmp_path: Path) -> None:
     assert conf.broker_transport_options["visibility_timeout"] == VISIBILITY_TIMEOUT_S >= 24 * 3600
     assert conf.broker_transport_options["polling_interval"] <= 0.05  # embedded broker
     assert conf.worker_enable_remote_control is False
-    assert TASK_NAME in app.tasks
+    assert TASK_NAME not in app.tasks  # a publisher needs only the name
+    register_tasks(app, Settings(home=tmp_path))
+    assert TASK_NAME in app.tasks  # the worker registers it
 
 
 def test_redis_broker_is_used_as_given(tmp_path: Path) -> None:
@@ -52,7 +56,7 @@ def test_enqueue_puts_the_job_id_on_the_named_queue(tmp_path: Path) -> None:
 
 def test_enqueue_and_reaper_do_not_import_torch() -> None:
     code = (
-        "import sys; import services.worker.enqueue, services.worker.reaper, "
+        "import sys; import services.dispatch.enqueue, services.dispatch.reaper, "
         "services.worker.start, services.worker.tasks; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

@@ -1,35 +1,33 @@
-"""Send a job's nudge to the workers: ``enqueue_job(settings, job_id, queue)``.
+"""Send a job's nudge to the workers: ``enqueue_job(settings, job_id, queue)``, the one entry.
 
-Called by the API after the transaction that created (or re-queued) the job has committed,
-and by the lease reaper. Torch-free and cheap: one Celery app per broker configuration,
-reused across calls; on Redis, messages go out through one shared, thread-safe client
-(``redis_publish``) instead of Celery's per-publish client, the API's hot path.
+Called by the API after the transaction that created (or re-queued) the job has committed, by
+the lease reaper, and by a worker handing its job back. Torch-free and cheap: one Celery app
+per broker URL, reused across calls. On Redis the message goes out through one shared,
+thread-safe client (``redis_publish``: Celery's own message in kombu's envelope, one LPUSH),
+because Celery's ``send_task`` cost about 5x its CPU per message (bench/service/enqueue.py,
+docs/benchmarks.md) on the API's hot path; every other broker gets ``send_task``. Celery and
+kombu are pinned (constraints.txt) and ``tests/dispatch/test_redis_publish.py`` checks the
+envelope against the one kombu writes.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from celery import Celery
 
-from services.worker.app import (
-    DEFAULT_QUEUE,
-    TASK_NAME,
-    broker_url,
-    declare_queue,
-    make_celery,
-)
-from services.worker.redis_publish import RedisPublisher, is_redis_url
+from services.dispatch.broker import DEFAULT_QUEUE, TASK_NAME, declare_queue, make_celery
+from services.dispatch.redis_publish import RedisPublisher, is_redis_url
+from services.settings import Settings
 
 _apps: dict[str, Celery] = {}
 _publishers: dict[str, RedisPublisher] = {}
 _lock = threading.Lock()
 
 
-def celery_app_for(settings: Any) -> Celery:
-    """The cached Celery app for these settings (built once per broker URL)."""
-    key = broker_url(settings)
+def celery_app_for(settings: Settings) -> Celery:
+    """The cached publishing app for these settings (built once per broker URL)."""
+    key = settings.broker_url
     app = _apps.get(key)
     if app is None:
         with _lock:
@@ -39,24 +37,24 @@ def celery_app_for(settings: Any) -> Celery:
     return app
 
 
-def enqueue_job(settings: Any, job_id: str, queue: str | None = None) -> None:
+def enqueue_job(settings: Settings, job_id: str, queue: str | None = None) -> None:
     """Publish ``accum.run_job(job_id)`` on ``queue`` (the spec's GPU class; default ``default``).
 
     The queue is declared explicitly here, so a job routed to a GPU class with no worker yet
     waits in its queue until a worker started with ``--queues <name>`` comes up.
     """
     name = queue or DEFAULT_QUEUE
-    url = broker_url(settings)
-    if is_redis_url(url):
+    if is_redis_url(settings.broker_url):
         publisher_for(settings).publish(TASK_NAME, [str(job_id)], name)
         return
-    app = celery_app_for(settings)
-    app.send_task(TASK_NAME, args=[str(job_id)], queue=declare_queue(name), routing_key=name)
+    celery_app_for(settings).send_task(
+        TASK_NAME, args=[str(job_id)], queue=declare_queue(name), routing_key=name
+    )
 
 
-def publisher_for(settings: Any) -> RedisPublisher:
+def publisher_for(settings: Settings) -> RedisPublisher:
     """The cached Redis publisher for these settings' broker URL."""
-    key = broker_url(settings)
+    key = settings.broker_url
     publisher = _publishers.get(key)
     if publisher is None:
         app = celery_app_for(settings)

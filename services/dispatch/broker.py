@@ -1,22 +1,23 @@
-"""The Celery app for accum's GPU workers (torch-free: the API imports it to enqueue).
+"""The Celery app's configuration, shared by the API (to publish) and the workers (to consume).
 
-    app = make_celery(settings)
+    app = make_celery(settings, queues=["default"])   # configured, with no task registered
+    register_tasks(app, settings)                     # the worker's part (services.worker.tasks)
 
 The broker only carries a nudge (a job id); the job row in the database is the source of
 truth. So the settings below favour "a message is never dropped while its job runs" and leave
-recovery of lost work to the database lease (``services.worker.reaper``), not to the broker.
+recovery of lost work to the database lease (``services.dispatch.reaper``), not to the broker.
+Building the app registers no task: a publisher needs only the task's name (``TASK_NAME``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 from celery import Celery
 from kombu import Exchange, Queue
 
-from services.worker import sqlite_transport
+from services.dispatch import sqlite_transport
+from services.settings import Settings
 
 TASK_NAME = "accum.run_job"
 DEFAULT_QUEUE = "default"
@@ -34,27 +35,19 @@ def is_embedded_broker(url: str) -> bool:
     return url.startswith(f"{sqlite_transport.SCHEME}://")
 
 
-def broker_url(settings: Any) -> str:
-    """``ACCUM_BROKER_URL`` (Settings fills in the embedded SQLite broker under ACCUM_HOME)."""
-    url = getattr(settings, "broker_url", "")
-    if url:
-        return str(url)
-    return f"{sqlite_transport.SCHEME}:///{Path(settings.home).resolve() / 'broker.sqlite'}"
-
-
 def declare_queue(name: str) -> Queue:
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
-def make_celery(settings: Any, queues: Sequence[str] = (DEFAULT_QUEUE,)) -> Celery:
-    """A Celery app configured for long, GPU-bound jobs.
+def make_celery(settings: Settings, queues: Sequence[str] = (DEFAULT_QUEUE,)) -> Celery:
+    """A Celery app configured for long, GPU-bound jobs (no task registered).
 
     Args:
-        settings: ``services.settings.Settings`` (reads ``broker_url``).
+        settings: reads ``broker_url`` (``Settings`` fills in the embedded broker's default).
         queues: the queues this process declares and, for a worker, consumes: one per GPU
             class (``default``, ``a100``, ...). The spec's ``queue`` routes a job to one.
     """
-    url = broker_url(settings)
+    url = settings.broker_url
     embedded = is_embedded_broker(url)
     names = list(dict.fromkeys(queues)) or [DEFAULT_QUEUE]
     app = Celery("accum", broker=url, set_as_current=False)
@@ -102,7 +95,4 @@ def make_celery(settings: Any, queues: Sequence[str] = (DEFAULT_QUEUE,)) -> Cele
         # Our logging setup stays in charge of the root logger.
         worker_hijack_root_logger=False,
     )
-    from services.worker.tasks import register_tasks  # tasks imports TASK_NAME from here
-
-    register_tasks(app, settings)
     return app

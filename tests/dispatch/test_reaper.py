@@ -1,4 +1,5 @@
-"""The reaper re-queues a job whose lease expired and sends a fresh message for it."""
+"""The reaper re-queues a job whose lease expired and sends a fresh message for it. Its clock
+is injected: a test moves time forward instead of sleeping past a lease or a period."""
 
 from __future__ import annotations
 
@@ -7,16 +8,23 @@ from collections.abc import Callable
 
 from kombu import Connection
 
+from services.dispatch.broker import TASK_NAME, make_celery
+from services.dispatch.reaper import LeaseReaper, reap_once, resend_stale_once
 from services.settings import Settings
 from services.store import jobs, leases
-from services.worker.app import TASK_NAME, make_celery
-from services.worker.db import session_factory
-from services.worker.reaper import LeaseReaper, reap_once, resend_stale_once
+from services.store.sessions import session_factory
+
+LEASE_S = 30.0
 
 
-def claim_with_short_lease(settings: Settings, job_id: str) -> None:
+def ahead(seconds: float) -> Callable[[], float]:
+    """A clock ``seconds`` ahead of the wall clock the store stamps rows with."""
+    return lambda: time.time() + seconds
+
+
+def claim_with_lease(settings: Settings, job_id: str) -> None:
     with session_factory(settings).begin() as session:
-        assert leases.claim_job(session, job_id, "dead-worker", "host", "cpu", lease_timeout_s=0.05)
+        assert leases.claim_job(session, job_id, "dead-worker", "host", "cpu", lease_timeout_s=LEASE_S)
 
 
 def queued_job_ids(settings: Settings, queue: str) -> list[str]:
@@ -35,22 +43,22 @@ def test_expired_lease_is_requeued_and_enqueued_on_the_jobs_queue(
 ) -> None:
     job_id = make_job(queue="a100")
     live_id = make_job(queue="a100")
-    claim_with_short_lease(settings, job_id)
+    claim_with_lease(settings, job_id)
     with session_factory(settings).begin() as session:
         assert leases.claim_job(session, live_id, "live-worker", "host", "cpu", lease_timeout_s=600)
-    time.sleep(0.1)
-    assert reap_once(settings) == [job_id]
+    assert reap_once(settings) == []  # the lease still runs
+    assert reap_once(settings, clock=ahead(LEASE_S + 1)) == [job_id]
     with session_factory(settings)() as session:
         assert jobs.load_job(session, job_id).status == "queued"  # type: ignore[union-attr]
         assert jobs.load_job(session, live_id).status == "running"  # type: ignore[union-attr]
     assert queued_job_ids(settings, "a100") == [job_id]
-    assert reap_once(settings) == []  # nothing left to reap
+    assert reap_once(settings, clock=ahead(LEASE_S + 1)) == []  # nothing left to reap
 
 
 def test_reaper_thread_reaps_periodically(settings: Settings, make_job: Callable[..., str]) -> None:
     job_id = make_job()
-    claim_with_short_lease(settings, job_id)
-    reaper = LeaseReaper(settings, interval_s=0.05).start()
+    claim_with_lease(settings, job_id)
+    reaper = LeaseReaper(settings, interval_s=0.05, clock=ahead(LEASE_S + 1)).start()
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -69,24 +77,24 @@ def test_queued_job_with_a_lost_message_is_enqueued_again_once_per_period(
     """A job left queued with no broker message (the API could not reach the broker) gets one
     from the reaper once its last enqueue is older than ACCUM_REQUEUE_AFTER_S, and not again
     before another period has passed (no pile-up on a queue no worker listens to)."""
-    settings = settings.model_copy(update={"requeue_after_s": 0.5})
+    settings = settings.model_copy(update={"requeue_after_s": 300})
     lost_id = make_job(queue="a100")  # created, never enqueued
     running_id = make_job(queue="a100")
     with session_factory(settings).begin() as session:
         assert leases.claim_job(session, running_id, "live", "host", "cpu", lease_timeout_s=600)
     assert resend_stale_once(settings) == []  # just submitted: its message may well be on its way
-    time.sleep(0.6)
-    assert resend_stale_once(settings) == [lost_id]
-    assert resend_stale_once(settings) == []  # re-sent just now
+    assert resend_stale_once(settings, clock=ahead(301)) == [lost_id]
+    assert resend_stale_once(settings, clock=ahead(301)) == []  # re-sent just now
+    assert resend_stale_once(settings, clock=ahead(600)) == []  # less than a period since
     assert queued_job_ids(settings, "a100") == [lost_id]
-    time.sleep(0.6)
-    assert resend_stale_once(settings) == [lost_id]  # still queued a period later: once more
+    # still queued a period after the re-send: once more
+    assert resend_stale_once(settings, clock=ahead(602)) == [lost_id]
 
 
 def test_reaper_thread_resends_lost_messages(settings: Settings, make_job: Callable[..., str]) -> None:
-    settings = settings.model_copy(update={"requeue_after_s": 0.2})
+    settings = settings.model_copy(update={"requeue_after_s": 300})
     job_id = make_job()
-    reaper = LeaseReaper(settings, interval_s=0.05).start()
+    reaper = LeaseReaper(settings, interval_s=0.05, clock=ahead(301)).start()
     try:
         deadline = time.monotonic() + 10
         found: list[str] = []

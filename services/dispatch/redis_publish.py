@@ -1,12 +1,16 @@
 """A cheap publish path for Redis brokers: one LPUSH on a shared client.
 
-Celery's ``send_task`` costs about 0.4 ms of CPU per message on Redis (kombu builds a new
-Redis client for every publish and looks the exchange's bindings up with a round trip), which
-was ~40% of the API's ``POST /v1/jobs``. The broker only carries a nudge, so here the message
-is built by Celery itself (``app.amqp.as_task_v2``: protocol 2 headers and body) and wrapped
-in the envelope kombu's Redis transport stores for a direct publish to a queue, then pushed
-with a redis-py client that is thread-safe (its connection pool is shared by the API's route
-threads and the reaper). Workers consume it like any Celery message.
+Celery's ``send_task`` took about 5x this path's CPU per message on Redis (bench/service/enqueue.py:
+kombu builds a Redis client for every publish, wraps it in its retry machinery and sends
+Celery's signals), on the API's ``POST /v1/jobs``. The broker only carries a nudge, so here
+the message is built by Celery itself (``app.amqp.as_task_v2``: protocol 2 headers and body)
+and wrapped in the envelope kombu's Redis transport stores for a direct publish to a queue,
+then pushed with a redis-py client that is thread-safe (its connection pool is shared by the
+API's route threads and the reaper). Workers consume it like any Celery message.
+
+The envelope is kombu's internal format: Celery and kombu are pinned in constraints.txt, and
+``tests/dispatch/test_redis_publish.py`` compares it with the one kombu writes for the same
+task, field by field, and has a worker's consumer decode it. Re-run that test when the pins move.
 
     publisher = RedisPublisher(app, "redis://localhost:6379/0")
     publisher.publish("accum.run_job", ["<job id>"], queue="default")
@@ -60,6 +64,7 @@ class RedisPublisher:
             origin=self.origin,
             argsrepr=repr(args),  # short job ids: no need for saferepr's truncation
             kwargsrepr="{}",
+            ignore_result=None,  # as send_task leaves it: the task's own setting applies
         )
         body = json.dumps(message.body).encode()
         return {

@@ -25,19 +25,20 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
-from datetime import timedelta
-from typing import Any
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from services.dispatch.broker import DEFAULT_QUEUE
+from services.dispatch.enqueue import enqueue_job
+from services.settings import Settings
 from services.store.leases import reap_expired_leases, stale_queued_jobs
 from services.store.models import Job
-from services.store.types import utcnow
-from services.worker.app import DEFAULT_QUEUE
-from services.worker.db import session_factory
-from services.worker.enqueue import enqueue_job
+from services.store.sessions import session_factory
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +47,24 @@ log = logging.getLogger(__name__)
 FORK_WAIT_S = 30.0
 
 
+# Seconds since the epoch, as time.time; tests pass one that runs ahead instead of sleeping.
+Clock = Callable[[], float]
+
+
+def _now(clock: Clock) -> datetime:
+    return datetime.fromtimestamp(clock(), UTC)
+
+
 def queue_of(session: Session, job_id: str) -> str:
     return str(session.scalar(select(Job.queue).where(Job.id == job_id)) or DEFAULT_QUEUE)
 
 
-def reap_once(settings: Any) -> list[str]:
-    """Re-queue (or fail, past ``max_restarts``) every job with an expired lease; returns the
-    ids of the jobs that were re-queued and enqueued again."""
+def reap_once(settings: Settings, clock: Clock = time.time) -> list[str]:
+    """Re-queue (or fail, past ``max_restarts``) every job whose lease expired before
+    ``clock()``; returns the ids of the jobs that were re-queued and enqueued again."""
     with session_factory(settings).begin() as session:
         requeued_ids, _failed = reap_expired_leases(
-            session, poison_after=settings.poison_after_lost_attempts
+            session, now=_now(clock), poison_after=settings.poison_after_lost_attempts
         )
         requeued = [(job_id, queue_of(session, job_id)) for job_id in requeued_ids]
     # Enqueue after the commit: a worker that takes the message must see the job queued.
@@ -65,13 +74,14 @@ def reap_once(settings: Any) -> list[str]:
     return [job_id for job_id, _ in requeued]
 
 
-def resend_stale_once(settings: Any) -> list[str]:
+def resend_stale_once(settings: Settings, clock: Clock = time.time) -> list[str]:
     """Enqueue again every queued job whose last message is older than
-    ``settings.requeue_after_s``; returns their ids. A failed send leaves ``enqueued_at`` set,
-    so it is retried one period later, not on every pass."""
-    older_than = utcnow() - timedelta(seconds=float(settings.requeue_after_s))
+    ``settings.requeue_after_s`` at ``clock()``; returns their ids. A failed send leaves
+    ``enqueued_at`` set, so it is retried one period later, not on every pass."""
+    now = _now(clock)
+    older_than = now - timedelta(seconds=float(settings.requeue_after_s))
     with session_factory(settings).begin() as session:
-        stale = stale_queued_jobs(session, older_than=older_than)
+        stale = stale_queued_jobs(session, older_than=older_than, now=now)
     for job_id, queue in stale:
         enqueue_job(settings, job_id, queue)
         log.warning("job %s was queued with no recent message; enqueued again on %s", job_id, queue)
@@ -80,10 +90,13 @@ def resend_stale_once(settings: Any) -> list[str]:
 
 class LeaseReaper:
     """A daemon thread calling ``reap_once`` and ``resend_stale_once`` every ``interval_s``
-    (``ACCUM_REAPER_INTERVAL_S``)."""
+    (``ACCUM_REAPER_INTERVAL_S``), with ``clock`` as their time."""
 
-    def __init__(self, settings: Any, interval_s: float | None = None) -> None:
+    def __init__(
+        self, settings: Settings, interval_s: float | None = None, clock: Clock = time.time
+    ) -> None:
         self.settings = settings
+        self.clock = clock
         self.interval_s = float(interval_s or settings.reaper_interval_s)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accum-lease-reaper", daemon=True)
@@ -106,7 +119,7 @@ class LeaseReaper:
             with self.pass_lock:
                 for step in (reap_once, resend_stale_once):
                     try:
-                        step(self.settings)
+                        step(self.settings, self.clock)
                     except Exception:  # keep reaping after a database or broker blip
                         log.exception("reaper step %s failed; retrying in %.1fs", step.__name__,
                                       self.interval_s)

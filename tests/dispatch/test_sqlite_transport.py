@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 from kombu import Connection, Exchange, Queue
 
+from services.dispatch import sqlite_transport
 from services.settings import Settings
-from services.worker import sqlite_transport
-from services.worker.app import broker_url
 
 sqlite_transport.register()
 
@@ -51,7 +50,7 @@ def test_unacked_message_is_restored_when_the_consumer_closes(tmp_path: Path) ->
 
 def test_settings_default_broker_is_the_sqlite_file_under_home(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
-    url = broker_url(settings)
+    url = settings.broker_url
     assert url.startswith("sqlite:///") and url.endswith(str(tmp_path.resolve() / "broker.sqlite"))
     with Connection(url) as conn:
         conn.Producer().publish({}, exchange="", routing_key="q")
