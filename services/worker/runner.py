@@ -168,7 +168,8 @@ def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, checkpoint
 
 def train(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
     """Train on this process (or on ``spec.gpus`` DDP processes); returns the outcome."""
-    require_allowed_data_root(spec.dataset.data_root, settings)  # the API checked it too
+    for _, path in spec.local_paths():  # the API checked them too
+        require_allowed_data_root(path, settings)
     if spec.gpus > 1:
         from services.worker.distributed import train_distributed
 

@@ -7,11 +7,13 @@ from typing import Any
 from accumcore import load_checkpoint
 from accumcore.checkpoint import CheckpointWriteError
 from services.spec import JobSpec
+from services.store.models import Job
 from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.db import session_factory
 from services.worker.heartbeat import Heartbeat
 from services.worker.runner import HANDED_BACK, Attempt, prepare_resume
+from services.worker.warm_start import describe, initial_weights_path
 
 
 def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
@@ -23,13 +25,20 @@ def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heart
         total_steps=0, keep_checkpoints=spec.keep_checkpoints, heartbeat=heartbeat,
     )
     checkpoint_dir = settings.artifacts_path / attempt.job_id
+    with sessions() as session:
+        job = session.get(Job, attempt.job_id)
+        assert job is not None
+        init_weights = initial_weights_path(session, spec, job.owner_id)
     run = build_run(
         spec,
         callbacks=[callback],
         checkpoint_dir=checkpoint_dir,
         data_root_default=settings.home / "data",
+        init_weights=init_weights,
     )
     callback.total_steps = run.total_steps
+    if run.warm_start is not None:
+        callback.on_event(run.trainer, "warm_start", describe(run.warm_start), run.warm_start)
     checkpoint = prepare_resume(sessions, attempt, checkpoint_dir)
     if checkpoint is not None:
         run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=run.trainer.device))

@@ -85,13 +85,30 @@ def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
 
 
 def check_data_root(spec: JobSpec, settings: Settings) -> None:
-    """422 at `dataset.data_root` when it is outside the allowed roots (listed in `allowed`)."""
-    if spec.dataset.data_root is None:
+    """422 at `dataset.data_root` (or `model.name` of an `hf:/dir`, `model.weights`,
+    `init_from.uri`) when the path is outside the allowed roots (listed in `allowed`)."""
+    paths = spec.local_paths()
+    if not paths:
         return
     roots = allowed_data_roots(settings)
-    if (reason := data_root_refusal(spec.dataset.data_root, roots)) is not None:
+    for where, path in paths:
+        if (reason := data_root_refusal(path, roots)) is not None:
+            raise invalid_field(("body", *where), reason, path, [str(r) for r in roots])
+
+
+def check_init_from(session: Session, spec: JobSpec, owner: Owner) -> None:
+    """422 at `init_from.job` unless it is one of the owner's jobs; another owner's job gets
+    the same answer as a job that does not exist, so nothing about it leaks."""
+    ref = spec.init_from
+    if ref is None or ref.job is None:
+        return
+    job = session.get(Job, ref.job) if JOB_ID.fullmatch(ref.job) else None
+    if job is None or job.owner_id != owner.id:
         raise invalid_field(
-            ("body", "dataset", "data_root"), reason, spec.dataset.data_root, [str(r) for r in roots]
+            ("body", "init_from", "job"),
+            f"no job {ref.job[:100]!r} of yours to start from; init_from.job takes the id of one "
+            "of your jobs (GET /v1/jobs lists them)",
+            ref.job,
         )
 
 
@@ -132,6 +149,7 @@ def submit_job(
 ) -> JobPublic:
     """Submit a training job; it is queued and a worker picks it up."""
     check_data_root(spec, settings)
+    check_init_from(session, spec, owner)
     try:
         job, created = store_jobs.create_job(
             session,
