@@ -18,7 +18,6 @@ from services.worker.warm_start import InitFromRefused, describe, initial_weight
 from tests.job_specs import TINY_SPEC
 
 
-
 def trained_checkpoint(tmp_path: Path, spec: dict[str, Any]) -> Path:
     run = build_run(parse_spec(spec), callbacks=[], checkpoint_dir=tmp_path / "a", device="cpu")
     run.trainer.fit(run.train_loader, **{**run.fit_kwargs, "val_loader": None})
