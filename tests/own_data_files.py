@@ -87,3 +87,16 @@ def train_tokenizer(directory: Path, vocab_size: int = 120) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / "tokenizer.json"))
     return directory
+
+
+def ensure_example_plugin() -> None:
+    """Install examples/plugin into this environment unless it is (`make install` does it)."""
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    if any(ep.name == "example_mlp" for ep in entry_points(group="accum.models")):
+        return
+    root = Path(__file__).resolve().parents[1] / "examples" / "plugin"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    str(root)], check=True, timeout=300)

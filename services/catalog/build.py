@@ -67,7 +67,9 @@ def build_dataset(
         ValueError: unknown name or option. DatasetUnavailable: data-root files missing.
     """
     info = configured_dataset(name, options)
-    if info.source != "builtin":
+    if info.source == "plugin":
+        return _plugin_dataset(info, Path(data_root) if data_root is not None else None, seed, options)
+    if info.source == "own":
         if data_root is None:
             raise ValueError(f"dataset {name!r} needs data_root")
         return _own_dataset(info, Path(data_root), seed, options)
@@ -84,8 +86,6 @@ def build_dataset(
 def _own_dataset(info: DatasetInfo, root: Path, seed: int, options: dict[str, Any]) -> DatasetBundle:
     from services.catalog import own_data  # torchvision / datasets / tokenizers: the models extra
 
-    if info.source == "plugin":
-        return _plugin_dataset(info, root, seed, options)
     if info.name == "imagefolder":
         train, val, built = own_data.imagefolder(info, root, seed, options)
         return DatasetBundle(train=train, val=val, info=built)
@@ -94,7 +94,7 @@ def _own_dataset(info: DatasetInfo, root: Path, seed: int, options: dict[str, An
     return DatasetBundle(train=train, val=val, info=built, collate_fn=plain, keyword_collate_fn=keyword)
 
 
-def _plugin_dataset(info: DatasetInfo, root: Path, seed: int, options: dict[str, Any]) -> DatasetBundle:
+def _plugin_dataset(info: DatasetInfo, root: Path | None, seed: int, options: dict[str, Any]) -> DatasetBundle:
     """An `accum.datasets` entry point: `fn(data_root=, seed=, **options)` returning a mapping
     with `train`, `val` and `num_classes` (optional: `task`, `collate_fn`, `vocab_size`,
     `channels`, `image_size`, `max_seq_len`)."""

@@ -29,3 +29,14 @@ def test_datasets_list_sizes_and_compatible_models(client: TestClient, alice: di
     digits = next(d for d in items if d["name"] == "digits")
     assert digits["train_size"] == DATASETS["digits"].train_size
     assert "mlp" in digits["compatible_models"]
+
+
+def test_installed_plugins_are_listed_with_their_entry_points(client: TestClient, alice: dict[str, str]) -> None:
+    from tests.own_data_files import ensure_example_plugin
+
+    ensure_example_plugin()
+    models = {m["name"]: m for m in client.get("/v1/catalog/models", headers=alice).json()["items"]}
+    assert models["example_mlp"]["source"] == "plugin"
+    assert models["example_mlp"]["entry_point"] == "accum_plugin_example.models:example_mlp"
+    datasets = {d["name"]: d for d in client.get("/v1/catalog/datasets", headers=alice).json()["items"]}
+    assert datasets["example_blobs"]["source"] == "plugin"
