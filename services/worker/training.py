@@ -7,13 +7,12 @@ from typing import Any
 from accumcore import load_checkpoint
 from accumcore.checkpoint import CheckpointWriteError
 from services.spec import JobSpec
-from services.store.models import Job
 from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.db import session_factory
 from services.worker.heartbeat import Heartbeat
 from services.worker.runner import HANDED_BACK, Attempt, prepare_resume
-from services.worker.warm_start import describe, initial_weights_path
+from services.worker.warm_start import describe, job_initial_weights
 
 
 def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
@@ -25,10 +24,7 @@ def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heart
         total_steps=0, keep_checkpoints=spec.keep_checkpoints, heartbeat=heartbeat,
     )
     checkpoint_dir = settings.artifacts_path / attempt.job_id
-    with sessions() as session:
-        job = session.get(Job, attempt.job_id)
-        assert job is not None
-        init_weights = initial_weights_path(session, spec, job.owner_id)
+    init_weights = job_initial_weights(sessions, spec, attempt.job_id)
     run = build_run(
         spec,
         callbacks=[callback],

@@ -16,15 +16,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from services.spec import JobSpec
 from services.store.checkpoints import get_checkpoint, list_checkpoints
 from services.store.jobs import load_job
+from services.store.models import Job
 
 
 class InitFromRefused(ValueError):
     """init_from names a job or checkpoint this job may not start from; the message says why."""
+
+
+def job_initial_weights(sessions: sessionmaker[Session], spec: JobSpec, job_id: str) -> Path | None:
+    """`initial_weights_path` for job `job_id` (read by its owner's rights)."""
+    if spec.init_from is None:
+        return None
+    with sessions() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return initial_weights_path(session, spec, job.owner_id)
 
 
 def initial_weights_path(session: Session, spec: JobSpec, owner_id: Any) -> Path | None:
