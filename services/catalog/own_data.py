@@ -119,6 +119,7 @@ def load_rows(name: str, root: Path, options: Mapping[str, Any]) -> tuple[Any, A
     """(train rows, val rows or None) as Hugging Face `datasets.Dataset`s."""
     import datasets
 
+    datasets.disable_progress_bars()  # a worker's log is not a terminal
     if name == "hf_disk":
         try:
             loaded = datasets.load_from_disk(str(root))

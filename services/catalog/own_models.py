@@ -172,6 +172,12 @@ def _hf_config(model_type: str, dataset: DatasetInfo, options: Mapping[str, Any]
         vocab = overrides.setdefault("vocab_size", dataset.vocab_size)
         if vocab < dataset.vocab_size:
             raise ValueError(f"hf:{model_type} vocab_size {vocab} is smaller than the tokenizer's {dataset.vocab_size}")
+        # GPT-2's special ids (50256) lie outside a small tokenizer's vocabulary: the batches
+        # carry their own ids and padding, so drop those defaults instead of keeping bad ones.
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            special = getattr(default, key, None)
+            if key not in options and isinstance(special, int) and special >= vocab:
+                overrides[key] = None
         for key in ("n_positions", "max_position_embeddings"):
             limit = overrides.get(key, getattr(default, key, None))
             if isinstance(limit, int) and dataset.max_seq_len and limit < dataset.max_seq_len:
