@@ -74,6 +74,9 @@ class DatasetBundle:
     val: Dataset[Any]
     info: DatasetInfo  # reflects the options used (e.g. fake's image_size)
     collate_fn: Callable[[list[Any]], Any] | None = None  # None: the default collate
+    # Token data for a model that takes keyword batches (a Hugging Face model): unshifted
+    # labels beside `input_ids` and `attention_mask` (see catalog.own_data.token_collate).
+    keyword_collate_fn: Callable[[list[Any]], Any] | None = None
 
 
 class NormalisedImages(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -145,7 +148,7 @@ def fake(info: DatasetInfo, seed: int) -> DatasetBundle:
     from torchvision.datasets import FakeData
     from torchvision.transforms import ToTensor
 
-    assert info.image_size is not None
+    assert info.image_size is not None and info.train_size is not None and info.val_size is not None
     size, val_size = info.train_size, info.val_size
     shape = (3, info.image_size, info.image_size)
     # FakeData seeds item i with torch.manual_seed(i + random_offset) (taken modulo 2**32 by

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from services.catalog.text_corpus import TEXT_DEFAULT_MAX_LEN, corpus_stats
 
 Task = Literal["classification", "language_modeling"]
+Source = Literal["builtin", "torchvision", "timm", "hf", "plugin"]
 
 # Torchvision image models never see less than this side: 8x8 digits through a ResNet stem
 # collapse to 1x1 by the second stage, and several families (VGG, DenseNet, ConvNeXt) refuse
@@ -31,40 +32,52 @@ class ModelInfo:
 
     `min_input_size` and `input_multiple` describe what the image side is resized to for
     torchvision models: side = round_up(max(dataset side, min_input_size), input_multiple).
-    `options` are the keyword options a spec may pass (`{"name": "mlp", "hidden": 256}`).
+    `options` are the keyword options a spec may pass (`{"name": "mlp", "hidden": 256}`);
+    with `free_options` any other key passes through too (timm's `create_model` arguments,
+    a Hugging Face config's overrides), checked by the worker when it builds the model.
+    `task` None: the task follows from the dataset (`hf:` models, plugins).
+    """
+
+    name: str
+    description: str
+    task: Task | None
+    source: Source
+    min_input_size: int | None = None
+    input_multiple: int = 1
+    options: tuple[str, ...] = ()
+    free_options: bool = False
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """One dataset the service can build by name (sizes are those of the default options).
+
+    Your own data (`imagefolder`, `files`, `hf_disk`, plugins) has no size or class count
+    before the worker reads it: those are None here and known in the built bundle's info.
     """
 
     name: str
     description: str
     task: Task
-    source: Literal["builtin", "torchvision"]
-    min_input_size: int | None = None
-    input_multiple: int = 1
-    options: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """One dataset the service can build by name (sizes are those of the default options)."""
-
-    name: str
-    description: str
-    task: Task
-    num_classes: int
-    train_size: int
-    val_size: int
+    num_classes: int | None
+    train_size: int | None
+    val_size: int | None
     channels: int | None = None
     image_size: int | None = None
     vocab_size: int | None = None
     max_seq_len: int | None = None
     needs_data_root: bool = False
     options: tuple[str, ...] = ()
+    source: Literal["builtin", "own", "plugin"] = "builtin"
+    features: int | None = None  # tabular rows: the number of feature columns
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         """Shape of one input sample: (C, H, W) for images, (max_seq_len,) for token sequences."""
         if self.channels is not None and self.image_size is not None:
             return (self.channels, self.image_size, self.image_size)
+        if self.features is not None:
+            return (self.features,)
         assert self.max_seq_len is not None
         return (self.max_seq_len,)
 
@@ -350,6 +363,7 @@ def check_compatible(model: str, dataset: str) -> str | None:
     model_info, dataset_info = require_model(model), require_dataset(dataset)
     if model_info.task == dataset_info.task:
         return None
+    assert model_info.task is not None  # every catalog model has its task
     return (
         f"model {model!r} is for {model_info.task.replace('_', ' ')} but dataset {dataset!r} is a "
         f"{dataset_info.task.replace('_', ' ')} dataset; datasets for {model!r}: "
@@ -424,7 +438,8 @@ def configured_dataset(name: str, options: Mapping[str, Any] | None = None) -> D
         return option_value("dataset", name, key, options.get(key, default))
 
     if name == "fake":
-        assert info.image_size is not None
+        assert info.image_size is not None and info.num_classes is not None
+        assert info.train_size is not None and info.val_size is not None
         return replace(
             info,
             train_size=option("size", info.train_size),
@@ -458,23 +473,26 @@ def models_listing() -> list[dict[str, Any]]:
     ]
 
 
+def dataset_item(info: DatasetInfo, compatible: list[str]) -> dict[str, Any]:
+    """One JSON-ready `GET /v1/catalog/datasets` item."""
+    return {
+        "name": info.name,
+        "description": info.description,
+        "task": info.task,
+        "source": info.source,
+        "num_classes": info.num_classes,
+        "train_size": info.train_size,
+        "val_size": info.val_size,
+        "channels": info.channels,
+        "image_size": info.image_size,
+        "vocab_size": info.vocab_size,
+        "max_seq_len": info.max_seq_len,
+        "needs_data_root": info.needs_data_root,
+        "options": list(info.options),
+        "compatible_models": compatible,
+    }
+
+
 def datasets_listing() -> list[dict[str, Any]]:
     """JSON-ready `GET /v1/catalog/datasets` items, in catalog order."""
-    return [
-        {
-            "name": info.name,
-            "description": info.description,
-            "task": info.task,
-            "num_classes": info.num_classes,
-            "train_size": info.train_size,
-            "val_size": info.val_size,
-            "channels": info.channels,
-            "image_size": info.image_size,
-            "vocab_size": info.vocab_size,
-            "max_seq_len": info.max_seq_len,
-            "needs_data_root": info.needs_data_root,
-            "options": list(info.options),
-            "compatible_models": compatible_models(info.name),
-        }
-        for info in DATASETS.values()
-    ]
+    return [dataset_item(info, compatible_models(info.name)) for info in DATASETS.values()]

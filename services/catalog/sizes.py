@@ -65,6 +65,7 @@ def gib(n: int) -> str:
 def _mlp(options: Mapping[str, Any], data: DatasetInfo) -> tuple[int, int]:
     hidden, depth = options.get("hidden", 128), options.get("depth", 1)
     inputs, classes = _prod(data.input_shape), data.num_classes
+    assert classes is not None  # a catalog dataset (sized_by_catalog)
     if depth == 0:
         params = inputs * classes + classes
     else:
@@ -102,8 +103,8 @@ def _tiny_transformer(options: Mapping[str, Any], data: DatasetInfo) -> tuple[in
 
 def _torchvision(info: ModelInfo, data: DatasetInfo) -> tuple[int, int]:
     params, per_class, acts = TORCHVISION_SIZES[info.name]
+    assert data.num_classes is not None and data.image_size is not None  # sized_by_catalog
     params += (data.num_classes - REFERENCE_CLASSES) * per_class
-    assert data.image_size is not None
     reference = torchvision_input_side(info, REFERENCE_IMAGE_SIZE)
     side = torchvision_input_side(info, data.image_size)
     # Convolutions scale with the pixels (attention faster still: a floor either way).

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from services.catalog import check_compatible, compatible_datasets
+from services.catalog import check_compatible, compatible_datasets, model_path
 from services.spec.errors import one_of, spec_error
 from services.spec.fields import (
     MAX_STEPS,
@@ -38,7 +38,7 @@ from services.spec.fields import (
     PositiveFloat,
     PositiveInt,
 )
-from services.spec.parts import Optimizer, Scheduler, SchedulerSpec
+from services.spec.parts import InitFrom, Optimizer, Scheduler, SchedulerSpec
 from services.spec.refs import Dataset, Model
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -257,6 +257,7 @@ class JobSpec(BaseModel):
     compile: Bool = False
     fast_path: Bool = True
     data_on_device: Bool = False
+    init_from: InitFrom | None = None
 
     @field_validator("dataset")
     @classmethod
@@ -264,7 +265,10 @@ class JobSpec(BaseModel):
         model = info.data.get("model")
         if model is None:  # the model failed validation and has its own error
             return dataset
-        reason = check_compatible(model.name, dataset.name)
+        try:
+            reason = check_compatible(model.name, dataset.name, dataset.options)
+        except ValueError:  # the dataset's options have their own error
+            return dataset
         if reason is None:
             return dataset
         # The catalog's reason already names the datasets and models that would work.
@@ -364,9 +368,22 @@ class JobSpec(BaseModel):
             self.name = f"{self.model.name}-{self.dataset.name}"
         return self
 
+    def local_paths(self) -> list[tuple[tuple[str, ...], str]]:
+        """(field path, path) of every local file or directory the job reads beside its
+        data_root: the API and the worker check each against the allowed data roots."""
+        paths = [(("dataset", "data_root"), self.dataset.data_root),
+                 (("model", "name"), model_path(self.model.name)),
+                 (("model", "weights"), self.model.options.get("weights")),
+                 (("init_from", "uri"), self.init_from.uri if self.init_from else None)]
+        return [(where, path) for where, path in paths if isinstance(path, str)]
+
     def normalised(self) -> dict[str, Any]:
         """JSON-ready spec with every default filled; `parse_spec` of it gives this spec back."""
-        data = self.model_dump(mode="json", exclude={"model", "dataset", "optimizer", "scheduler"})
+        data = self.model_dump(
+            mode="json", exclude={"model", "dataset", "optimizer", "scheduler", "init_from"}
+        )
+        if self.init_from is not None:
+            data["init_from"] = self.init_from.normalised()
         data["model"] = self.model.normalised()
         data["dataset"] = self.dataset.normalised()
         data["optimizer"] = self.optimizer.normalised()

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.catalog import DatasetInfo, configured_dataset
+from services.catalog import DatasetInfo, configured_dataset, require_model
 from services.catalog.sizes import MemoryEstimate, estimate_memory, gib
 from services.spec.batching import micro_batch_size, steps_per_epoch, total_optimizer_steps
 from services.spec.fields import MAX_STEPS
@@ -71,6 +71,16 @@ def step_memory(spec: JobSpec, data: DatasetInfo | None = None) -> MemoryEstimat
     )
 
 
+def sized_by_catalog(spec: JobSpec, data: DatasetInfo) -> bool:
+    """Whether the torch-free size formulas cover this job: a built-in or torchvision model on
+    a dataset whose shape is known at submit (own data is sized when the worker reads it;
+    `timm:`, `hf:` and plugin models have no formula here)."""
+    model = require_model(spec.model.name)
+    return model.source in ("builtin", "torchvision") and data.train_size is not None and (
+        model.source != "torchvision" or (data.image_size is not None and data.num_classes is not None)
+    )
+
+
 def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
     """Every way `spec` exceeds `limits` or the run-length bound, as 422 field errors."""
     errors = []
@@ -102,7 +112,8 @@ def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
             )
         )
     data = configured_dataset(spec.dataset.name, spec.dataset.options)  # once: ~45 us
-    if spec.epochs is not None and (steps := total_optimizer_steps(spec, data.train_size)) > MAX_STEPS:
+    steps = total_optimizer_steps(spec, data.train_size) if spec.epochs is not None else None
+    if steps is not None and steps > MAX_STEPS:
         errors.append(
             _error(
                 "epochs",
@@ -113,6 +124,8 @@ def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
                 spec.epochs,
             )
         )
+    if not sized_by_catalog(spec, data):
+        return errors  # own models and data: the worker checks them at the job's start
     estimate = step_memory(spec, data)
     if estimate.total_bytes > limits.max_device_memory_bytes:
         # The model alone too large: its options are the fix; else the micro-batch is.

@@ -108,3 +108,37 @@ Optimizer = OptimizerSpec
 Scheduler = Annotated[
     SchedulerSpec, BeforeValidator(_name_to_object, json_schema_input_type=str | SchedulerSpec)
 ]
+
+
+class InitFrom(BaseModel):
+    """Warm start: weights loaded before training. `{"job": ID, "step": K}` (one of your own
+    jobs' checkpoints; the latest when `step` is left out) or `{"uri": "/path/model.pt"}` (a
+    file under a data root: a checkpoint, or a plain state dict). `strict: false` loads what
+    matches and reports missing and unexpected keys in an event."""
+
+    model_config = SPEC_CONFIG
+
+    job: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    step: PositiveInt | None = None
+    uri: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    strict: bool = True
+
+    @model_validator(mode="after")
+    def _job_or_uri(self) -> Self:
+        if (self.job is None) == (self.uri is None):
+            raise spec_error(
+                "exactly_one",
+                'init_from needs exactly one of job (e.g. {"job": "<id>", "step": 100}) or uri '
+                '(e.g. {"uri": "/datasets/weights/model.pt"})',
+            )
+        if self.step is not None and self.job is None:
+            raise _only_for("step", "job", "init_from")
+        if self.uri is not None and not self.uri.startswith("/"):
+            raise spec_error(
+                "init_from_uri",
+                f"init_from.uri must be an absolute path to a file under a data root; got {self.uri!r}",
+            )
+        return self
+
+    def normalised(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,13 @@ from accumcore import Callback, Trainer, fast_path
 from accumcore.auto_batch import accumulation_for, find_micro_batch_size
 from accumcore.data import make_loader
 from accumcore.device_data import DeviceBatches
-from services.catalog.build import DatasetBundle, build_dataset, build_loss, build_model
+from services.catalog.build import (
+    DatasetBundle,
+    build_dataset,
+    build_loss,
+    build_model,
+    takes_keywords,
+)
 from services.spec import JobSpec, accumulation_at, effective_batch_size, world_size
 from services.spec import total_optimizer_steps as spec_total_steps
 
@@ -40,6 +46,8 @@ class Run:
     total_steps: int
     micro_batch_size: int
     accumulation_steps: int | dict[int, int]
+    # What a warm start (`init_from`) loaded: the event the worker writes before the first step.
+    warm_start: dict[str, Any] | None = field(default=None)
 
 
 def pick_device(spec: JobSpec, local_rank: int = 0) -> str:
@@ -183,8 +191,12 @@ def build_run(
     rank: int = 0,
     world: int = 1,
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+    init_weights: Path | None = None,
 ) -> Run:
     """Build everything for one attempt of ``spec`` (on rank ``rank`` of ``world``).
+
+    ``init_weights``: the file ``spec.init_from`` names (resolved by the runner), loaded into
+    the model before training (``services.worker.warm_start``).
 
     Raises:
         ValueError: a spec the catalog refuses. DatasetUnavailable: missing data root files.
@@ -192,7 +204,19 @@ def build_run(
     device = device or pick_device(spec, rank)
     bundle = build_data(spec, data_root_default)
     torch.manual_seed(spec.seed)  # the same seed gives the same initial weights on resume
-    model = build_model(spec.model.name, bundle, **spec.model.options).to(device)
+    model = build_model(spec.model.name, bundle, **spec.model.options)
+    warm = None
+    if init_weights is not None:
+        from services.worker.warm_start import load_initial_weights
+
+        assert spec.init_from is not None
+        warm = load_initial_weights(model, init_weights, strict=spec.init_from.strict)
+    # A Hugging Face model takes keyword batches with unshifted labels (catalog.own_data).
+    keywords = takes_keywords(model)
+    loss_fn = build_loss(bundle, model)  # before any wrapping hides what the model is
+    if keywords and bundle.keyword_collate_fn is not None:
+        bundle = replace(bundle, collate_fn=bundle.keyword_collate_fn)
+    model = model.to(device)
     if spec.fast_path:
         model = fast_path.use_channels_last(model, device)  # same values, faster conv layout
     if spec.compile:
@@ -202,12 +226,12 @@ def build_run(
         model = wrap_model(model)
     micro, steps = micro_batch_and_steps(spec)
     train = rank_shard(bundle.train, rank, world)
-    loss_fn = build_loss(bundle)
     if spec.micro_batch_size == "auto" and device.startswith("cuda"):
         micro, steps = probe_micro_batch(spec, model, train, bundle, loss_fn, device, optimizer)
     train_loader = make_train_loader(spec, train, bundle, micro, device)
     val_loader = make_loader(bundle.val, micro, shuffle=False, collate_fn=bundle.collate_fn)
     total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized
+    assert total is not None  # the size is known here
     factor = lr_lambda(spec, total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if factor else None
     trainer = Trainer(
@@ -224,6 +248,8 @@ def build_run(
         checkpoint_dir=checkpoint_dir,
         on_nonfinite=spec.on_nonfinite,
         verify_window=spec.verify_window,
+        # A causal LM's loss scores labels[..., 1:]: count those (docs/accumulation.md rule 1).
+        shift_labels=keywords and bundle.info.task == "language_modeling",
     )
     fit_kwargs: dict[str, Any] = {
         "epochs": spec.epochs or UNBOUNDED_EPOCHS,
@@ -231,4 +257,4 @@ def build_run(
         "val_loader": val_loader,
         "eval_every": spec.eval_every,
     }
-    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps)
+    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps, warm)

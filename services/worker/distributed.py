@@ -29,6 +29,7 @@ from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.heartbeat import Heartbeat
 from services.worker.training import outcome
+from services.worker.warm_start import describe, job_initial_weights
 
 POLL_S = 0.1
 
@@ -118,9 +119,12 @@ def _rank_main(
             rank=rank,
             world=world,
             wrap_model=lambda m: DistributedDataParallel(m, device_ids=[rank] if cuda else None),
+            init_weights=job_initial_weights(session_factory(settings), spec, attempt.job_id),
         )
         if store_callback is not None:
             store_callback.total_steps = run.total_steps
+            if run.warm_start is not None:
+                store_callback.on_event(run.trainer, "warm_start", describe(run.warm_start), run.warm_start)
         if checkpoint is not None:
             run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=device))
         run.trainer.fit(run.train_loader, **run.fit_kwargs)

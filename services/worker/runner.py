@@ -159,8 +159,9 @@ def _renew(sessions: sessionmaker[Session], attempt: Attempt, lease_timeout_s: f
 
 def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> Outcome:
     """Train on this process (or on ``spec.gpus`` DDP processes); returns ``SUCCEEDED``,
-    ``CANCELLED``, ``HANDED_BACK`` or ``LEASE_LOST``."""
-    require_allowed_data_root(spec.dataset.data_root, settings)  # the API checked it too
+    ``CANCELLED``, ``HANDED_BACK``, ``TIMED_OUT`` or ``LEASE_LOST``."""
+    for _, path in spec.local_paths():  # the API checked them too
+        require_allowed_data_root(path, settings)
     if spec.gpus > 1:
         # Lazy: torch.distributed must stay out of a prefork worker's parent (the runner is
         # preloaded there); with it imported, the forked child hung before its first job on

@@ -12,6 +12,7 @@ from services.worker.attempt import Attempt, Outcome, prepare_resume
 from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.heartbeat import Heartbeat
+from services.worker.warm_start import describe, job_initial_weights
 
 
 def train_local(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> Outcome:
@@ -23,13 +24,17 @@ def train_local(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: 
         total_steps=0, keep_checkpoints=spec.keep_checkpoints, heartbeat=heartbeat,
     )
     checkpoint_dir = settings.artifacts_path / attempt.job_id
+    init_weights = job_initial_weights(sessions, spec, attempt.job_id)
     run = build_run(
         spec,
         callbacks=[callback],
         checkpoint_dir=checkpoint_dir,
         data_root_default=settings.home / "data",
+        init_weights=init_weights,
     )
     callback.total_steps = run.total_steps
+    if run.warm_start is not None:
+        callback.on_event(run.trainer, "warm_start", describe(run.warm_start), run.warm_start)
     checkpoint = prepare_resume(sessions, attempt, checkpoint_dir)
     if checkpoint is not None:
         run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=run.trainer.device))

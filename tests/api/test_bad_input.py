@@ -8,7 +8,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from job_specs import MINIMAL_SPEC
 
-from services.catalog import DATASETS, MODELS
+from services.catalog import DATASETS, MODELS, served_names
 
 from .helpers import PROBLEM_JSON, field_error
 
@@ -72,8 +72,9 @@ def test_nothing_is_stored_for_a_spec_over_a_limit(
 
 def test_unknown_names_list_the_allowed_values(client: TestClient, alice: dict[str, str]) -> None:
     cases = [
-        (with_changes(model="resnet9000"), "body.model", sorted(MODELS)),
-        (with_changes(dataset="imagenet22k"), "body.dataset", sorted(DATASETS)),
+        # The catalog's names, then the namespaces, your own data and the plugins served here.
+        (with_changes(model="resnet9000"), "body.model", served_names("model")),
+        (with_changes(dataset="imagenet22k"), "body.dataset", served_names("dataset")),
         (with_changes(optimizer={"name": "rmsprop", "lr": 0.1}), "body.optimizer.name", ["sgd", "adamw"]),
         (with_changes(precision="fp8"), "body.precision", ["fp32", "bf16", "fp16"]),
     ]

@@ -33,10 +33,12 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def image_groups(model: str) -> dict[tuple[int, ...], list[str]]:
-    """Compatible image datasets of `model`, grouped by input shape."""
+    """Compatible catalog image datasets of `model`, grouped by input shape (your own data,
+    sized only when read, has its tests in test_own_data.py and test_own_models.py)."""
     groups: dict[tuple[int, ...], list[str]] = defaultdict(list)
     for name in compatible_datasets(model):
-        groups[DATASETS[name].input_shape].append(name)
+        if name in DATASETS:
+            groups[DATASETS[name].input_shape].append(name)
     return dict(groups)
 
 

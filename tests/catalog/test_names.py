@@ -88,7 +88,7 @@ def test_incompatible_reason_names_what_would_work() -> None:
 def test_the_demo_and_token_pairs_are_compatible() -> None:
     assert check_compatible("small_cnn", "digits") is None
     assert check_compatible("tiny_transformer", "text") is None
-    assert compatible_datasets("tiny_transformer") == ["text"]
+    assert compatible_datasets("tiny_transformer") == ["files", "hf_disk", "text"]  # + your own text
     assert compatible_models("text") == ["tiny_transformer"]
 
 
@@ -175,14 +175,16 @@ def test_listings_are_json_and_list_every_entry_with_compatibility() -> None:
     listing = json.loads(json.dumps({"models": models_listing(), "datasets": datasets_listing()}))
     models = {item["name"]: item for item in listing["models"]}
     datasets = {item["name"]: item for item in listing["datasets"]}
-    assert set(models) == set(MODELS) and set(datasets) == set(DATASETS)
-    assert models["tiny_transformer"]["compatible_datasets"] == ["text"]
+    # The catalog, then the namespaces and your own data (tests/catalog/test_served.py).
+    assert set(MODELS) | {"timm:", "hf:"} <= set(models)
+    assert set(DATASETS) | {"imagefolder", "files", "hf_disk"} <= set(datasets)
+    assert models["tiny_transformer"]["compatible_datasets"] == ["files", "hf_disk", "text"]
     assert "small_cnn" in datasets["digits"]["compatible_models"]
     assert (
         datasets["mnist"]["needs_data_root"] is True
         and datasets["digits"]["needs_data_root"] is False
     )
     assert datasets["text"]["vocab_size"] == DATASETS["text"].vocab_size
-    for name, item in models.items():
-        assert item["description"] == MODELS[name].description
+    for name in MODELS:
+        assert models[name]["description"] == MODELS[name].description
     assert list(models)[: len(BUILTIN_MODELS)] == list(BUILTIN_MODELS)

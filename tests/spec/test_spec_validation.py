@@ -14,7 +14,7 @@ import pytest
 from job_specs import MINIMAL_SPEC
 from pydantic import ValidationError
 
-from services.catalog import DATASETS, MODELS, check_compatible
+from services.catalog import DATASETS, MODELS, OWN_DATASETS, check_compatible, served_names
 from services.catalog.names import DATASET_OPTION_RANGE, MODEL_OPTION_RANGE
 from services.spec import JobSpec, parse_spec
 from services.spec.fields import MAX_STEPS
@@ -72,7 +72,7 @@ def test_unknown_model_or_dataset_lists_the_catalog_names(field: str, shape: str
     value: Any = "no_such_thing" if shape == "string" else {"name": "no_such_thing"}
     error = only_error(spec_with(**{field: value}))
     assert error["loc"] == (field,)
-    names = sorted(MODELS if field == "model" else DATASETS)
+    names = served_names(field)  # the catalog's names, the namespaces, own data, plugins
     assert allowed(error) == names
     assert "no_such_thing" in error["msg"] and names[0] in error["msg"]
 
@@ -82,7 +82,7 @@ def test_incompatible_pair_fails_at_dataset_with_the_compatible_datasets() -> No
     error = only_error(spec_with(model=model, dataset=dataset))
     assert error["loc"] == ("dataset",)
     assert error["type"] == "incompatible"
-    compatible = [d for d in sorted(DATASETS) if check_compatible(model, d) is None]
+    compatible = [d for d in sorted([*DATASETS, *OWN_DATASETS]) if check_compatible(model, d) is None]
     assert allowed(error) == compatible
     assert check_compatible(model, dataset) in error["msg"]
 

@@ -90,15 +90,18 @@ def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
 
 
 def check_data_root(spec: JobSpec, settings: Settings, owner: Owner) -> None:
-    """422 at `dataset.data_root` when it is outside the allowed roots; the roots are the
-    servers' paths, so only an admin is told them (in the message and in `allowed`)."""
-    if spec.dataset.data_root is None:
+    """422 at `dataset.data_root` (or `model.name` of an `hf:/dir`, `model.weights`,
+    `init_from.uri`) when the path is outside the allowed roots; the roots are the servers'
+    paths, so only an admin is told them (in the message and in `allowed`)."""
+    paths = spec.local_paths()
+    if not paths:
         return
     roots = allowed_data_roots(settings)
-    reason = data_root_refusal(spec.dataset.data_root, roots, show_roots=owner.is_admin)
-    if reason is not None:
-        allowed = [str(r) for r in roots] if owner.is_admin else None
-        raise invalid_field(("body", "dataset", "data_root"), reason, spec.dataset.data_root, allowed)
+    for where, path in paths:
+        reason = data_root_refusal(path, roots, show_roots=owner.is_admin)
+        if reason is not None:
+            allowed = [str(r) for r in roots] if owner.is_admin else None
+            raise invalid_field(("body", *where), reason, path, allowed)
 
 
 def within_limits(spec: JobSpec, settings: Settings) -> JobSpec:
@@ -108,6 +111,22 @@ def within_limits(spec: JobSpec, settings: Settings) -> JobSpec:
     if errors := limit_errors(spec, limits):
         raise RequestValidationError(errors)
     return with_defaults(spec, limits)
+
+
+def check_init_from(session: Session, spec: JobSpec, owner: Owner) -> None:
+    """422 at `init_from.job` unless it is one of the owner's jobs; another owner's job gets
+    the same answer as a job that does not exist, so nothing about it leaks."""
+    ref = spec.init_from
+    if ref is None or ref.job is None:
+        return
+    job = session.get(Job, ref.job) if JOB_ID.fullmatch(ref.job) else None
+    if job is None or job.owner_id != owner.id:
+        raise invalid_field(
+            ("body", "init_from", "job"),
+            f"no job {ref.job[:100]!r} of yours to start from; init_from.job takes the id of one "
+            "of your jobs (GET /v1/jobs lists them)",
+            ref.job,
+        )
 
 
 def enqueue_after_commit(settings: Settings, job: Job) -> None:
@@ -147,6 +166,7 @@ def submit_job(
 ) -> JobPublic:
     """Submit a training job; it is queued and a worker picks it up."""
     check_data_root(spec, settings, owner)
+    check_init_from(session, spec, owner)
     spec = within_limits(spec, settings)
     try:
         job, created = store_jobs.create_job(
