@@ -91,8 +91,10 @@ def make_train_loader(
     """The training batches, in the (seed, epoch) order that makes resume exact.
 
     ``data_on_device``: the whole (small) dataset lives on the device, each micro-batch is one
-    indexing kernel. Otherwise a DataLoader; on CUDA with the fast path, with pinned memory,
-    worker processes and a prefetcher that copies the next batch while this one computes.
+    indexing kernel. Otherwise a DataLoader; on CUDA with the fast path, with pinned memory and
+    worker processes. The batches stay on the host: the trainer's ``DeviceFeed`` copies each
+    micro-batch just before its forward, the next one on a side stream while this one
+    computes (a prefetcher in front of the trainer would put a whole window on the device).
     """
     from accumcore.device_data import DeviceBatches
 
@@ -100,8 +102,7 @@ def make_train_loader(
         return DeviceBatches.from_dataset(train, micro, device=device, seed=spec.seed, shuffle=True)
     cuda = device.startswith("cuda")
     extra = fast_path.loader_kwargs(device, num_workers=loader_workers()) if cuda and spec.fast_path else {}
-    loader = make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn, **extra)
-    return fast_path.CudaPrefetcher(loader, device) if cuda and spec.fast_path else loader
+    return make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn, **extra)
 
 
 def loader_workers() -> int:

@@ -43,6 +43,7 @@ import torch
 from accumcore import distributed, items, loader_state, metrics
 from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
+from accumcore.device_feed import host_loader
 from accumcore.evaluation import evaluate
 from accumcore.loss import ModelLossOrCrossEntropy, check_loss_fn, check_mean_over_items
 from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, next_split, release_memory
@@ -380,6 +381,7 @@ class Trainer:
 
     def _iterate(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
         """A new iterator over the loader, past its first ``skip`` batches (skipped now)."""
+        loader = host_loader(loader)  # not a CudaPrefetcher's: it would put the window on the device
         batch_sampler: Any = getattr(loader, "batch_sampler", None)
         source = target_source(loader, self._custom_counter, self.ignore_index, self.count_items)
         if source is not None:

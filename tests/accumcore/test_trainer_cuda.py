@@ -40,3 +40,29 @@ def test_at_most_one_device_sync_per_window_and_peak_memory_reported() -> None:
     assert len(history.steps) == 4
     assert len(syncs) <= len(history.steps), [str(w.message) for w in syncs]
     assert all(s["peak_memory_bytes"] > 0 for s in history.steps)
+
+
+def _peak_with_prefetcher(n_acc: int, m: int = 8) -> int:
+    """Peak CUDA memory of one epoch fed by the fast path's streaming loader (pinned memory,
+    CudaPrefetcher) with a tiny model, so that the inputs are most of the memory."""
+    from accumcore.device_data import fast_loader
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 64 * 64, 3))
+    dataset = torch.utils.data.TensorDataset(torch.randn(m * 16, 3, 64, 64), torch.randint(0, 3, (m * 16,)))
+    loader = fast_loader(dataset, m, seed=0, device="cuda", name="not-small")
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                      accumulation_steps=n_acc, device="cuda")
+    trainer.fit(loader, epochs=1)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    trainer.fit(loader, epochs=2)
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated())
+
+
+def test_a_window_read_ahead_through_the_prefetcher_stays_on_the_host() -> None:
+    # Issue 19 item 1: the prefetcher used to copy every batch of a window read ahead.
+    micro_batch = 8 * 3 * 64 * 64 * 4
+    one, sixteen = _peak_with_prefetcher(1), _peak_with_prefetcher(16)
+    assert sixteen - one < micro_batch  # not 15 more micro-batches: at most one in flight
