@@ -46,7 +46,7 @@ from accumcore.checkpoint import save_checkpoint
 from accumcore.device_feed import host_loader
 from accumcore.evaluation import evaluate
 from accumcore.loss import ModelLossOrCrossEntropy, check_loss_fn, check_mean_over_items
-from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, next_split, release_memory
+from accumcore.oom import MicroBatchTooSmall, is_oom, next_split, release_memory
 from accumcore.precision import Precision
 from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
 from accumcore.schedule import AccumulationSchedule
@@ -411,7 +411,9 @@ class Trainer:
                 )
             try:
                 result = self._runner.run(micro_batches, windows_left)
-            except OOM_ERRORS:
+            except RuntimeError as exc:
+                if not is_oom(exc):
+                    raise
                 result = None  # handled below, outside the except block, so the traceback is freed
             if isinstance(result, str):  # STOPPED, or EXHAUSTED (DDP: no rank has data left)
                 self.optimizer.zero_grad(set_to_none=True)

@@ -17,7 +17,7 @@ import torch
 
 from accumcore import distributed, items
 from accumcore.device_feed import DeviceFeed
-from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, release_memory
+from accumcore.oom import MicroBatchTooSmall, is_oom, release_memory
 from accumcore.precision import Precision
 from accumcore.window_source import PendingBatch, split_indices
 
@@ -208,9 +208,9 @@ class WindowRunner:
                     _check_scalar(loss)
                     in_sync_backward = synced and index == last
                     self._backward(mb, loss, outputs, weight_factor, divisor, losses, counts)
-            except OOM_ERRORS:
-                if not self.ddp:
-                    raise  # the trainer backs off and restarts the window
+            except RuntimeError as exc:
+                if not self.ddp or not is_oom(exc):
+                    raise  # single process: the trainer backs off and restarts the window
                 if in_sync_backward:
                     raise MicroBatchTooSmall(
                         "out of memory inside DDP's gradient all-reduce (the window's last "

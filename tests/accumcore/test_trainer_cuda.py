@@ -66,3 +66,18 @@ def test_a_window_read_ahead_through_the_prefetcher_stays_on_the_host() -> None:
     micro_batch = 8 * 3 * 64 * 64 * 4
     one, sixteen = _peak_with_prefetcher(1), _peak_with_prefetcher(16)
     assert sixteen - one < micro_batch  # not 15 more micro-batches: at most one in flight
+
+
+def test_a_real_cuda_out_of_memory_is_classified_and_its_cache_released() -> None:
+    from accumcore.oom import is_oom, release_memory
+
+    held = torch.empty(64 * 2**20, device="cuda")
+    del held  # a cached block the release must give back
+    try:
+        torch.empty(2**50, dtype=torch.uint8, device="cuda")
+    except RuntimeError as exc:
+        assert is_oom(exc)
+    else:  # pragma: no cover - no device has a petabyte
+        raise AssertionError("a petabyte was allocated")
+    release_memory()
+    assert torch.cuda.memory_reserved() == 0
