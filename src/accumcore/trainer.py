@@ -48,7 +48,7 @@ from accumcore.evaluation import evaluate
 from accumcore.loss import ModelLossOrCrossEntropy, check_loss_fn, check_mean_over_items
 from accumcore.oom import MicroBatchTooSmall, is_oom, next_split, release_memory
 from accumcore.precision import Precision
-from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
+from accumcore.rng import capture_rng_state, gather_by_rank, restore_rng_state, serialise_rng_state
 from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
 from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
@@ -582,10 +582,15 @@ class Trainer:
     def _write_checkpoint(self) -> CheckpointInfo | None:
         assert self.checkpoint_dir is not None
         self._last_checkpoint_step = self.global_step
+        # DDP: every rank's RNG states into rank 0's file (a collective, on every rank).
+        ranks = gather_by_rank(self._rng_at_boundary or capture_rng_state())
         if not distributed.is_main_process():
             return None
+        state = self.state_dict()
+        if ranks:
+            state["rng"]["ranks"] = ranks
         info = save_checkpoint(
-            self.state_dict(), self.checkpoint_dir / f"{self.global_step}.pt",
+            state, self.checkpoint_dir / f"{self.global_step}.pt",
             metrics=self._last_metrics,
         )
         self._history.checkpoints.append(info)

@@ -81,3 +81,15 @@ def test_a_real_cuda_out_of_memory_is_classified_and_its_cache_released() -> Non
         raise AssertionError("a petabyte was allocated")
     release_memory()
     assert torch.cuda.memory_reserved() == 0
+
+
+def test_cuda_generator_states_round_trip_through_a_checkpoint_state() -> None:
+    from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
+
+    torch.cuda.manual_seed_all(3)
+    torch.rand(1, device="cuda")  # CUDA in use: its states are captured
+    state = serialise_rng_state(capture_rng_state())
+    assert state["cuda_device"] == torch.cuda.current_device()
+    first = torch.rand(4, device="cuda")
+    restore_rng_state(state)
+    assert torch.equal(torch.rand(4, device="cuda"), first)
