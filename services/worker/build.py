@@ -19,6 +19,7 @@ from torch.utils.data import Dataset, Subset
 
 from accumcore import Callback, Trainer, fast_path
 from accumcore.data import make_loader
+from accumcore.precision import check_native_bf16
 from services.catalog.build import DatasetBundle, build_dataset, build_loss, build_model
 from services.spec import JobSpec, accumulation_at, effective_batch_size, world_size
 from services.spec import total_optimizer_steps as spec_total_steps
@@ -187,6 +188,8 @@ def build_run(
         ValueError: a spec the catalog refuses. DatasetUnavailable: missing data root files.
     """
     device = device or pick_device(spec, rank)
+    if spec.precision == "bf16":
+        check_native_bf16(torch.device(device))  # before anything is built: fail at the start
     bundle = build_data(spec, data_root_default)
     torch.manual_seed(spec.seed)  # the same seed gives the same initial weights on resume
     model = build_model(spec.model.name, bundle, **spec.model.options).to(device)

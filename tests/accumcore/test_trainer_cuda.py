@@ -93,3 +93,13 @@ def test_cuda_generator_states_round_trip_through_a_checkpoint_state() -> None:
     first = torch.rand(4, device="cuda")
     restore_rng_state(state)
     assert torch.equal(torch.rand(4, device="cuda"), first)
+
+
+def test_bf16_is_accepted_exactly_where_the_gpu_has_it_natively() -> None:
+    from accumcore.precision import Precision, UnsupportedPrecision
+
+    if torch.cuda.get_device_capability() >= (8, 0):
+        assert Precision("bf16", torch.device("cuda")).name == "bf16"
+    else:
+        with pytest.raises(UnsupportedPrecision, match="fp16"):
+            Precision("bf16", torch.device("cuda"))

@@ -72,3 +72,18 @@ def test_data_on_device_trains_in_the_same_order_as_the_loader() -> None:
     loader, on_device = _final_weights({}), _final_weights({"data_on_device": True})
     assert loader.keys() == on_device.keys()
     assert all(torch.equal(loader[k], on_device[k]) for k in loader)  # type: ignore[arg-type]
+
+
+def test_a_bf16_job_on_a_gpu_without_native_bf16_fails_at_its_start_naming_fp16(monkeypatch) -> None:
+    import torch
+
+    from accumcore.precision import UnsupportedPrecision
+    from services.worker.build import build_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    spec = parse_spec({"model": "mlp", "dataset": "digits", "micro_batch_size": 8, "accumulation_steps": 2,
+                       "epochs": 1, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": "bf16"})
+    with pytest.raises(UnsupportedPrecision, match="Tesla T4 is 7.5.*precision='fp16'"):
+        build_run(spec, callbacks=[], checkpoint_dir=None, device="cuda:0")
