@@ -90,8 +90,8 @@ def peak_bytes(path: str, batches: list[Any], m: int, n_acc: int, width: int) ->
 def main() -> None:
     args = _common.base_parser(__doc__.splitlines()[0]).parse_args()
     _common.configure(args)
-    m, shape, width, repeats = (8, (3, 16, 16), 8, 2) if args.quick else (32, (3, 64, 64), 16, 3)
-    ns = (1, 2, 8) if args.quick else (1, 2, 4, 8, 16)
+    m, shape, width, repeats = (8, (3, 16, 16), 8, 2) if args.quick else (16, (3, 32, 32), 16, 2)
+    ns = (1, 2, 8) if args.quick else (1, 4, 16)
     data = w.image_data(m * max(ns), shape)
     inputs, targets = data.tensors
     batches = [(inputs[i : i + m].clone(), targets[i : i + m].clone()) for i in range(0, len(inputs), m)]

@@ -70,10 +70,11 @@ def test_a_rank_dying_before_it_finished_fails_the_job_and_stops_the_others() ->
 
 
 @pytest.mark.reliability_slow
+@pytest.mark.timeout(2400)  # 20 jobs of two spawned ranks each: minutes on a loaded 2-core machine
 def test_a_gpus_2_job_succeeds_20_times_in_a_row(settings: Settings, make_job: Callable[..., str]) -> None:
     spec = {"model": "mlp", "dataset": "digits", "micro_batch_size": 64, "accumulation_steps": 2,
-            "max_steps": 10, "eval_every": 10, "optimizer": {"name": "sgd", "lr": 0.1}, "gpus": 2,
-            "checkpoint_every": 10, "keep_checkpoints": 1}
+            "max_steps": 4, "eval_every": 4, "optimizer": {"name": "sgd", "lr": 0.1}, "gpus": 2,
+            "checkpoint_every": 4, "keep_checkpoints": 1}
     outcomes = []
     for _ in range(20):
         job_id = make_job(spec)
