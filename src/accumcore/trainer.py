@@ -498,7 +498,7 @@ class Trainer:
         }
         if outcome.grad_norm is not None:
             step_metrics["grad_norm"] = outcome.grad_norm
-        peak = metrics.peak_memory_bytes(self.device)
+        peak = metrics.take_peak_memory(self.device)  # this step's own peak
         if peak is not None:
             step_metrics["peak_memory_bytes"] = peak
         if outcome.loss_scale is not None:
@@ -537,6 +537,9 @@ class Trainer:
             assert self.scheduler is not None
             self.scheduler.step(values["val_loss"])
         eval_metrics = {"step": float(self.global_step), "epoch": float(self.epoch), **values}
+        peak = metrics.take_peak_memory(self.device)  # the evaluation's, apart from the steps'
+        if peak is not None:
+            eval_metrics["val_peak_memory_bytes"] = peak
         self._last_eval_step = self.global_step
         self._history.evals.append(eval_metrics)
         self.callbacks.on_eval(self, eval_metrics)

@@ -103,3 +103,15 @@ def test_bf16_is_accepted_exactly_where_the_gpu_has_it_natively() -> None:
     else:
         with pytest.raises(UnsupportedPrecision, match="fp16"):
             Precision("bf16", torch.device("cuda"))
+
+
+def test_peak_memory_is_per_step_and_the_evaluation_has_its_own() -> None:
+    model = class_model(torch.float32)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                      device="cuda")
+    small = make_loader(class_dataset(8, torch.float32), 2)
+    big_val = make_loader(class_dataset(4096, torch.float32), 4096, shuffle=False)
+    history = trainer.fit(small, epochs=2, val_loader=big_val)
+    eval_peak = history.evals[0]["val_peak_memory_bytes"]
+    # A running maximum would carry the first evaluation's batch into the next epoch's steps.
+    assert all(s["peak_memory_bytes"] < eval_peak for s in history.steps[4:])
