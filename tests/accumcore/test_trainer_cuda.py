@@ -115,3 +115,14 @@ def test_peak_memory_is_per_step_and_the_evaluation_has_its_own() -> None:
     eval_peak = history.evals[0]["val_peak_memory_bytes"]
     # A running maximum would carry the first evaluation's batch into the next epoch's steps.
     assert all(s["peak_memory_bytes"] < eval_peak for s in history.steps[4:])
+
+
+def test_the_worker_names_its_gpus_without_a_cuda_context() -> None:
+    import subprocess
+    import sys
+
+    code = ("import torch; from services.worker.runner import describe_gpu; name = describe_gpu(); "
+            "assert not torch.cuda.is_initialized(), 'a CUDA context'; print(name)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert torch.cuda.get_device_name(0) in done.stdout
