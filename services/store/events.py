@@ -41,3 +41,9 @@ def list_events(
     if after_id is not None:
         query = query.where(JobEvent.id > after_id)
     return list(session.scalars(query.order_by(JobEvent.id).limit(limit)))
+
+
+def latest_event(session: Session, job_id: str, kind: str) -> JobEvent | None:
+    """The job's most recent event of this kind, or None."""
+    query = select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == kind)
+    return session.scalars(query.order_by(JobEvent.id.desc()).limit(1)).first()

@@ -86,6 +86,19 @@ def probe_micro_batch(
     return micro, accumulation_for(per_rank, micro)
 
 
+def agree_on_smallest(spec: JobSpec, micro: int, device: str) -> tuple[int, int]:
+    """The smallest m the DDP ranks picked (one all-reduce), and its N: a divisor of the
+    per-rank batch that fits on every rank."""
+    import torch.distributed as dist
+
+    from accumcore.auto_batch import accumulation_for
+
+    picked = torch.tensor([micro], device=device)
+    dist.all_reduce(picked, op=dist.ReduceOp.MIN)
+    per_rank = effective_batch_size(spec) // world_size(spec)
+    return int(picked.item()), accumulation_for(per_rank, int(picked.item()))
+
+
 def make_train_loader(
     spec: JobSpec, train: Dataset[Any], bundle: DatasetBundle, micro: int, device: str
 ) -> Any:
@@ -181,8 +194,11 @@ def build_run(
     rank: int = 0,
     world: int = 1,
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+    chosen: tuple[int, int] | None = None,
 ) -> Run:
     """Build everything for one attempt of ``spec`` (on rank ``rank`` of ``world``).
+    ``chosen``: the (m, N) an earlier attempt chose for ``micro_batch_size: "auto"``
+    (``services.worker.micro_batch``), used instead of probing again.
 
     Raises:
         ValueError: a spec the catalog refuses. DatasetUnavailable: missing data root files.
@@ -203,8 +219,12 @@ def build_run(
     micro, steps = micro_batch_and_steps(spec)
     train = rank_shard(bundle.train, rank, world)
     loss_fn = build_loss(bundle)
-    if spec.micro_batch_size == "auto" and device.startswith("cuda"):
+    if spec.micro_batch_size == "auto" and chosen is not None:
+        micro, steps = chosen
+    elif spec.micro_batch_size == "auto" and device.startswith("cuda"):
         micro, steps = probe_micro_batch(spec, model, train, bundle, loss_fn, device, optimizer)
+        if world > 1:  # every rank must run the same (m, N): the smallest pick fits on all
+            micro, steps = agree_on_smallest(spec, micro, device)
     train_loader = make_train_loader(spec, train, bundle, micro, device)
     val_loader = make_loader(bundle.val, micro, shuffle=False, collate_fn=bundle.collate_fn)
     total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized

@@ -32,6 +32,7 @@ import torch.multiprocessing as mp
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
 from services.worker.heartbeat import Heartbeat
+from services.worker.micro_batch import record_choice, recorded_choice
 from services.worker.runner import Attempt, prepare_resume
 from services.worker.training import outcome
 
@@ -60,6 +61,7 @@ def train_distributed(
         )
     checkpoint_dir = settings.artifacts_path / attempt.job_id
     checkpoint = prepare_resume(session_factory(settings), attempt, checkpoint_dir)
+    chosen = recorded_choice(session_factory(settings), attempt.job_id) if spec.micro_batch_size == "auto" else None
     port = free_port()
     # finished[r] = 1 once rank r's fit returned (and, on rank 0, its final checkpoint and
     # metrics are recorded): from then on a rank that dies in teardown does not fail the job.
@@ -67,7 +69,7 @@ def train_distributed(
     context = mp.start_processes(
         _rank_main,
         args=(world, port, settings.model_dump(mode="json"), attempt.spec, asdict(attempt), checkpoint,
-              finished),
+              finished, chosen),
         nprocs=world,
         join=False,
         start_method="spawn",  # never fork a process that may hold CUDA or DB connections
@@ -151,6 +153,7 @@ def _rank_main(
     attempt_data: dict[str, Any],
     checkpoint: str | None,
     finished: Any,
+    chosen: tuple[int, int] | None = None,
 ) -> None:
     """One rank: join the process group, build the run, restore, fit, then tear down in order
     (every rank at a barrier, then ``destroy_process_group``), so no rank closes its
@@ -190,7 +193,11 @@ def _rank_main(
             rank=rank,
             world=world,
             wrap_model=lambda m: DistributedDataParallel(m, device_ids=[rank] if cuda else None),
+            chosen=chosen,
         )
+        if rank == 0 and spec.micro_batch_size == "auto" and chosen is None:
+            record_choice(session_factory(settings), attempt.job_id, attempt.attempt,
+                          run.micro_batch_size, int(run.accumulation_steps))  # type: ignore[arg-type]
         if store_callback is not None:
             store_callback.total_steps = run.total_steps
         if checkpoint is not None:

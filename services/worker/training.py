@@ -11,6 +11,7 @@ from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.db import session_factory
 from services.worker.heartbeat import Heartbeat
+from services.worker.micro_batch import record_choice, recorded_choice
 from services.worker.runner import HANDED_BACK, Attempt, prepare_resume
 
 
@@ -23,12 +24,17 @@ def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heart
         total_steps=0, keep_checkpoints=spec.keep_checkpoints, heartbeat=heartbeat,
     )
     checkpoint_dir = settings.artifacts_path / attempt.job_id
+    auto = spec.micro_batch_size == "auto"
+    chosen = recorded_choice(sessions, attempt.job_id) if auto else None
     run = build_run(
         spec,
         callbacks=[callback],
         checkpoint_dir=checkpoint_dir,
         data_root_default=settings.home / "data",
+        chosen=chosen,
     )
+    if auto and chosen is None:
+        record_choice(sessions, attempt.job_id, attempt.attempt, run.micro_batch_size, run.accumulation_steps)
     callback.total_steps = run.total_steps
     checkpoint = prepare_resume(sessions, attempt, checkpoint_dir)
     if checkpoint is not None:
