@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ class Run:
     total_steps: int
     micro_batch_size: int
     accumulation_steps: int | dict[int, int]
+    # (kind, message, data) the runner records as the job's events: what building decided
+    notes: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
 
 
 def pick_device(spec: JobSpec, local_rank: int = 0) -> str:
@@ -100,20 +102,34 @@ def agree_on_smallest(spec: JobSpec, micro: int, device: str) -> tuple[int, int]
 
 
 def make_train_loader(
-    spec: JobSpec, train: Dataset[Any], bundle: DatasetBundle, micro: int, device: str
+    spec: JobSpec, train: Dataset[Any], bundle: DatasetBundle, micro: int, device: str,
+    notes: list[tuple[str, str, dict[str, Any]]] | None = None,
 ) -> Any:
     """The training batches, in the (seed, epoch) order that makes resume exact.
 
     ``data_on_device``: the whole (small) dataset lives on the device, each micro-batch is one
-    indexing kernel. Otherwise a DataLoader; on CUDA with the fast path, with pinned memory and
+    indexing kernel; a dataset that does not fit there, or a text dataset (its batches are
+    padded per batch by its collate function), is loaded as without it, with a note (event)
+    saying so. Otherwise a DataLoader; on CUDA with the fast path, with pinned memory and
     worker processes. The batches stay on the host: the trainer's ``DeviceFeed`` copies each
-    micro-batch just before its forward, the next one on a side stream while this one
-    computes (a prefetcher in front of the trainer would put a whole window on the device).
+    micro-batch just before its forward, on a side stream while the previous backward runs
+    (a prefetcher in front of the trainer would put a whole window on the device).
     """
     from accumcore.device_data import DeviceBatches
 
-    if spec.data_on_device and bundle.collate_fn is None:
-        return DeviceBatches.from_dataset(train, micro, device=device, seed=spec.seed, shuffle=True)
+    notes = notes if notes is not None else []
+    if spec.data_on_device and bundle.collate_fn is not None:
+        notes.append(("data_on_device_ignored",
+                      f"data_on_device is ignored for {spec.dataset.name}: its batches are padded per "
+                      "batch by its collate function; it is loaded by the DataLoader",
+                      {"dataset": spec.dataset.name, "reason": "collate_fn"}))
+    elif spec.data_on_device:
+        try:
+            return DeviceBatches.from_dataset(train, micro, device=device, seed=spec.seed, shuffle=True)
+        except ValueError as exc:  # does not fit: the same batches, streamed
+            notes.append(("data_on_device_ignored",
+                          f"data_on_device: {exc}; loading it with the DataLoader instead (same order)",
+                          {"dataset": spec.dataset.name, "reason": "does_not_fit"}))
     cuda = device.startswith("cuda")
     extra = fast_path.loader_kwargs(device, num_workers=loader_workers()) if cuda and spec.fast_path else {}
     return make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn, **extra)
@@ -225,7 +241,12 @@ def build_run(
         micro, steps = probe_micro_batch(spec, model, train, bundle, loss_fn, device, optimizer)
         if world > 1:  # every rank must run the same (m, N): the smallest pick fits on all
             micro, steps = agree_on_smallest(spec, micro, device)
-    train_loader = make_train_loader(spec, train, bundle, micro, device)
+    notes: list[tuple[str, str, dict[str, Any]]] = []
+    train_loader = make_train_loader(spec, train, bundle, micro, device, notes)
+    if device.startswith("cuda"):
+        # Image batches have one shape: let cuDNN time its algorithms once and keep the
+        # fastest (not bitwise reproducible across runs on CUDA: README, "Determinism").
+        torch.backends.cudnn.benchmark = bundle.collate_fn is None
     val_loader = make_loader(bundle.val, micro, shuffle=False, collate_fn=bundle.collate_fn)
     total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized
     factor = lr_lambda(spec, total)
@@ -250,4 +271,4 @@ def build_run(
         "val_loader": val_loader,
         "eval_every": spec.eval_every,
     }
-    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps)
+    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps, notes)

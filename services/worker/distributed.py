@@ -200,6 +200,8 @@ def _rank_main(
                           run.micro_batch_size, int(run.accumulation_steps))  # type: ignore[arg-type]
         if store_callback is not None:
             store_callback.total_steps = run.total_steps
+            for kind, message, data in run.notes:
+                store_callback.on_event(run.trainer, kind, message, data)
         if checkpoint is not None:
             run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=device))
         run.trainer.fit(run.train_loader, **run.fit_kwargs)

@@ -36,6 +36,8 @@ def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heart
     if auto and chosen is None:
         record_choice(sessions, attempt.job_id, attempt.attempt, run.micro_batch_size, run.accumulation_steps)
     callback.total_steps = run.total_steps
+    for kind, message, data in run.notes:
+        callback.on_event(run.trainer, kind, message, data)
     checkpoint = prepare_resume(sessions, attempt, checkpoint_dir)
     if checkpoint is not None:
         run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=run.trainer.device))

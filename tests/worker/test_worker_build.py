@@ -87,3 +87,32 @@ def test_a_bf16_job_on_a_gpu_without_native_bf16_fails_at_its_start_naming_fp16(
                        "epochs": 1, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": "bf16"})
     with pytest.raises(UnsupportedPrecision, match="Tesla T4 is 7.5.*precision='fp16'"):
         build_run(spec, callbacks=[], checkpoint_dir=None, device="cuda:0")
+
+
+def _notes_and_loader(spec_update: dict):
+    from services.worker.build import build_run
+
+    spec = parse_spec({"model": "mlp", "dataset": "digits", "micro_batch_size": 8, "accumulation_steps": 2,
+                       "epochs": 1, "optimizer": {"name": "sgd", "lr": 0.1}, "data_on_device": True,
+                       **spec_update})
+    run = build_run(spec, callbacks=[], checkpoint_dir=None, device="cpu")
+    return run.notes, run.train_loader
+
+
+def test_data_on_device_that_does_not_fit_falls_back_to_the_loader_with_an_event(monkeypatch) -> None:
+    from torch.utils.data import DataLoader
+
+    from accumcore import device_data
+
+    # The device's free memory, stood in for: the dataset does not fit.
+    monkeypatch.setattr(device_data, "fits_on_device", lambda nbytes, device, fraction=0.25: False)
+    notes, loader = _notes_and_loader({})
+    assert isinstance(loader, DataLoader)
+    assert [(kind, data["reason"]) for kind, _message, data in notes] == [("data_on_device_ignored", "does_not_fit")]
+    assert "loading it with the DataLoader instead" in notes[0][1]
+
+
+def test_data_on_device_is_said_to_be_ignored_for_text() -> None:
+    notes, _loader = _notes_and_loader({"model": "tiny_transformer", "dataset": "text"})
+    assert [(kind, data["reason"]) for kind, _message, data in notes] == [("data_on_device_ignored", "collate_fn")]
+    assert "ignored for text" in notes[0][1]
