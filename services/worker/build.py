@@ -246,7 +246,7 @@ def build_run(
     if device.startswith("cuda"):
         # Image batches have one shape: let cuDNN time its algorithms once and keep the
         # fastest (not bitwise reproducible across runs on CUDA: README, "Determinism").
-        torch.backends.cudnn.benchmark = bundle.collate_fn is None
+        torch.backends.cudnn.benchmark = spec.fast_path and bundle.collate_fn is None
     val_loader = make_loader(bundle.val, micro, shuffle=False, collate_fn=bundle.collate_fn)
     total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized
     factor = lr_lambda(spec, total)
