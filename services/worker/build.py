@@ -247,7 +247,10 @@ def build_run(
         # Image batches have one shape: let cuDNN time its algorithms once and keep the
         # fastest (not bitwise reproducible across runs on CUDA: README, "Determinism").
         torch.backends.cudnn.benchmark = spec.fast_path and bundle.collate_fn is None
-    val_loader = make_loader(bundle.val, micro, shuffle=False, collate_fn=bundle.collate_fn)
+    # Each DDP rank evaluates its own share; accumcore's evaluate sums loss, items and hits
+    # over the ranks, so the metrics are those of the whole validation set.
+    val = rank_shard(bundle.val, rank, world) if len(bundle.val) >= world else bundle.val  # type: ignore[arg-type]
+    val_loader = make_loader(val, micro, shuffle=False, collate_fn=bundle.collate_fn)
     total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized
     factor = lr_lambda(spec, total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if factor else None

@@ -116,3 +116,16 @@ def test_data_on_device_is_said_to_be_ignored_for_text() -> None:
     notes, _loader = _notes_and_loader({"model": "tiny_transformer", "dataset": "text"})
     assert [(kind, data["reason"]) for kind, _message, data in notes] == [("data_on_device_ignored", "collate_fn")]
     assert "ignored for text" in notes[0][1]
+
+
+def test_ddp_ranks_evaluate_disjoint_shares_of_the_validation_set() -> None:
+    from services.worker.build import build_run
+
+    spec = parse_spec({"model": "mlp", "dataset": "digits", "micro_batch_size": 8, "accumulation_steps": 2,
+                       "epochs": 1, "optimizer": {"name": "sgd", "lr": 0.1}, "gpus": 2})
+    shares = [build_run(spec, callbacks=[], checkpoint_dir=None, device="cpu", rank=r, world=2).val_loader.dataset
+              for r in range(2)]
+    single = parse_spec({**spec.model_dump(mode="json"), "gpus": 1})
+    full = build_run(single, callbacks=[], checkpoint_dir=None, device="cpu").val_loader.dataset
+    assert abs(len(shares[0]) - len(shares[1])) <= 1 and len(shares[0]) + len(shares[1]) == len(full)
+    assert set(shares[0].indices).isdisjoint(shares[1].indices)
