@@ -21,6 +21,7 @@ from accumcore import Callback, Trainer, fast_path
 from accumcore.auto_batch import accumulation_for, find_micro_batch_size
 from accumcore.data import make_loader
 from accumcore.device_data import DeviceBatches
+from accumcore.precision import check_native_bf16
 from services.catalog.build import (
     DatasetBundle,
     build_dataset,
@@ -48,6 +49,8 @@ class Run:
     accumulation_steps: int | dict[int, int]
     # What a warm start (`init_from`) loaded: the event the worker writes before the first step.
     warm_start: dict[str, Any] | None = field(default=None)
+    # (kind, message, data) the runner records as the job's events: what building decided
+    notes: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
 
 
 def pick_device(spec: JobSpec, local_rank: int = 0) -> str:
@@ -93,17 +96,46 @@ def probe_micro_batch(
     return micro, accumulation_for(per_rank, micro)
 
 
+def agree_on_smallest(spec: JobSpec, micro: int, device: str) -> tuple[int, int]:
+    """The smallest m the DDP ranks picked (one all-reduce), and its N: a divisor of the
+    per-rank batch that fits on every rank."""
+    import torch.distributed as dist
+
+    from accumcore.auto_batch import accumulation_for
+
+    picked = torch.tensor([micro], device=device)
+    dist.all_reduce(picked, op=dist.ReduceOp.MIN)
+    per_rank = effective_batch_size(spec) // world_size(spec)
+    return int(picked.item()), accumulation_for(per_rank, int(picked.item()))
+
+
 def make_train_loader(
-    spec: JobSpec, train: Dataset[Any], bundle: DatasetBundle, micro: int, device: str
+    spec: JobSpec, train: Dataset[Any], bundle: DatasetBundle, micro: int, device: str,
+    notes: list[tuple[str, str, dict[str, Any]]] | None = None,
 ) -> Any:
     """The training batches, in the (seed, epoch) order that makes resume exact.
 
     ``data_on_device``: the whole (small) dataset lives on the device, each micro-batch is one
-    indexing kernel. Otherwise a DataLoader; on CUDA with the fast path, with pinned memory,
-    worker processes and a prefetcher that copies the next batch while this one computes.
+    indexing kernel; a dataset that does not fit there, or a text dataset (its batches are
+    padded per batch by its collate function), is loaded as without it, with a note (event)
+    saying so. Otherwise a DataLoader; on CUDA with the fast path, with pinned memory and
+    worker processes. The batches stay on the host: the trainer's ``DeviceFeed`` copies each
+    micro-batch just before its forward, on a side stream while the previous backward runs
+    (a prefetcher in front of the trainer would put a whole window on the device).
     """
-    if spec.data_on_device and bundle.collate_fn is None:
-        return DeviceBatches.from_dataset(train, micro, device=device, seed=spec.seed, shuffle=True)
+    notes = notes if notes is not None else []
+    if spec.data_on_device and bundle.collate_fn is not None:
+        notes.append(("data_on_device_ignored",
+                      f"data_on_device is ignored for {spec.dataset.name}: its batches are padded per "
+                      "batch by its collate function; it is loaded by the DataLoader",
+                      {"dataset": spec.dataset.name, "reason": "collate_fn"}))
+    elif spec.data_on_device:
+        try:
+            return DeviceBatches.from_dataset(train, micro, device=device, seed=spec.seed, shuffle=True)
+        except ValueError as exc:  # does not fit: the same batches, streamed
+            notes.append(("data_on_device_ignored",
+                          f"data_on_device: {exc}; loading it with the DataLoader instead (same order)",
+                          {"dataset": spec.dataset.name, "reason": "does_not_fit"}))
     cuda = device.startswith("cuda")
     extra = fast_path.loader_kwargs(device, num_workers=loader_workers()) if cuda and spec.fast_path else {}
     loader = make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn, **extra)
@@ -113,7 +145,7 @@ def make_train_loader(
         # trainer counts a window from its targets and the exactness check (verify_window)
         # collates the window's samples as one batch (accumcore.window_source).
         loader.targets_for = lambda indices: collate([train[i] for i in indices])[1]
-    return fast_path.CudaPrefetcher(loader, device) if cuda and spec.fast_path else loader
+    return loader
 
 
 def loader_workers() -> int:
@@ -192,8 +224,11 @@ def build_run(
     world: int = 1,
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
     init_weights: Path | None = None,
+    chosen: tuple[int, int] | None = None,
 ) -> Run:
     """Build everything for one attempt of ``spec`` (on rank ``rank`` of ``world``).
+    ``chosen``: the (m, N) an earlier attempt chose for ``micro_batch_size: "auto"``
+    (``services.worker.micro_batch``), used instead of probing again.
 
     ``init_weights``: the file ``spec.init_from`` names (resolved by the runner), loaded into
     the model before training (``services.worker.warm_start``).
@@ -202,6 +237,8 @@ def build_run(
         ValueError: a spec the catalog refuses. DatasetUnavailable: missing data root files.
     """
     device = device or pick_device(spec, rank)
+    if spec.precision == "bf16":
+        check_native_bf16(torch.device(device))  # before anything is built: fail at the start
     bundle = build_data(spec, data_root_default)
     torch.manual_seed(spec.seed)  # the same seed gives the same initial weights on resume
     model = build_model(spec.model.name, bundle, **spec.model.options)
@@ -226,10 +263,22 @@ def build_run(
         model = wrap_model(model)
     micro, steps = micro_batch_and_steps(spec)
     train = rank_shard(bundle.train, rank, world)
-    if spec.micro_batch_size == "auto" and device.startswith("cuda"):
+    if spec.micro_batch_size == "auto" and chosen is not None:
+        micro, steps = chosen
+    elif spec.micro_batch_size == "auto" and device.startswith("cuda"):
         micro, steps = probe_micro_batch(spec, model, train, bundle, loss_fn, device, optimizer)
-    train_loader = make_train_loader(spec, train, bundle, micro, device)
-    val_loader = make_loader(bundle.val, micro, shuffle=False, collate_fn=bundle.collate_fn)
+        if world > 1:  # every rank must run the same (m, N): the smallest pick fits on all
+            micro, steps = agree_on_smallest(spec, micro, device)
+    notes: list[tuple[str, str, dict[str, Any]]] = []
+    train_loader = make_train_loader(spec, train, bundle, micro, device, notes)
+    if device.startswith("cuda"):
+        # Image batches have one shape: let cuDNN time its algorithms once and keep the
+        # fastest (not bitwise reproducible across runs on CUDA: README, "Determinism").
+        torch.backends.cudnn.benchmark = spec.fast_path and bundle.collate_fn is None
+    # Each DDP rank evaluates its own share; accumcore's evaluate sums loss, items and hits
+    # over the ranks, so the metrics are those of the whole validation set.
+    val = rank_shard(bundle.val, rank, world) if len(bundle.val) >= world else bundle.val  # type: ignore[arg-type]
+    val_loader = make_loader(val, micro, shuffle=False, collate_fn=bundle.collate_fn)
     total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized
     assert total is not None  # the size is known here
     factor = lr_lambda(spec, total)
@@ -257,4 +306,4 @@ def build_run(
         "val_loader": val_loader,
         "eval_every": spec.eval_every,
     }
-    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps, warm)
+    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps, warm, notes)

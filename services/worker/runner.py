@@ -19,7 +19,6 @@ import traceback
 import uuid
 from typing import Any
 
-import torch
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.data_roots import require_allowed_data_root
@@ -42,13 +41,56 @@ TRACEBACK_LIMIT = 20_000  # characters kept in the traceback event
 
 
 def describe_gpu() -> str:
-    """``cpu``, or the visible GPUs' names, e.g. ``2x NVIDIA H100 (CUDA_VISIBLE_DEVICES=0,1)``."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    count = torch.cuda.device_count()
+    """``cpu``, or the visible GPUs' names, e.g. ``2x NVIDIA H100 (CUDA_VISIBLE_DEVICES=0,1)``.
+
+    Read through NVML (nvidia-ml-py), never through torch.cuda's device queries: those create
+    a CUDA context in this Celery process, which then holds memory on GPU 0 for as long as it
+    lives, while rank 0 of a job trains there (and ``micro_batch_size: "auto"`` sizes m on
+    what is free). Without NVML the count comes from ``torch.cuda.device_count()``, which
+    creates no context, and the name is left out."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    label = f"{count}x {torch.cuda.get_device_name(0)}"
+    names = _nvml_names(visible)
+    if names is None:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        names = ["GPU"] * count
+    if not names:
+        return "cpu"
+    label = f"{len(names)}x {names[0]}"
     return f"{label} (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else label
+
+
+def _nvml_names(visible: str | None) -> list[str] | None:
+    """The visible GPUs' names through NVML, in CUDA's order; None when NVML is unavailable."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None  # no driver: no GPU this process could use either
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        handles = []
+        entries = [str(i) for i in range(count)] if visible is None else [e.strip() for e in visible.split(",")]
+        for entry in entries:
+            # CUDA stops at the first entry it cannot parse or find; so does this.
+            if entry.isdigit():
+                if int(entry) >= count:
+                    break
+                handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(entry)))
+            elif entry.startswith(("GPU-", "MIG-")):
+                handles.append(pynvml.nvmlDeviceGetHandleByUUID(entry))
+            else:
+                break
+        names = [pynvml.nvmlDeviceGetName(handle) for handle in handles]
+        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:

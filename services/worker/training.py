@@ -12,6 +12,7 @@ from services.worker.attempt import Attempt, Outcome, prepare_resume
 from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.heartbeat import Heartbeat
+from services.worker.micro_batch import record_choice, recorded_choice
 from services.worker.warm_start import describe, job_initial_weights
 
 
@@ -25,16 +26,23 @@ def train_local(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: 
     )
     checkpoint_dir = settings.artifacts_path / attempt.job_id
     init_weights = job_initial_weights(sessions, spec, attempt.job_id)
+    auto = spec.micro_batch_size == "auto"
+    chosen = recorded_choice(sessions, attempt.job_id) if auto else None
     run = build_run(
         spec,
         callbacks=[callback],
         checkpoint_dir=checkpoint_dir,
         data_root_default=settings.home / "data",
         init_weights=init_weights,
+        chosen=chosen,
     )
+    if auto and chosen is None:
+        record_choice(sessions, attempt.job_id, attempt.attempt, run.micro_batch_size, run.accumulation_steps)
     callback.total_steps = run.total_steps
     if run.warm_start is not None:
         callback.on_event(run.trainer, "warm_start", describe(run.warm_start), run.warm_start)
+    for kind, message, data in run.notes:
+        callback.on_event(run.trainer, kind, message, data)
     checkpoint = prepare_resume(sessions, attempt, checkpoint_dir)
     if checkpoint is not None:
         run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=run.trainer.device))

@@ -45,10 +45,11 @@ from accumcore import distributed, items, loader_state, metrics
 from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
+from accumcore.fast_path import host_loader
 from accumcore.loss import ModelLossOrCrossEntropy, check_loss_fn, check_mean_over_items
-from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, next_split, release_memory
+from accumcore.oom import MicroBatchTooSmall, is_oom, next_split, release_memory
 from accumcore.precision import Precision
-from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
+from accumcore.rng import capture_rng_state, gather_by_rank, restore_rng_state, serialise_rng_state
 from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
 from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
@@ -397,6 +398,7 @@ class Trainer:
 
     def _iterate(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
         """A new iterator over the loader, past its first ``skip`` batches (skipped now)."""
+        loader = host_loader(loader)  # not a CudaPrefetcher's: it would put the window on the device
         batch_sampler: Any = getattr(loader, "batch_sampler", None)
         source = target_source(loader, self._custom_counter, self.ignore_index, self.count_items)
         if source is not None:
@@ -429,7 +431,9 @@ class Trainer:
                 check_first_window(self, micro_batches)
             try:
                 result = self._runner.run(micro_batches, windows_left)
-            except OOM_ERRORS:
+            except RuntimeError as exc:
+                if not is_oom(exc):
+                    raise
                 result = None  # handled below, outside the except block, so the traceback is freed
             if isinstance(result, str):  # STOPPED, or EXHAUSTED (DDP: no rank has data left)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -514,7 +518,7 @@ class Trainer:
         }
         if outcome.grad_norm is not None:
             step_metrics["grad_norm"] = outcome.grad_norm
-        peak = metrics.peak_memory_bytes(self.device)
+        peak = metrics.take_peak_memory(self.device)  # this step's own peak
         if peak is not None:
             step_metrics["peak_memory_bytes"] = peak
         if outcome.loss_scale is not None:
@@ -553,6 +557,9 @@ class Trainer:
             assert self.scheduler is not None
             self.scheduler.step(values["val_loss"])
         eval_metrics = {"step": float(self.global_step), "epoch": float(self.epoch), **values}
+        peak = metrics.take_peak_memory(self.device)  # the evaluation's, apart from the steps'
+        if peak is not None:
+            eval_metrics["val_peak_memory_bytes"] = peak
         self._last_eval_step = self.global_step
         self._history.evals.append(eval_metrics)
         self.callbacks.on_eval(self, eval_metrics)
@@ -598,10 +605,15 @@ class Trainer:
     def _write_checkpoint(self) -> CheckpointInfo | None:
         assert self.checkpoint_dir is not None
         self._last_checkpoint_step = self.global_step
+        # DDP: every rank's RNG states into rank 0's file (a collective, on every rank).
+        ranks = gather_by_rank(self._rng_at_boundary or capture_rng_state())
         if not distributed.is_main_process():
             return None
+        state = self.state_dict()
+        if ranks:
+            state["rng"]["ranks"] = ranks
         info = save_checkpoint(
-            self.state_dict(), self.checkpoint_dir / f"{self.global_step}.pt",
+            state, self.checkpoint_dir / f"{self.global_step}.pt",
             metrics=self._last_metrics,
         )
         self._history.checkpoints.append(info)
