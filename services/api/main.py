@@ -34,6 +34,8 @@ from services.api.routes import (
     tokens,
 )
 from services.api.telemetry import LatencyMiddleware, Telemetry
+from services.artifacts import open_store
+from services.artifacts.probe import CachedProbe
 from services.settings import Settings, get_settings
 from services.store.db import make_engine, make_session_factory
 from services.worker.reaper import LeaseReaper
@@ -104,6 +106,8 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.state.auth_failures = AuthFailureLimiter(
         limit, window_s, shared=shared_failure_log(app.state.session_factory, limit, window_s)
     )
+    app.state.artifacts = open_store(settings.artifacts_url)
+    app.state.store_probe = CachedProbe(app.state.artifacts, settings.store_probe_ttl_s)
     app.state.telemetry = telemetry = Telemetry()
 
     install_error_handlers(app)

@@ -7,6 +7,8 @@ database hold keys, never a node's path, so moving or re-mounting the store brea
 from __future__ import annotations
 
 import hashlib
+import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +104,33 @@ def hashed_chunks(f: BinaryIO, digest: hashlib._Hash, chunk_bytes: int = CHUNK_B
     while chunk := f.read(chunk_bytes):
         digest.update(chunk)
         yield chunk
+
+
+def temp_name(name: str) -> str:
+    """``.<name>.<random>.tmp``: accumcore's own temp-file pattern, so one sweep knows both; an
+    interrupted write leaves only such a file, never a partial file under its final name."""
+    return f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+
+
+def is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def download(store: ArtifactStore, key: str, dest: Path, sha256: str | None) -> ObjectInfo:
+    """``store.get``: stream ``key`` into a temp file beside ``dest``, check the sha256, rename."""
+    temp = dest.parent / temp_name(dest.name)
+    digest = hashlib.sha256()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with temp.open("wb") as out:
+            for chunk in store.open(key):
+                digest.update(chunk)
+                out.write(chunk)
+        verify(store.url, key, sha256, digest.hexdigest(), "downloading")
+        os.replace(temp, dest)
+    finally:
+        temp.unlink(missing_ok=True)
+    return ObjectInfo(key, dest.stat().st_size, digest.hexdigest())
 
 
 def verify(url: str, key: str, expected: str | None, actual: str, what: str) -> None:

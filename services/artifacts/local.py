@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -16,19 +15,12 @@ from services.artifacts.base import (
     ObjectMissing,
     StoreUnavailable,
     check_key,
+    download,
     hashed_chunks,
+    is_temp,
+    temp_name,
     verify,
 )
-
-
-def temp_name(name: str) -> str:
-    """``.<name>.<random>.tmp``: accumcore's own temp-file pattern, so one sweep knows both; an
-    interrupted put leaves only such a file, never a partial object under its key."""
-    return f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-
-
-def is_temp(name: str) -> bool:
-    return name.startswith(".") and name.endswith(".tmp")
 
 
 class LocalStore:
@@ -63,19 +55,7 @@ class LocalStore:
         return ObjectInfo(key, dest.stat().st_size, digest.hexdigest())
 
     def get(self, key: str, dest: Path, sha256: str | None = None) -> ObjectInfo:
-        temp = dest.parent / temp_name(dest.name)
-        digest = hashlib.sha256()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with temp.open("wb") as out:
-                for chunk in self.open(key):
-                    digest.update(chunk)
-                    out.write(chunk)
-            verify(self.url, key, sha256, digest.hexdigest(), "downloading")
-            os.replace(temp, dest)
-        finally:
-            temp.unlink(missing_ok=True)
-        return ObjectInfo(key, dest.stat().st_size, digest.hexdigest())
+        return download(self, key, dest, sha256)
 
     def open(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
         path = self._path(key)

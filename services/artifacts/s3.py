@@ -30,10 +30,10 @@ from services.artifacts.base import (
     ObjectMissing,
     StoreUnavailable,
     check_key,
+    download,
     hashed_chunks,
     verify,
 )
-from services.artifacts.local import temp_name
 
 # A store that does not answer within these is down as far as a training job is concerned:
 # obstore's own default (10 retries, 180 s) would hold a job past its lease timeout.
@@ -86,19 +86,7 @@ class S3Store:
         return ObjectInfo(key, size, digest.hexdigest())
 
     def get(self, key: str, dest: Path, sha256: str | None = None) -> ObjectInfo:
-        temp = dest.parent / temp_name(dest.name)
-        digest = hashlib.sha256()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with temp.open("wb") as out:
-                for chunk in self.open(key):
-                    digest.update(chunk)
-                    out.write(chunk)
-            verify(self.url, key, sha256, digest.hexdigest(), "downloading")
-            os.replace(temp, dest)
-        finally:
-            temp.unlink(missing_ok=True)
-        return ObjectInfo(key, dest.stat().st_size, digest.hexdigest())
+        return download(self, key, dest, sha256)
 
     def open(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
         check_key(key)

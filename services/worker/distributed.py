@@ -19,10 +19,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from services.artifacts import open_store
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
 from services.worker.heartbeat import Heartbeat
-from services.worker.runner import Attempt, prepare_resume
+from services.worker.runner import Attempt, checkpoint_uploads, node_cache, prepare_resume
 from services.worker.training import outcome
 
 POLL_S = 0.1
@@ -47,8 +48,9 @@ def train_distributed(
             f"the job asks for gpus={world} but this worker sees {torch.cuda.device_count()} "
             "GPUs; start its worker with enough GPUs visible (--gpus 0,1,...) or lower gpus"
         )
-    checkpoint_dir = settings.artifacts_path / attempt.job_id
-    checkpoint = prepare_resume(session_factory(settings), attempt, checkpoint_dir)
+    cache = node_cache(settings)
+    path = prepare_resume(session_factory(settings), attempt, open_store(settings.artifacts_url), cache)
+    checkpoint = str(path) if path is not None else None
     port = free_port()
     context = mp.start_processes(
         _rank_main,
@@ -116,13 +118,14 @@ def _rank_main(
             store_callback = StoreCallback(
                 session_factory(settings), attempt.job_id, attempt.attempt, attempt.worker_id,
                 total_steps=0, keep_checkpoints=spec.keep_checkpoints,
+                uploads=checkpoint_uploads(settings, attempt, None),
                 retry_for_s=settings.lease_timeout_s,  # rank 0 has no heartbeat of its own
             )
             callbacks.append(store_callback)
         run = build_run(
             spec,
             callbacks=callbacks,
-            checkpoint_dir=settings.artifacts_path / attempt.job_id,
+            checkpoint_dir=node_cache(settings).staging_dir(attempt.job_id),
             data_root_default=settings.home / "data",
             device=device,
             rank=rank,

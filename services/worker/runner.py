@@ -5,7 +5,10 @@
 The database decides who trains: the claim is one atomic UPDATE, and a message whose claim
 fails (job cancelled, finished, or held by a live worker) is simply dropped. Failures are
 final (a bad spec, a missing dataset, an exception in training fail the job with the error
-and its traceback as an event): retrying them would fail the same way. Lost workers are the
+and its traceback as an event): retrying them would fail the same way. The one transient
+fault is the artifact store's (unreachable past a lease timeout, a checkpoint object missing
+or damaged): an event says which and why, and after a back-off the attempt goes back to the
+queue with a restart counted (``failed`` once ``max_restarts`` is spent). Lost workers are the
 lease reaper's business, not Celery's. A worker shutting down (SIGTERM) stops the job, which
 is checkpointed where it stopped, and hands it back to the queue (``services.worker.shutdown``).
 """
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import time
 import traceback
 import uuid
 from dataclasses import dataclass
@@ -23,11 +28,19 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.artifacts import ArtifactStore, ArtifactStoreError, ObjectMissing, open_store
+from services.artifacts.cache import NodeCache
 from services.data_roots import require_allowed_data_root
 from services.spec import JobSpec, parse_spec
 from services.store.checkpoints import get_checkpoint, list_checkpoints
 from services.store.events import add_event
-from services.store.leases import claim_job, finish_job, hand_back_job, renew_lease
+from services.store.leases import (
+    claim_job,
+    finish_job,
+    hand_back_job,
+    renew_lease,
+    requeue_after_fault,
+)
 from services.store.metrics import delete_metrics_after
 from services.worker import shutdown
 from services.worker.checkpoints import remove_orphans
@@ -35,6 +48,7 @@ from services.worker.db import session_factory
 from services.worker.db_retry import retry_while_unreachable
 from services.worker.enqueue import enqueue_job
 from services.worker.heartbeat import Heartbeat
+from services.worker.uploads import CheckpointUploads
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +56,9 @@ TRACEBACK_LIMIT = 20_000  # characters kept in the traceback event
 # What ``train`` returns when the worker is shutting down and the job, checkpointed where it
 # stopped, goes back to the queue; ``run_job`` then returns "queued".
 HANDED_BACK = "handed_back"
+# The first back-off after a store fault; doubled per restart, capped at half a lease timeout
+# (the worker holds the lease meanwhile, so nobody else claims the job and fails the same way).
+FAULT_BACKOFF_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -98,10 +115,16 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
     )
     status: str | None
     error: dict[str, Any] | None = None
+    fault: ArtifactStoreError | None = None
     with heartbeat:
         try:
             spec = parse_spec(attempt.spec)
             status = train(settings, spec, attempt, heartbeat)
+        except ArtifactStoreError as exc:
+            status, fault = "queued", exc
+            log.warning("job %s: artifact store fault: %s", job_id, exc)
+            back_off(heartbeat, FAULT_BACKOFF_S * 2 ** min(attempt.attempt - 1, 5),
+                     settings.lease_timeout_s / 2)
         except Exception as exc:
             status, error = "failed", {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             log.exception("job %s failed", job_id)
@@ -113,6 +136,8 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
     if heartbeat.lease_lost or status is None:
         log.error("job %s: lease lost; leaving the job to its new owner", job_id)
         return None
+    if fault is not None:
+        return _after_fault(settings, sessions, attempt, fault)
     if status == HANDED_BACK:
         queue = retry_while_unreachable(lambda: _hand_back(sessions, attempt),
                                         what=f"job {job_id}: handing back", for_s=settings.lease_timeout_s)
@@ -131,6 +156,31 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
     return status
 
 
+def back_off(heartbeat: Heartbeat, delay_s: float, cap_s: float) -> None:
+    """Wait before handing a faulted attempt back, holding the lease; a cancel, a shutdown or
+    a lost lease ends the wait."""
+    deadline = time.monotonic() + min(delay_s, cap_s)
+    while time.monotonic() < deadline and not heartbeat.should_stop():
+        time.sleep(0.05)
+
+
+def _after_fault(settings: Any, sessions: sessionmaker[Session], attempt: Attempt,
+                 fault: ArtifactStoreError) -> str | None:
+    reason = f"checkpoint store {settings.artifacts_url}: {fault}"
+
+    def requeue() -> tuple[str, str] | None:
+        with sessions.begin() as session:
+            return requeue_after_fault(session, attempt.job_id, attempt.worker_id, reason)
+
+    moved = retry_while_unreachable(requeue, what=f"job {attempt.job_id}: handing back after a "
+                                    "store fault", for_s=settings.lease_timeout_s)
+    if moved is None:
+        return None  # the lease is gone (or a cancel came first: the reaper finishes it)
+    if moved[0] == "queued":
+        enqueue_job(settings, attempt.job_id, moved[1])
+    return moved[0]
+
+
 def _finish(sessions: sessionmaker[Session], attempt: Attempt, status: str,
             error: dict[str, Any] | None) -> bool:
     with sessions.begin() as session:
@@ -147,23 +197,42 @@ def _renew(sessions: sessionmaker[Session], attempt: Attempt, lease_timeout_s: f
         return renew_lease(session, attempt.job_id, attempt.worker_id, lease_timeout_s)
 
 
-def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, checkpoint_dir: Path) -> str | None:
+def checkpoint_uploads(settings: Any, attempt: Attempt, heartbeat: Heartbeat | None) -> CheckpointUploads:
+    """This attempt's uploader: the configured store, this node's cache and staging directory."""
+    return CheckpointUploads(
+        open_store(settings.artifacts_url), node_cache(settings), attempt.job_id,
+        retry_for_s=settings.lease_timeout_s,
+        give_up=(lambda: heartbeat.lease_lost) if heartbeat is not None else (lambda: False),
+    )
+
+
+def node_cache(settings: Any) -> NodeCache:
+    return NodeCache(settings.cache_path, settings.cache_max_bytes)
+
+
+def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, store: ArtifactStore,
+                   cache: NodeCache) -> Path | None:
     """Drop the metrics a predecessor logged after the checkpoint this attempt resumes from
-    (all of them when it starts over) and the checkpoint files no row lists (a predecessor
-    killed mid-write left them in ``checkpoint_dir``); returns the checkpoint file to load,
-    if any."""
+    (all of them when it starts over), the objects no row lists (a predecessor killed between
+    upload and row) and this node's staged files of the job; returns the local copy of the
+    checkpoint to load (fetched into the node cache, sha256 checked), if any. A checkpoint
+    that cannot be fetched raises ``ArtifactStoreError``: a transient fault."""
+    shutil.rmtree(cache.staging_dir(attempt.job_id), ignore_errors=True)
     with sessions.begin() as session:
         delete_metrics_after(session, attempt.job_id, attempt.resume_step)
-        remove_orphans(checkpoint_dir, [c.step for c in list_checkpoints(session, attempt.job_id)])
-        if attempt.resume_step is None:
-            return None
-        checkpoint = get_checkpoint(session, attempt.job_id, attempt.resume_step)
-        if checkpoint is None:
-            raise FileNotFoundError(
-                f"job {attempt.job_id} should resume from step {attempt.resume_step} but that "
-                "checkpoint has no record; POST /resume again to restart from the latest one"
-            )
-        return checkpoint.uri
+        listed = [c.step for c in list_checkpoints(session, attempt.job_id)]
+        checkpoint = (get_checkpoint(session, attempt.job_id, attempt.resume_step)
+                      if attempt.resume_step is not None else None)
+        key_sha = (checkpoint.key, checkpoint.sha256) if checkpoint is not None else None
+    remove_orphans(store, attempt.job_id, listed)
+    if attempt.resume_step is None:
+        return None
+    if key_sha is None:
+        raise ObjectMissing(
+            f"job {attempt.job_id} should resume from step {attempt.resume_step} but that "
+            "checkpoint has no record; POST /resume again to restart from the latest one"
+        )
+    return cache.fetch(store, key_sha[0], key_sha[1])
 
 
 def train(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
