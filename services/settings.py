@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     cache_max_bytes: int = Field(default=20 * 1024**3, gt=0)
     # Downloads from an S3 store: 307 to a presigned URL instead of streaming through the API.
     download_redirect: bool = False
+    # Checkpoints of jobs finished longer ago than this are deleted (the final and the best by
+    # val_loss stay); 0 keeps them forever.
+    retention_days: float = Field(default=0, ge=0)
+    # An owner's checkpoints may take this many bytes in the store; a job whose next checkpoint
+    # would pass it fails (nothing written) with how to make room. 0: no quota.
+    max_artifact_bytes_per_owner: int = Field(default=0, ge=0)
     # /readyz writes, reads and deletes a small object at most this often.
     store_probe_ttl_s: float = Field(default=30.0, ge=0)
     presign_expires_s: int = Field(default=300, gt=0, le=7 * 24 * 3600)

@@ -34,9 +34,10 @@ from services.store.checkpoints import (
 from services.store.events import add_event
 from services.store.leases import update_progress
 from services.store.metrics import metric_rows, write_metrics
+from services.store.retention import owner_artifact_bytes
 from services.worker.db_retry import retry_while_unreachable
 from services.worker.heartbeat import Heartbeat
-from services.worker.uploads import CheckpointUploads
+from services.worker.uploads import ArtifactQuotaExceeded, CheckpointUploads
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class StoreCallback(Callback):
         total_steps: optimizer steps of the whole run (for ``progress``).
         keep_checkpoints: retention count (the best by val_loss is kept on top of these).
         uploads: sends each checkpoint the trainer writes to the artifact store.
+        max_owner_bytes: the owner's quota of checkpoint bytes in the store (0: none); a
+            checkpoint past it is not stored and the job fails (``ArtifactQuotaExceeded``).
         heartbeat: its flags answer ``should_stop`` (cancel requested, lease lost).
         retry_for_s: how long synchronous writes wait out a database outage (default: the
             heartbeat's lease timeout; past it, another worker may own the job).
@@ -72,6 +75,7 @@ class StoreCallback(Callback):
         keep_checkpoints: int,
         uploads: CheckpointUploads,
         heartbeat: Heartbeat | None = None,
+        max_owner_bytes: int = 0,
         flush_every_steps: int = FLUSH_EVERY_STEPS,
         flush_every_s: float = FLUSH_EVERY_S,
         retry_for_s: float | None = None,
@@ -81,6 +85,7 @@ class StoreCallback(Callback):
         self.total_steps = total_steps
         self.keep_checkpoints = keep_checkpoints
         self.uploads = uploads
+        self.max_owner_bytes = max_owner_bytes
         self.heartbeat = heartbeat
         self.flush_every_steps, self.flush_every_s = flush_every_steps, flush_every_s
         self._rows: list[dict[str, Any]] = []
@@ -155,6 +160,7 @@ class StoreCallback(Callback):
         self.uploads.delete(pruned)
 
     def on_checkpoint(self, trainer: Any, info: CheckpointInfo) -> None:
+        self._check_quota(trainer, info)
         self._checkpoint_steps.add(info.step)
         epoch = self._epoch_of(info)
 
@@ -176,6 +182,27 @@ class StoreCallback(Callback):
 
         # Training goes on while it uploads; this waits only for the previous upload.
         self.uploads.submit(info.path, info.step, info.sha256, record)
+
+    def _check_quota(self, trainer: Any, info: CheckpointInfo) -> None:
+        if not self.max_owner_bytes:
+            return
+        self.uploads.wait()  # the previous checkpoint's row counts too
+        with self.sessions() as session:
+            used = owner_artifact_bytes(session, self.job_id)
+        if used + info.size_bytes <= self.max_owner_bytes:
+            return
+        info.path.unlink(missing_ok=True)
+        message = (
+            f"checkpoint at step {info.step} ({info.size_bytes} bytes) not written: this job's "
+            f"owner already stores {used} bytes of checkpoints and "
+            f"ACCUM_MAX_ARTIFACT_BYTES_PER_OWNER is {self.max_owner_bytes}; make room with "
+            f"`accum delete ID` on finished jobs (or a lower keep_checkpoints), then "
+            f"`accum resume {self.job_id}`"
+        )
+        self.on_event(trainer, "artifact_quota", message,
+                      {"step": info.step, "size_bytes": info.size_bytes, "used_bytes": used,
+                       "quota_bytes": self.max_owner_bytes})
+        raise ArtifactQuotaExceeded(message)
 
     def _epoch_of(self, info: CheckpointInfo) -> int:
         """The 0-based epoch of the checkpoint's step (the epoch its metrics carry)."""

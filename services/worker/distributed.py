@@ -119,6 +119,7 @@ def _rank_main(
                 session_factory(settings), attempt.job_id, attempt.attempt, attempt.worker_id,
                 total_steps=0, keep_checkpoints=spec.keep_checkpoints,
                 uploads=checkpoint_uploads(settings, attempt, None),
+                max_owner_bytes=settings.max_artifact_bytes_per_owner,
                 retry_for_s=settings.lease_timeout_s,  # rank 0 has no heartbeat of its own
             )
             callbacks.append(store_callback)

@@ -38,6 +38,7 @@ from services.store.types import utcnow
 from services.worker.app import DEFAULT_QUEUE
 from services.worker.db import session_factory
 from services.worker.enqueue import enqueue_job
+from services.worker.retention import sweep_retention
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class LeaseReaper:
     def _run(self) -> None:
         while not self._stopped.wait(self.interval_s):
             with self.pass_lock:
-                for step in (reap_once, resend_stale_once):
+                for step in (reap_once, resend_stale_once, sweep_retention):
                     try:
                         step(self.settings)
                     except Exception:  # keep reaping after a database or broker blip

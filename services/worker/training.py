@@ -28,7 +28,7 @@ def train_local(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heart
     callback = StoreCallback(
         sessions, attempt.job_id, attempt.attempt, attempt.worker_id,
         total_steps=0, keep_checkpoints=spec.keep_checkpoints, uploads=uploads,
-        heartbeat=heartbeat,
+        heartbeat=heartbeat, max_owner_bytes=settings.max_artifact_bytes_per_owner,
     )
     run = build_run(
         spec,

@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 Record = Callable[[ObjectInfo, float], list[str]]
 
 
+class ArtifactQuotaExceeded(RuntimeError):
+    """The owner's checkpoints would pass ``ACCUM_MAX_ARTIFACT_BYTES_PER_OWNER``: a final
+    failure (retrying fills nothing but the same quota)."""
+
+
 class CheckpointUploads:
     """Uploads of one attempt's checkpoints (``submit``, ``wait``), and their deletion."""
 

@@ -17,6 +17,7 @@ from job_specs import TINY_SPEC
 from services.artifacts import open_store
 from services.settings import Settings
 from services.store import checkpoints, events, jobs
+from services.store.models import Owner
 from services.worker import runner
 from services.worker.db import session_factory
 from services.worker.runner import run_job
@@ -119,3 +120,29 @@ def test_a_damaged_cached_copy_is_fetched_again(
     fail_and_resume(settings, job_id)
     assert run_job(settings, job_id, "node-a") == "succeeded"
     assert store_events(settings, job_id) == []
+
+
+def test_at_the_owner_quota_the_next_checkpoint_is_not_written_and_the_job_fails(
+    store_settings_for: Settings, make_job: Callable[..., str]
+) -> None:
+    first = make_job(SPEC)
+    assert run_job(store_settings_for, first, "node-a") == "succeeded"
+    with session_factory(store_settings_for)() as session:
+        used = sum(c.size_bytes for c in checkpoints.list_checkpoints(session, first))
+    # Room for what the owner has plus one more checkpoint, not two.
+    settings = store_settings_for.model_copy(
+        update={"max_artifact_bytes_per_owner": used + used // 2 + 1})
+    with session_factory(settings).begin() as session:
+        owner = session.get(Owner, jobs.load_job(session, first).owner_id)
+        second, _ = jobs.create_job(session, owner=owner, spec=SPEC, queue="default")
+        second_id = second.id
+    assert run_job(settings, second_id, "node-a") == "failed"
+    job = load(settings, second_id)
+    assert "ACCUM_MAX_ARTIFACT_BYTES_PER_OWNER" in job.error["message"]
+    assert "accum delete" in job.error["message"]
+    with session_factory(settings)() as session:
+        kinds = [e.kind for e in events.list_events(session, second_id)]
+        stored = [c.step for c in checkpoints.list_checkpoints(session, second_id)]
+    assert "artifact_quota" in kinds and stored == [2]  # the first fitted, the second did not
+    assert [o.key for o in open_store(settings.artifacts_url).list(f"{second_id}/")] == [
+        f"{second_id}/2.pt"]
