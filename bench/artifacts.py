@@ -45,10 +45,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_s3() -> tuple[subprocess.Popen[bytes], str]:
-    """moto's S3 server in its own process (not this one's GIL), with the bench bucket."""
+def start_s3(nice: int) -> tuple[subprocess.Popen[bytes], str]:
+    """moto's S3 server in its own process (not this one's GIL), with the bench bucket;
+    ``nice`` > 0 runs it at a lower priority, as a store on another machine would not take
+    this one's cores at all."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    prefix = ["nice", "-n", str(nice)] if nice else []
+    process = subprocess.Popen([*prefix, sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
@@ -99,8 +102,8 @@ def upload_and_fetch(mb: int, rounds: int, tmp: Path) -> dict[str, Any]:
     for n in range(rounds):  # interleaved: each round measures every variant once
         for name, run in (
             ("local_file", lambda: local_write(source, tmp / "copy.pt")),
-            ("obstore", lambda: store.put(f"r{n}/obstore.pt", source, sha)),
-            ("s3fs", lambda: s3fs_put(fs, source, f"upload/r{n}/s3fs.pt")),
+            ("obstore", lambda n=n: store.put(f"r{n}/obstore.pt", source, sha)),
+            ("s3fs", lambda n=n: s3fs_put(fs, source, f"upload/r{n}/s3fs.pt")),
         ):
             start = time.perf_counter()
             run()
@@ -178,9 +181,11 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--server-nice", type=int, default=0,
+                        help="run the S3 server at this nice value (it shares this machine's cores)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    server, _ = start_s3()
+    server, _ = start_s3(args.server_nice)
     try:
         with tempfile.TemporaryDirectory() as folder:
             tmp = Path(folder)
@@ -188,7 +193,7 @@ def main() -> None:
                 "bench": "artifacts",
                 "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
                             "load_average_1m": round(os.getloadavg()[0], 2)},
-                "s3_server": "moto 5.2.5, server mode, localhost",
+                "s3_server": f"moto 5.2.5, server mode, localhost, nice {args.server_nice}",
                 "store": upload_and_fetch(args.mb, args.rounds, tmp),
             }
             if not args.skip_throughput:

@@ -22,7 +22,7 @@ import socket
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.artifacts import ArtifactStore, ArtifactStoreError, ObjectMissing, open_store
 from services.artifacts.cache import NodeCache
-from services.data_roots import require_allowed_data_root
+from services.data_roots import is_s3, require_allowed_data_root
 from services.spec import JobSpec, parse_spec
 from services.store.checkpoints import get_checkpoint, list_checkpoints
 from services.store.events import add_event
@@ -44,6 +44,7 @@ from services.store.leases import (
 from services.store.metrics import delete_metrics_after
 from services.worker import shutdown
 from services.worker.checkpoints import remove_orphans
+from services.worker.datasets import with_local_data_root
 from services.worker.db import session_factory
 from services.worker.db_retry import retry_while_unreachable
 from services.worker.enqueue import enqueue_job
@@ -237,7 +238,12 @@ def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, store: Art
 
 def train(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
     """Train on this process (or on ``spec.gpus`` DDP processes); returns the outcome."""
-    require_allowed_data_root(spec.dataset.data_root, settings)  # the API checked it too
+    if is_s3(spec.dataset.data_root):
+        spec = with_local_data_root(settings, spec)  # our own cache: no allow-list to check
+        # DDP ranks build from the attempt's spec: they read the local copy too.
+        attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
+    else:
+        require_allowed_data_root(spec.dataset.data_root, settings)  # the API checked it too
     if spec.gpus > 1:
         from services.worker.distributed import train_distributed
 

@@ -14,8 +14,11 @@ fails with ``StoreUnavailable`` and the runner hands the attempt back as a trans
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,10 +31,21 @@ from services.worker.db_retry import retry_while_unreachable
 
 log = logging.getLogger(__name__)
 
+UPLOAD_NICE = 10  # added to the process's nice value for the upload thread
+
 # What the caller does once the object is in the store (given it and the upload's seconds):
 # write its row, and return the keys of the checkpoints that row's retention pruned (deleted
 # from the store after the commit).
 Record = Callable[[ObjectInfo, float], list[str]]
+
+
+def background_priority() -> None:
+    """Lower this thread's CPU priority (Linux: a thread is its own scheduling entity): on a
+    node whose cores are all busy, the trainer's threads run first and the upload takes the
+    idle time (hashing and sending a checkpoint is CPU work too)."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), UPLOAD_NICE)
 
 
 class ArtifactQuotaExceeded(RuntimeError):
@@ -80,6 +94,7 @@ class CheckpointUploads:
 
     def _upload(self, path: Path, step: int, sha256: str, record: Record) -> None:
         key = checkpoint_key(self.job_id, step)
+        background_priority()
         try:
             started = time.perf_counter()
             stored = retry_while_unreachable(
