@@ -23,11 +23,13 @@ TMPFS_BYTES = 1 << 20  # room for a few 95 KB checkpoints
 
 @pytest.fixture(scope="module")
 def disk_stack(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A worker whose ACCUM_ARTIFACTS_DIR is a tmpfs; heartbeats every 0.25 s, so a cancel
-    lands within a few dozen steps."""
+    """A worker whose artifact store (a local directory) and node cache, where the trainer
+    writes each checkpoint first, are on a tmpfs; heartbeats every 0.25 s, so a cancel lands
+    within a few dozen steps."""
     tmp = tmp_path_factory.mktemp(f"disk-{stack.name}")
     with tmpfs(tmp / "artifacts", TMPFS_BYTES) as mount:
-        own = stack.variant(tmp, artifacts_dir=mount, heartbeat_interval_s=0.25)
+        own = stack.variant(tmp, artifacts_dir=mount, cache_dir=mount / "cache",
+                            heartbeat_interval_s=0.25)
         own.start_worker()
         try:
             yield own
