@@ -228,8 +228,8 @@ def resume_job(
         if body.from_step not in steps:
             raise invalid_field(
                 ("body", "from_step"),
-                f"job {job_id} has no checkpoint at step {body.from_step}; pick one of its "
-                "retained checkpoints (GET /v1/jobs/{id}/checkpoints) or from_scratch",
+                f"job {job_id} has no checkpoint at step {body.from_step}; its retained "
+                f"checkpoints are at steps {steps} (or resume from_scratch)",
                 body.from_step, allowed=steps,
             )
     try:
