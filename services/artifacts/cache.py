@@ -12,6 +12,7 @@ rename, and removing a file another process is reading does not disturb that rea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -40,7 +41,8 @@ class NodeCache:
         path = self.path_for(key)
         if path.is_file():
             if sha256_of(path)[0] == sha256:
-                os.utime(path)
+                with contextlib.suppress(OSError):  # a read-only cache still serves its files
+                    os.utime(path)
                 return path
             log.warning("cached %s does not match its sha256: fetching it again", key)
             path.unlink(missing_ok=True)
