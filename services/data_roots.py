@@ -9,7 +9,11 @@ otherwise read any file the worker can. The API refuses such a spec at submit (4
 servers) and the worker checks again before it touches the data (a job stored earlier, or under
 another allow-list, fails with the reason). Both read the same setting, ACCUM_DATA_ROOTS.
 
-Rules: the path must be absolute (a relative path or `~` would depend on the worker's working
+An ``s3://bucket/prefix`` data_root is allowed as well (no ``..`` parts): the worker syncs it
+once into its node cache (``services.worker.datasets``) and reads it there; what it may read
+is what its AWS credentials may.
+
+Rules: a local path must be absolute (a relative path or `~` would depend on the worker's working
 directory or user); it is resolved (`..` removed, symlinks followed as far as they exist)
 before it is compared, so `/datasets/../etc` and a link out of `/datasets` are both refused.
 """
@@ -47,6 +51,11 @@ def data_root_refusal(
         )
     if "\x00" in data_root or len(data_root) > MAX_DATA_ROOT_LENGTH:
         return f"data_root must be at most {MAX_DATA_ROOT_LENGTH} characters, without NUL; {hint}"
+    if is_s3(data_root):
+        parts = data_root.removeprefix("s3://").split("/")
+        if not parts[0] or any(p in (".", "..") for p in parts):
+            return f"data_root {data_root!r} must be s3://bucket/prefix, without . or .. parts"
+        return None
     if not os.path.isabs(data_root):
         return f"data_root {data_root!r} is not an absolute path; {hint}"
     resolved = Path(os.path.realpath(data_root))
@@ -54,6 +63,10 @@ def data_root_refusal(
         return None
     shown = f"{data_root!r}" if str(resolved) == data_root else f"{data_root!r} (= {resolved})"
     return f"data_root {shown} is outside the allowed data roots; {hint}"
+
+
+def is_s3(data_root: str | None) -> bool:
+    return bool(data_root) and str(data_root).startswith("s3://")
 
 
 class DataRootNotAllowed(ValueError):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -40,7 +41,27 @@ class Settings(BaseSettings):
             "(services.dispatch.sqlite_transport) at sqlite:///<home>/broker.sqlite."
         ),
     )
+    # Where checkpoints live: a path or file:// URL (a local disk, an NFS share), or
+    # s3://bucket/prefix on any S3-compatible service (credentials, endpoint and region from the
+    # standard AWS_* environment, never from here). Default <home>/artifacts.
+    artifacts_url: str = Field(default="", description="file:///path, a path, or s3://bucket/prefix.")
+    # The older name: a local path, used when ACCUM_ARTIFACTS_URL is unset.
     artifacts_dir: Path | None = Field(default=None, description="Default <home>/artifacts.")
+    # A node's bounded cache of checkpoints fetched from the store (LRU), and of the
+    # checkpoints its trainers write before they are uploaded. Default <home>/cache.
+    cache_dir: Path | None = Field(default=None, description="Default <home>/cache.")
+    cache_max_bytes: int = Field(default=20 * 1024**3, gt=0)
+    # Downloads from an S3 store: 307 to a presigned URL instead of streaming through the API.
+    download_redirect: bool = False
+    # Checkpoints of jobs finished longer ago than this are deleted (the final and the best by
+    # val_loss stay); 0 keeps them forever.
+    retention_days: float = Field(default=0, ge=0)
+    # An owner's checkpoints may take this many bytes in the store; a job whose next checkpoint
+    # would pass it fails (nothing written) with how to make room. 0: no quota.
+    max_artifact_bytes_per_owner: int = Field(default=0, ge=0)
+    # /readyz writes, reads and deletes a small object at most this often.
+    store_probe_ttl_s: float = Field(default=30.0, ge=0)
+    presign_expires_s: int = Field(default=300, gt=0, le=7 * 24 * 3600)
     lease_timeout_s: float = Field(default=60.0, gt=0)
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
     reaper_interval_s: float = Field(default=10.0, gt=0)
@@ -128,7 +149,8 @@ class Settings(BaseSettings):
             self.database_url = f"sqlite:///{self.home / 'accum.sqlite'}"
         if not self.broker_url:
             self.broker_url = f"sqlite:///{self.home / 'broker.sqlite'}"
-        self.artifacts_dir = (self.artifacts_dir or self.home / "artifacts").expanduser().resolve()
+        self._artifacts_location()
+        self.cache_dir = (self.cache_dir or self.home / "cache").expanduser().resolve()
         if self.heartbeat_interval_s * 2 > self.lease_timeout_s:
             raise ValueError(
                 f"ACCUM_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s}) must be at most half of "
@@ -136,6 +158,35 @@ class Settings(BaseSettings):
                 "lose the lease; raise the timeout or lower the interval"
             )
         return self
+
+    def _artifacts_location(self) -> None:
+        url = self.artifacts_url or str(self.artifacts_dir or self.home / "artifacts")
+        scheme = urlsplit(url).scheme
+        if scheme == "s3":
+            if not urlsplit(url).netloc:
+                raise ValueError(f"ACCUM_ARTIFACTS_URL {url!r} names no bucket; use s3://bucket/prefix")
+            self.artifacts_url = url.rstrip("/")
+            # Nothing is written here with an S3 store: kept for the local defaults' sake.
+            self.artifacts_dir = (self.artifacts_dir or self.home / "artifacts").expanduser().resolve()
+            return
+        if scheme not in ("", "file"):
+            raise ValueError(
+                f"ACCUM_ARTIFACTS_URL {url!r} is not supported; use a path, file:///path or "
+                "s3://bucket/prefix"
+            )
+        local = Path(unquote(urlsplit(url).path)) if scheme == "file" else Path(url)
+        self.artifacts_dir = local.expanduser().resolve()
+        self.artifacts_url = self.artifacts_dir.as_uri()
+
+    @property
+    def cache_path(self) -> Path:
+        """``cache_dir`` typed as a ``Path`` (always set after validation)."""
+        assert self.cache_dir is not None
+        return self.cache_dir
+
+    @property
+    def artifacts_on_s3(self) -> bool:
+        return self.artifacts_url.startswith("s3://")
 
     @property
     def artifacts_path(self) -> Path:

@@ -115,6 +115,7 @@ def accum_home(tmp_path: Path) -> Path:
 # Any test that asks for one of these runs twice, once per backend (ids [sqlite], [postgresql]).
 
 if TYPE_CHECKING:  # imported lazily below: collecting unrelated tests stays fast
+    from s3_server import S3Server
     from sqlalchemy import Engine
     from sqlalchemy.orm import Session, sessionmaker
 
@@ -200,3 +201,35 @@ def session_factory(db_engine: Engine) -> sessionmaker[Session]:
     from services.store.db import make_session_factory
 
     return make_session_factory(db_engine)
+
+
+# --- an S3-compatible server (moto, server mode) for artifact store tests -----------------
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 on a free localhost port for the session, with the test bucket."""
+    from s3_server import S3Server
+
+    server = S3Server()
+    server.start()
+    server.create_bucket()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_url(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An empty ``s3://`` prefix on the test server, with the AWS environment pointing there."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    s3_server.ensure_running()  # a test that stopped it may have failed before restarting
+    return s3_server.url()
+
+
+@pytest.fixture(params=["local", "s3"])
+def artifacts_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty artifact store, once as a local directory and once on S3."""
+    if request.param == "local":
+        return (tmp_path / "store").as_uri()
+    return str(request.getfixturevalue("s3_url"))

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Collection, Iterator
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from services.artifacts import open_store
 from services.dispatch.enqueue import enqueue_job
 from services.settings import Settings
 from services.spec import parse_spec, total_optimizer_steps
@@ -85,7 +87,8 @@ class Stack:
             ACCUM_HEARTBEAT_INTERVAL_S=str(self.settings.heartbeat_interval_s),
             ACCUM_REAPER_INTERVAL_S=str(self.settings.reaper_interval_s),
             ACCUM_REQUEUE_AFTER_S=str(self.settings.requeue_after_s),
-            ACCUM_ARTIFACTS_DIR=str(self.settings.artifacts_path),
+            ACCUM_ARTIFACTS_URL=self.settings.artifacts_url,
+            ACCUM_CACHE_DIR=str(self.settings.cache_path),
             # Tiny models on a shared 2-core machine: one thread each is faster and the same
             # in every worker, so results are bitwise comparable across workers.
             OMP_NUM_THREADS="1",
@@ -98,18 +101,21 @@ class Stack:
         changed (e.g. shorter leases, another ``artifacts_dir``) for the workers it starts."""
         logs = tmp / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        if "artifacts_dir" in settings and "artifacts_url" not in settings:
+            settings["artifacts_url"] = Path(settings["artifacts_dir"]).resolve().as_uri()
         return Stack(self.name, self.settings.model_copy(update=settings),
                      f"it-{uuid.uuid4().hex[:10]}", logs)
 
-    def start_worker(self, pool: str = "solo") -> subprocess.Popen[bytes]:
-        """A ``python -m services.worker`` on this stack's queue; ``pool`` is its ``--pool``."""
+    def start_worker(self, pool: str = "solo", **env: str) -> subprocess.Popen[bytes]:
+        """A ``python -m services.worker`` on this stack's queue; ``pool`` is its ``--pool``,
+        ``env`` variables set for it alone (another node: ``ACCUM_HOME``, ``ACCUM_CACHE_DIR``)."""
         index = len(self.workers)
         hostname = f"test-{self.name}-{index}-{uuid.uuid4().hex[:6]}@localhost"
         log = open(self.logs / f"worker-{index}.log", "wb")  # noqa: SIM115 - owned by the process
         process = subprocess.Popen(
             [sys.executable, "-m", "services.worker", "--queues", self.queue,
              "--hostname", hostname, "--pool", pool, "--loglevel", "INFO"],
-            cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT, env={**self.env(), **env}, stdout=log, stderr=subprocess.STDOUT,
         )
         self.workers.append(process)
         self.hostnames[hostname] = process
@@ -185,36 +191,39 @@ class Stack:
         return steps
 
     def final_weights(self, job_id: str) -> dict[str, Any]:
-        """The model tensors of the job's latest checkpoint."""
+        """The model tensors of the job's latest checkpoint (fetched from the artifact store)."""
         import torch  # lazily: most tests using this module never load a checkpoint
 
         with self.sessions() as session:
             kept = checkpoints.list_checkpoints(session, job_id)
         assert kept, f"job {job_id} has no checkpoint"
-        return dict(torch.load(Path(kept[-1].uri), weights_only=True)["model"])
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "latest.pt"
+            open_store(self.settings.artifacts_url).get(kept[-1].key, path, kept[-1].sha256)
+            return dict(torch.load(path, weights_only=True)["model"])
 
     def checkpoint_problems(self, job_id: str) -> list[str]:
-        """What is wrong with the job's checkpoint files: a listed checkpoint whose file is
+        """What is wrong with the job's checkpoint objects: a listed checkpoint whose object is
         missing or differs from its row (size, sha256), a ``<step>.pt`` no row lists (an
-        orphan), a temp file left by an interrupted write. Empty when all is well."""
+        orphan), a temp file left by an interrupted put. Empty when all is well."""
+        store = open_store(self.settings.artifacts_url)
         with self.sessions() as session:
             rows = checkpoints.list_checkpoints(session, job_id)
         problems = []
         for row in rows:
-            path = Path(row.uri)
-            if not path.is_file():
-                problems.append(f"step {row.step}: listed but {path} is missing")
-                continue
-            data = path.read_bytes()
-            if len(data) != row.size_bytes or hashlib.sha256(data).hexdigest() != row.sha256:
-                problems.append(f"step {row.step}: {path} does not match its row (size, sha256)")
+            data = b"".join(store.open(row.key)) if store.head(row.key) else None
+            if data is None:
+                problems.append(f"step {row.step}: listed but {row.key} is missing")
+            elif len(data) != row.size_bytes or hashlib.sha256(data).hexdigest() != row.sha256:
+                problems.append(f"step {row.step}: {row.key} does not match its row (size, sha256)")
+        listed = {row.key for row in rows}
+        for stored in store.list(f"{job_id}/"):
+            if stored.key.endswith(".pt") and stored.key not in listed:
+                problems.append(f"orphan: {stored.key} is listed by no checkpoint row")
         directory = self.settings.artifacts_path / job_id
-        listed = {Path(row.uri).name for row in rows}
         for path in sorted(directory.iterdir()) if directory.is_dir() else []:
             if path.name.endswith(".tmp"):
                 problems.append(f"temp file left behind: {path.name}")
-            elif path.suffix == ".pt" and path.name not in listed:
-                problems.append(f"orphan: {path.name} is listed by no checkpoint row")
         return problems
 
     def event_kinds(self, job_id: str) -> list[str]:

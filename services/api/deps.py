@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from services.artifacts import ArtifactStore
 from services.settings import Settings
 
 # Dependencies are `async def` where they do not block: FastAPI runs a plain `def` dependency
@@ -51,5 +52,11 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
 SessionScoped = Depends(get_session, scope="function")
 
 
+async def get_artifacts(request: Request) -> ArtifactStore:
+    store: ArtifactStore = request.app.state.artifacts
+    return store
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+ArtifactsDep = Annotated[ArtifactStore, Depends(get_artifacts)]
 SessionDep = Annotated[Session, SessionScoped]

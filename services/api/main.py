@@ -37,6 +37,8 @@ from services.api.routes import (
 )
 from services.api.streams import StreamSlots
 from services.api.telemetry import LatencyMiddleware, Telemetry
+from services.artifacts import open_store
+from services.artifacts.probe import CachedProbe
 from services.dispatch.reaper import LeaseReaper
 from services.settings import Settings, get_settings
 from services.store.db import make_engine, make_session_factory
@@ -114,6 +116,8 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     )
     app.state.trusted_proxies = trusted_proxies(settings.forwarded_allow_ips)
     app.state.stream_slots = StreamSlots(settings.max_streams_per_owner)
+    app.state.artifacts = open_store(settings.artifacts_url)
+    app.state.store_probe = CachedProbe(app.state.artifacts, settings.store_probe_ttl_s)
     app.state.telemetry = telemetry = Telemetry()
 
     install_error_handlers(app)

@@ -243,6 +243,23 @@ class CheckpointPublic(BaseModel):
     _empty_if_null = field_validator("metrics", mode="before")(empty_if_null)
 
 
+class ResumeRequest(BaseModel):
+    """`POST /v1/jobs/{id}/resume` body (optional): where to start again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_step: int | None = Field(None, ge=0, le=MAX_INT32,
+                                  description="Resume from the checkpoint at this step "
+                                  "(later checkpoints are dropped)")
+    from_scratch: bool = Field(False, description="Start over from step 0 (checkpoints dropped)")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ResumeRequest:
+        if self.from_scratch and self.from_step is not None:
+            raise ValueError("give from_step or from_scratch, not both")
+        return self
+
+
 class CheckpointList(BaseModel):
     items: list[CheckpointPublic]
 

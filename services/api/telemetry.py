@@ -53,6 +53,26 @@ class Telemetry:
         )
         self.lifecycle = LifecycleCounters()
         self.registry.register(self.lifecycle)
+        self.store_errors = Gauge(
+            "accum_artifact_store_errors",
+            "Artifact store failures: store_fault events written by workers (source=workers), "
+            "failed /readyz probes of this API process (source=api).",
+            ("source",),
+            registry=self.registry,
+        )
+        self.upload_seconds = Gauge(
+            "accum_checkpoint_upload_seconds",
+            "Seconds the most recent checkpoint upload took (store put, verified).",
+            registry=self.registry,
+        )
+        self.upload_bytes = Gauge(
+            "accum_checkpoint_upload_bytes", "Size of the most recently uploaded checkpoint.",
+            registry=self.registry,
+        )
+        self.stored_bytes = Gauge(
+            "accum_artifact_stored_bytes", "Bytes of every retained checkpoint in the store.",
+            registry=self.registry,
+        )
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.request_latency.labels(method, route, str(status)).observe(seconds)

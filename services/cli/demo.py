@@ -103,7 +103,7 @@ def _report(
     job_id = job["id"]
     shown = f"{accuracy:.2%}" if accuracy is not None else "not recorded"
     latest = max((int(c["step"]) for c in checkpoints), default=None)
-    artefacts = settings.artifacts_path / str(job_id)
+    artefacts = f"{settings.artifacts_url}/{job_id}"
     print(
         f"\njob {job_id} {job['status']} in {elapsed_s:.0f} s (including start-up)\n"
         f"final validation accuracy: {shown}\n"

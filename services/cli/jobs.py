@@ -1,4 +1,4 @@
-"""Job commands: submit, jobs, status, cancel, resume. ID is a job id or a unique prefix."""
+"""Job commands: submit, jobs, status, cancel, resume, delete. ID is a job id or a unique prefix."""
 
 from __future__ import annotations
 
@@ -53,13 +53,20 @@ def register(commands: Any) -> None:
     status.add_argument("--json", action="store_true", help="print the job as JSON")
     status.set_defaults(func=cmd_status)
 
-    for verb, helptext in (
-        ("cancel", "cancel a queued or running job"),
-        ("resume", "re-queue a failed or cancelled job from its latest checkpoint"),
+    for verb, helptext, func in (
+        ("cancel", "cancel a queued or running job", cmd_cancel),
+        ("resume", "re-queue a failed or cancelled job from its latest checkpoint", cmd_resume),
+        ("delete", "delete a finished job: its checkpoints, metrics and events", cmd_delete),
     ):
         sub = commands.add_parser(verb, help=helptext)
         sub.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
-        sub.set_defaults(func=cmd_cancel if verb == "cancel" else cmd_resume)
+        sub.set_defaults(func=func)
+        if verb == "resume":
+            start = sub.add_mutually_exclusive_group()
+            start.add_argument("--from-step", type=int, metavar="K",
+                               help="from the checkpoint at step K (later ones are dropped)")
+            start.add_argument("--from-scratch", action="store_true",
+                               help="from step 0 (every checkpoint is dropped)")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -224,6 +231,16 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     with make_client() as client:
         job_id = resolve_job_id(client, args.job_id)
-        job = client.resume(job_id)
-    print(f"job {job_id}: {job.get('status', 'queued')}")
+        job = client.resume(job_id, from_step=args.from_step, from_scratch=args.from_scratch)
+    where = (f", from checkpoint step {args.from_step}" if args.from_step is not None
+             else ", from the start" if args.from_scratch else "")
+    print(f"job {job_id}: {job.get('status', 'queued')}{where}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    with make_client() as client:
+        job_id = resolve_job_id(client, args.job_id)
+        client.delete(job_id)
+    print(f"job {job_id}: deleted (checkpoints, metrics and events)")
     return 0

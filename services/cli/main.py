@@ -2,7 +2,8 @@
 
     accum up                         # local service (API + worker, SQLite), prints URL + token
     accum submit examples/digits_small_cnn.yaml --watch
-    accum jobs | status ID | watch ID | cancel ID | resume ID    # ID: the id or a unique prefix
+    accum jobs | status ID | watch ID | cancel ID | delete ID    # ID: the id or a unique prefix
+    accum resume ID [--from-step K | --from-scratch]
     accum metrics ID [--name loss] [--all] [--csv] | checkpoints ID | download ID [STEP] -o model.pt
     accum catalog [models|datasets]
     accum token create NAME [--admin] | token list [NAME] | token revoke PREFIX|TOKEN

@@ -68,7 +68,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"  token:    {token}\n"
                 f"  config:   {local_config_path(settings.home)} (the accum CLI reads it)\n"
                 f"  database: {redacted(settings.database_url)}\n"
-                f"  artefacts: {settings.artifacts_path}\n"
+                f"  artifacts: {settings.artifacts_url}\n"
                 f"try: accum submit examples/digits_small_cnn.yaml --watch\n"
                 f"Ctrl-C stops the API and the worker.",
                 flush=True,

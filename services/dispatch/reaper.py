@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 
 from services.dispatch.broker import DEFAULT_QUEUE
 from services.dispatch.enqueue import enqueue_job
+from services.dispatch.retention import sweep_retention
 from services.settings import Settings
 from services.store.leases import reap_expired_leases, stale_queued_jobs
 from services.store.models import Job
@@ -117,7 +118,7 @@ class LeaseReaper:
     def _run(self) -> None:
         while not self._stopped.wait(self.interval_s):
             with self.pass_lock:
-                for step in (reap_once, resend_stale_once):
+                for step in (reap_once, resend_stale_once, sweep_retention):
                     try:
                         step(self.settings, self.clock)
                     except Exception:  # keep reaping after a database or broker blip

@@ -41,6 +41,10 @@ from services.spec.fields import (
 from services.spec.parts import InitFrom, Optimizer, Scheduler, SchedulerSpec
 from services.spec.refs import Dataset, Model
 
+# Retention per job: more only fills the store (a job is resumed from its latest checkpoint,
+# or from an older one a user picks; a hundred is plenty for that).
+MAX_KEEP_CHECKPOINTS = 100
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("fail", "skip")  # accumcore.Trainer(on_nonfinite=...)
 VERIFY_WINDOW_MODES = (True, False, "warn")  # accumcore.Trainer(verify_window=...)
@@ -237,7 +241,10 @@ class JobSpec(BaseModel):
     checkpoint_every: Annotated[
         PositiveInt, Field(le=MAX_STORED_INT, description="optimizer steps between checkpoints")
     ] = 100
-    keep_checkpoints: Annotated[PositiveInt, Field(le=MAX_KEEP_CHECKPOINTS)] = 3
+    keep_checkpoints: Annotated[
+        PositiveInt,
+        Field(le=MAX_KEEP_CHECKPOINTS, description="latest checkpoints kept (plus the best by val_loss)"),
+    ] = 3
     eval_every: Annotated[
         PositiveInt | None,
         Field(le=MAX_STORED_INT, description="optimizer steps; null = each epoch end"),

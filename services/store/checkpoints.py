@@ -1,9 +1,10 @@
-"""Checkpoint records (the files live at ``uri``): add, list, find, and choose what to prune.
+"""Checkpoint records: add, list, find, and choose what to prune. A row holds its object's
+``key`` (``<job>/<step>.pt``) in the artifact store, never a node's path.
 
-Functions here flush but never commit. Write the file first (atomically), then its row, then
-commit; prune with ``delete_checkpoint_rows``, commit, then delete the files. A crash between
-the two leaves a file no row lists (``services.worker.checkpoints`` removes it on resume),
-never a row without its file.
+Functions here flush but never commit. Upload the object first (complete and verified), then
+its row, then commit; prune with ``delete_checkpoint_rows``, commit, then delete the objects. A
+crash between the two leaves an object no row lists (``services.worker.checkpoints`` removes it
+on resume), never a row without its object.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def add_checkpoint(
     session: Session,
     job_id: str,
     step: int,
-    uri: str,
+    key: str,
     size_bytes: int,
     sha256: str,
     epoch: int | None = None,
@@ -48,7 +49,7 @@ def add_checkpoint(
         session.add(checkpoint)
     checkpoint.attempt = attempt
     checkpoint.epoch = epoch
-    checkpoint.uri = uri
+    checkpoint.key = key
     checkpoint.size_bytes = size_bytes
     checkpoint.sha256 = sha256
     checkpoint.metrics = dict(metrics or {})

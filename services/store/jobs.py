@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy import Table, delete, func, insert, select, update
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 # The one hash of a normalised spec (also re-exported here as jobs.spec_hash).
@@ -19,9 +19,9 @@ from services.store.cursors import decode_cursor, encode_cursor
 from services.store.dialect import insert_for
 from services.store.errors import IdempotencyConflict, JobStateError
 from services.store.events import add_event
-from services.store.models import Checkpoint, Job, JobEvent, Owner
+from services.store.models import Checkpoint, Job, JobEvent, Metric, MetricBlock, Owner
 from services.store.quotas import confirm_under_cap, near_cap
-from services.store.status import ALL, FINISHED, JobStatus
+from services.store.status import ALL, FINISHED, JobStatus, ordered
 from services.store.types import new_id, utcnow
 
 # Core statements on the tables, built once: values come as parameters, so each call skips
@@ -211,14 +211,22 @@ def request_cancel(session: Session, job: Job) -> Job:
 RESUMABLE = (JobStatus.FAILED, JobStatus.CANCELLED)
 
 
-def request_resume(session: Session, job: Job, max_active_jobs: int | None = None) -> Job:
+def request_resume(session: Session, job: Job, max_active_jobs: int | None = None,
+                   from_step: int | None = None, from_scratch: bool = False) -> Job:
     """Re-queue a ``failed`` or ``cancelled`` job from its latest checkpoint (``resume_step``;
-    None when it has none, so it starts over). Resets the automatic-restart budget.
-    Other states raise JobStateError; past ``max_active_jobs`` unfinished jobs of the job's
-    owner, ActiveJobCapReached (roll back). Writes ``resumed``. Does not commit; enqueue after it.
+    None when it has none, so it starts over), from the checkpoint at ``from_step`` (the rows
+    of later ones go: a restart must not jump back to them; the worker's orphan sweep deletes
+    their objects), or ``from_scratch`` (every checkpoint row goes). Resets the
+    automatic-restart budget. Other states raise JobStateError; past ``max_active_jobs``
+    unfinished jobs of the job's owner, ActiveJobCapReached (roll back). Writes ``resumed``.
+    Does not commit; enqueue after it. The caller checks that ``from_step`` has a checkpoint.
     """
     recount = max_active_jobs is not None and near_cap(session, job.owner_id, max_active_jobs)
-    latest = select(func.max(Checkpoint.step)).where(Checkpoint.job_id == Job.id).scalar_subquery()
+    latest: Any = select(func.max(Checkpoint.step)).where(Checkpoint.job_id == Job.id).scalar_subquery()
+    if from_scratch:
+        latest = None
+    elif from_step is not None:
+        latest = from_step
     if not _transition(
         session,
         job,
@@ -233,6 +241,10 @@ def request_resume(session: Session, job: Job, max_active_jobs: int | None = Non
         enqueued_at=utcnow(),  # the caller enqueues after the commit
     ):
         raise JobStateError(job.id, job.status, "resume", RESUMABLE)
+    if from_scratch or from_step is not None:
+        later = Checkpoint.step > from_step if from_step is not None else Checkpoint.step >= 0
+        session.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, later)
+                        .execution_options(synchronize_session=False))
     add_event(
         session,
         job.id,
@@ -247,6 +259,23 @@ def request_resume(session: Session, job: Job, max_active_jobs: int | None = Non
         assert max_active_jobs is not None
         confirm_under_cap(session, job.owner_id, max_active_jobs)
     return job
+
+
+def delete_finished_job(session: Session, job: Job) -> None:
+    """Delete a finished job with its checkpoint rows, metrics and events (delete its
+    objects in the artifact store first: a failure in between leaves rows to retry with, never
+    objects nobody can find). Another state raises JobStateError. Does not commit."""
+    gone = session.execute(
+        delete(Job).where(Job.id == job.id, Job.status.in_(ordered(FINISHED)))
+        .execution_options(synchronize_session=False)
+    )
+    if not gone.rowcount:  # type: ignore[attr-defined]
+        raise JobStateError(job.id, job.status, "delete", ordered(FINISHED))
+    # Children explicitly: SQLite enforces ON DELETE CASCADE only with a pragma.
+    for model in (Checkpoint, Metric, MetricBlock, JobEvent):
+        session.execute(delete(model).where(model.job_id == job.id)
+                        .execution_options(synchronize_session=False))
+    session.expunge(job)
 
 
 def is_finished(job: Job) -> bool:

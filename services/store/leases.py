@@ -430,3 +430,47 @@ def stale_queued_jobs(
         .execution_options(synchronize_session=False)
     ).all()
     return sorted((row.id, row.queue) for row in rows)
+
+
+def requeue_after_fault(
+    session: Session, job_id: str, worker_id: str, reason: str, now: datetime | None = None
+) -> tuple[str, str] | None:
+    """A transient fault stopped the attempt (the artifact store unreachable, a checkpoint
+    object missing or damaged): back to ``queued`` with a restart counted and ``resume_step``
+    = latest checkpoint, or ``failed`` when no restarts are left. Returns ``("queued",
+    queue)`` (enqueue there after the commit), ``("failed", message)``, or None when
+    ``worker_id`` no longer holds the lease or a cancel came first. Writes ``store_fault`` and
+    the outcome's event. Does not commit.
+    """
+    now = now or utcnow()
+    job = session.execute(
+        select(Job.restarts, Job.max_restarts, Job.attempts)
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status == "running")
+    ).one_or_none()
+    if job is None:
+        return None
+    restarts, max_restarts, attempt = job
+    add_event(session, job_id, "store_fault", reason, {"restart": restarts + 1}, attempt=attempt)
+    if restarts >= max_restarts:
+        message = (f"{reason}; the job already restarted {restarts} times (max_restarts="
+                    f"{max_restarts}); once the store is back, POST /v1/jobs/{job_id}/resume "
+                    "(`accum resume ID`, or `--from-step K` for an older checkpoint)")
+        finished = finish_job(session, job_id, worker_id, "failed",
+                              error={"type": "ArtifactStoreError", "message": message}, now=now)
+        return ("failed", message) if finished else None
+    moved = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status == "running")
+        .values(status="queued", restarts=Job.restarts + 1, resume_step=_latest_checkpoint_step(),
+                lease_owner=None, lease_expires_at=None, enqueued_at=now, updated_at=now)
+        .returning(Job.queue, Job.resume_step)
+        .execution_options(synchronize_session=False)
+    ).one()
+    add_event(
+        session, job_id, "requeued",
+        f"restart {restarts + 1} of {max_restarts} after a store fault, "
+        + (f"from checkpoint step {moved.resume_step}" if moved.resume_step else "from the start"),
+        {"resume_step": moved.resume_step, "restart": restarts + 1, "reason": "store_fault"},
+        attempt=attempt,
+    )
+    return "queued", str(moved.queue)

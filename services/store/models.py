@@ -132,7 +132,10 @@ class JobEvent(Base):
     """The lifecycle log of a job (kinds listed in docs/architecture.md)."""
 
     __tablename__ = "job_events"
-    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+    __table_args__ = (
+        Index("ix_job_events_job_id_id", "job_id", "id"),
+        Index("ix_job_events_kind_id", "kind", "id"),  # /metrics: the latest checkpoint, faults
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
@@ -184,7 +187,8 @@ class MetricBlock(Base):
 
 
 class Checkpoint(Base):
-    """A checkpoint file's record; the file itself lives at ``uri``."""
+    """A checkpoint's record; the object lives at ``key`` (``<job>/<step>.pt``) in the artifact
+    store (``services.artifacts``), so the row means the same on every node."""
 
     __tablename__ = "checkpoints"
 
@@ -192,7 +196,7 @@ class Checkpoint(Base):
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     epoch: Mapped[int | None] = mapped_column(Integer)
-    uri: Mapped[str] = mapped_column(Text)
+    key: Mapped[str] = mapped_column(Text)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

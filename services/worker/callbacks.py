@@ -3,8 +3,9 @@
 Metrics are buffered by the training thread (a list append per step) and written by a
 background writer thread in one transaction per batch of steps or per second, whichever
 comes first, so neither the cost of a transaction nor a slow database (a SQLite write lock
-held by the API, a PostgreSQL hiccup) ever stalls training. A checkpoint's row is written,
-synchronously, in the same transaction as every metric up to its step: a resumed attempt,
+held by the API, a PostgreSQL hiccup) ever stalls training. A checkpoint goes to the artifact
+store in the background (``uploads``: at most one in flight); its row is written once the
+object is complete, in the same transaction as every metric up to its step: a resumed attempt,
 which starts from the latest checkpoint row, never finds a hole in the metrics before it.
 Retention (last ``keep`` + best by val_loss) runs after each checkpoint and each evaluation.
 A database outage (PostgreSQL restarting) loses nothing: the writer thread keeps the rows and
@@ -18,12 +19,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from accumcore import Callback, CheckpointInfo
+from services.artifacts import ObjectInfo
 from services.store.checkpoints import (
     add_checkpoint,
     checkpoints_to_prune,
@@ -34,9 +35,10 @@ from services.store.events import add_event
 from services.store.leases import update_progress
 from services.store.metrics import metric_rows, write_metrics
 from services.store.nonfinite import json_safe
-from services.worker.checkpoints import remove_files
+from services.store.retention import owner_artifact_bytes
 from services.worker.db_retry import retry_while_unreachable
 from services.worker.heartbeat import Heartbeat
+from services.worker.uploads import ArtifactQuotaExceeded, CheckpointUploads
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,9 @@ class StoreCallback(Callback):
             progress writes only happen while ``worker_id`` holds the lease.
         total_steps: optimizer steps of the whole run (for ``progress``).
         keep_checkpoints: retention count (the best by val_loss is kept on top of these).
+        uploads: sends each checkpoint the trainer writes to the artifact store.
+        max_owner_bytes: the owner's quota of checkpoint bytes in the store (0: none); a
+            checkpoint past it is not stored and the job fails (``ArtifactQuotaExceeded``).
         heartbeat: its flags answer ``should_stop`` (cancel requested, lease lost).
         retry_for_s: how long synchronous writes wait out a database outage (default: the
             heartbeat's lease timeout; past it, another worker may own the job).
@@ -69,7 +74,9 @@ class StoreCallback(Callback):
         worker_id: str,
         total_steps: int,
         keep_checkpoints: int,
+        uploads: CheckpointUploads,
         heartbeat: Heartbeat | None = None,
+        max_owner_bytes: int = 0,
         flush_every_steps: int = FLUSH_EVERY_STEPS,
         flush_every_s: float = FLUSH_EVERY_S,
         retry_for_s: float | None = None,
@@ -78,6 +85,8 @@ class StoreCallback(Callback):
         self.job_id, self.attempt, self.worker_id = job_id, attempt, worker_id
         self.total_steps = total_steps
         self.keep_checkpoints = keep_checkpoints
+        self.uploads = uploads
+        self.max_owner_bytes = max_owner_bytes
         self.heartbeat = heartbeat
         self.flush_every_steps, self.flush_every_s = flush_every_steps, flush_every_s
         self._rows: list[dict[str, Any]] = []
@@ -86,7 +95,6 @@ class StoreCallback(Callback):
         self._latest: dict[str, Any] = {}
         self._last_eval: dict[str, float] = {}
         self._checkpoint_steps: set[int] = set()
-        self._pruned: list[Path] = []  # files of the rows the current write prunes
         # Held from taking the buffer until its transaction commits, by the writer thread and
         # by synchronous writes (checkpoints) alike: metrics reach the database in step order.
         self._write_lock = threading.Lock()
@@ -136,31 +144,66 @@ class StoreCallback(Callback):
         self._last_eval = dict(metrics)
         if step not in self._checkpoint_steps:
             return  # the writer thread takes the rows with the next batch
+        # The checkpoint at this step (written just before the eval) gets its val_loss: its row
+        # must exist first (evaluations are rare; waiting for one upload here is cheap).
+        self.uploads.wait()
+        pruned: list[str] = []
 
         def write(session: Session) -> None:
             self._write_buffer(session)
-            # The checkpoint at this step (written just before the eval) now has its val_loss.
             checkpoint = get_checkpoint(session, self.job_id, step)
             if checkpoint is not None:
-                self._record_checkpoint(session, checkpoint.uri, step, checkpoint.epoch,
+                self._record_checkpoint(session, checkpoint.key, step, checkpoint.epoch,
                                         checkpoint.size_bytes, checkpoint.sha256, checkpoint.metrics)
-                self._prune(session)
+                pruned[:] = self._prune(session)
 
         self._write_retrying(write, f"evaluation at step {step}")
+        self.uploads.delete(pruned)
 
     def on_checkpoint(self, trainer: Any, info: CheckpointInfo) -> None:
+        self._check_quota(trainer, info)
         self._checkpoint_steps.add(info.step)
+        epoch = self._epoch_of(info)
 
-        def write(session: Session) -> None:
-            self._write_buffer(session)
-            self._record_checkpoint(session, str(info.path), info.step, self._epoch_of(info),
-                                    info.size_bytes, info.sha256, info.metrics)
-            add_event(session, self.job_id, "checkpoint", f"checkpoint at step {info.step}",
-                      {"step": info.step, "size_bytes": info.size_bytes, "sha256": info.sha256},
-                      attempt=self.attempt)
-            self._prune(session)
+        def record(stored: ObjectInfo, upload_s: float) -> list[str]:
+            pruned: list[str] = []
 
-        self._write_retrying(write, f"checkpoint at step {info.step}")
+            def write(session: Session) -> None:
+                self._write_buffer(session)
+                self._record_checkpoint(session, stored.key, info.step, epoch, stored.size,
+                                        info.sha256, info.metrics)
+                add_event(session, self.job_id, "checkpoint", f"checkpoint at step {info.step}",
+                          {"step": info.step, "size_bytes": stored.size, "sha256": info.sha256,
+                           "key": stored.key, "upload_s": round(upload_s, 3)},
+                          attempt=self.attempt)
+                pruned[:] = self._prune(session)
+
+            self._write_retrying(write, f"checkpoint at step {info.step}")
+            return pruned
+
+        # Training goes on while it uploads; this waits only for the previous upload.
+        self.uploads.submit(info.path, info.step, info.sha256, record)
+
+    def _check_quota(self, trainer: Any, info: CheckpointInfo) -> None:
+        if not self.max_owner_bytes:
+            return
+        self.uploads.wait()  # the previous checkpoint's row counts too
+        with self.sessions() as session:
+            used = owner_artifact_bytes(session, self.job_id)
+        if used + info.size_bytes <= self.max_owner_bytes:
+            return
+        info.path.unlink(missing_ok=True)
+        message = (
+            f"checkpoint at step {info.step} ({info.size_bytes} bytes) not written: this job's "
+            f"owner already stores {used} bytes of checkpoints and "
+            f"ACCUM_MAX_ARTIFACT_BYTES_PER_OWNER is {self.max_owner_bytes}; make room with "
+            f"`accum delete ID` on finished jobs (or a lower keep_checkpoints), then "
+            f"`accum resume {self.job_id}`"
+        )
+        self.on_event(trainer, "artifact_quota", message,
+                      {"step": info.step, "size_bytes": info.size_bytes, "used_bytes": used,
+                       "quota_bytes": self.max_owner_bytes})
+        raise ArtifactQuotaExceeded(message)
 
     def _epoch_of(self, info: CheckpointInfo) -> int:
         """The 0-based epoch of the checkpoint's step (the epoch its metrics carry)."""
@@ -188,7 +231,14 @@ class StoreCallback(Callback):
 
     # ---------------------------------------------------------------------- writing
     def close(self) -> None:
-        """Stop the writer thread and write what is left (also called if fit raises)."""
+        """Wait for the upload in flight, stop the writer thread and write what is left (also
+        called if fit raises); raises the upload's error, if it failed."""
+        try:
+            self.uploads.wait()
+        finally:
+            self._stop_writer()
+
+    def _stop_writer(self) -> None:
         self._stopped.set()
         self._wake.set()
         if self._writer is not None and self._writer is not threading.current_thread():
@@ -214,11 +264,10 @@ class StoreCallback(Callback):
             self._inflight = ([], {})
 
     def _write_retrying(self, write: Callable[[Session], None], what: str) -> None:
-        self._pruned = []
+        # Pruned objects go only once their rows' deletion committed (the callers delete them
+        # after this returns): a crash in between leaves an object no row lists (the next
+        # attempt removes it), never a row without its object.
         self._retrying(lambda: self._transaction(write), what)
-        # Pruned files go only once their rows' deletion committed: a crash in between leaves
-        # a file no row lists (the next attempt removes it), never a row without its file.
-        remove_files(self._pruned)
 
     def _retrying(self, write: Callable[[], None], what: str) -> None:
         def lease_lost() -> bool:
@@ -260,17 +309,17 @@ class StoreCallback(Callback):
             self._progress = self._progress or progress
         self._inflight = ([], {})
 
-    def _record_checkpoint(self, session: Session, uri: str, step: int, epoch: int | None,
+    def _record_checkpoint(self, session: Session, key: str, step: int, epoch: int | None,
                            size_bytes: int, sha256: str, metrics: dict[str, Any]) -> None:
         merged = dict(metrics or {})
         if self._last_eval and int(self._last_eval.get("step", -1)) == step:
             merged.update({k: v for k, v in self._last_eval.items() if k not in ("step", "epoch")})
-        add_checkpoint(session, self.job_id, step, uri, size_bytes, sha256, epoch=epoch,
+        add_checkpoint(session, self.job_id, step, key, size_bytes, sha256, epoch=epoch,
                        metrics=merged, attempt=self.attempt)
 
-    def _prune(self, session: Session) -> None:
-        """Delete the rows of checkpoints past retention; ``_write_retrying`` deletes their
-        files after the commit."""
+    def _prune(self, session: Session) -> list[str]:
+        """Delete the rows of checkpoints past retention; returns their keys, whose objects
+        the caller deletes after the commit."""
         doomed = checkpoints_to_prune(session, self.job_id, self.keep_checkpoints)
         delete_checkpoint_rows(session, self.job_id, [c.step for c in doomed])
-        self._pruned = [Path(c.uri) for c in doomed]
+        return [c.key for c in doomed]

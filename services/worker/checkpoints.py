@@ -1,55 +1,47 @@
-"""A job's checkpoint files on disk, kept in step with its checkpoint rows.
+"""A job's checkpoint objects in the artifact store, kept in step with its checkpoint rows.
 
-A checkpoint is a file first (written atomically: temp file, fsync, rename) and a row second;
-pruning deletes rows first and files after that commit. So a worker killed between the two
-leaves a file that no row lists (or a temp file, when killed mid-write), never a row whose
-file is gone. The next attempt of the job removes such files before it trains
-(``remove_orphans``): it holds the lease, so no other writer works in the directory.
+A checkpoint is an object first (complete and verified: ``services.worker.uploads``) and a row
+second; pruning deletes rows first and objects after that commit. So a worker killed between
+the two leaves an object that no row lists (or, on a local store, a temp file of a put cut
+short; on S3 an incomplete multipart upload, which is invisible and which a bucket lifecycle
+rule aborts), never a row whose object is gone. The next attempt of the job removes such
+objects before it trains (``remove_orphans``): it holds the lease, so no other writer works
+under the job's prefix.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from pathlib import Path
 
-from accumcore.checkpoint import temp_files
+from services.artifacts import ArtifactStore, ArtifactStoreError, LocalStore, checkpoint_key
 
 log = logging.getLogger(__name__)
 
 
-def orphans(directory: Path, listed_steps: Iterable[int]) -> list[Path]:
-    """Files in a job's checkpoint ``directory`` that no row lists: ``<step>.pt`` files of
-    other steps, and temp files of interrupted writes. Other files are left alone."""
-    if not directory.is_dir():
-        return []
-    listed = set(listed_steps)
-    unlisted = [
-        p for p in directory.glob("*.pt") if p.stem.isdigit() and int(p.stem) not in listed
+def orphans(store: ArtifactStore, job_id: str, listed_steps: Iterable[int]) -> list[str]:
+    """Keys under ``<job>/`` that no row lists: ``<step>.pt`` objects of other steps. Other
+    objects are left alone."""
+    listed = {checkpoint_key(job_id, step) for step in listed_steps}
+    return [
+        o.key for o in store.list(f"{job_id}/")
+        if o.key not in listed and o.key.endswith(".pt") and o.key[len(job_id) + 1:-3].isdigit()
     ]
-    return sorted(unlisted) + temp_files(directory)
 
 
-def remove_orphans(directory: Path, listed_steps: Iterable[int]) -> list[Path]:
-    """Delete ``orphans(directory, listed_steps)``; returns them. A file that cannot be
-    deleted (read-only disk) is logged and kept: it only wastes space."""
-    removed = remove_files(orphans(directory, listed_steps))
-    if removed:
-        log.info("removed %d checkpoint files no row lists: %s", len(removed),
-                 ", ".join(p.name for p in removed))
-    return removed
-
-
-def remove_files(paths: Iterable[Path]) -> list[Path]:
-    """Delete checkpoint files (pruned ones after their rows' deletion committed, orphans);
-    returns those deleted. One that cannot be deleted is logged and kept: the next attempt's
-    ``remove_orphans`` tries again."""
+def remove_orphans(store: ArtifactStore, job_id: str, listed_steps: Iterable[int]) -> list[str]:
+    """Delete ``orphans(...)`` (and a local store's temp files under the job); returns the keys.
+    An object that cannot be deleted is logged and kept: it only wastes space."""
     removed = []
-    for path in paths:
+    for key in orphans(store, job_id, listed_steps):
         try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning("could not remove checkpoint file %s: %s", path, exc)
+            store.delete(key)
+        except ArtifactStoreError as exc:
+            log.warning("could not remove orphan checkpoint %s: %s", key, exc)
             continue
-        removed.append(path)
+        removed.append(key)
+    if isinstance(store, LocalStore):
+        store.remove_temp_files(job_id)
+    if removed:
+        log.info("removed %d checkpoint objects no row lists: %s", len(removed), ", ".join(removed))
     return removed

@@ -30,10 +30,12 @@ def retry_while_unreachable(
     what: str,
     for_s: float,
     give_up: Callable[[], bool] = lambda: False,
+    transient: Callable[[BaseException], bool] = database_unreachable,
 ) -> T:
     """``write()``, retried with a growing pause (0.1 s up to 1 s) while the database is
-    unreachable, for at most ``for_s`` seconds; then, or when ``give_up()``, the last error
-    is raised. ``write`` must be safe to run again (its transaction rolled back)."""
+    unreachable (or ``transient(error)``: the artifact store's outages), for at most ``for_s``
+    seconds; then, or when ``give_up()``, the last error is raised. ``write`` must be safe to
+    run again (its transaction rolled back)."""
     deadline = time.monotonic() + for_s
     delay = FIRST_DELAY_S
     failures = 0
@@ -41,11 +43,11 @@ def retry_while_unreachable(
         try:
             result = write()
         except Exception as exc:
-            if not database_unreachable(exc) or give_up() or time.monotonic() + delay > deadline:
+            if not transient(exc) or give_up() or time.monotonic() + delay > deadline:
                 raise
             failures += 1
             if failures == 1:
-                log.warning("%s: database unreachable (%s); retrying for up to %.0fs", what,
+                log.warning("%s: unreachable (%s); retrying for up to %.0fs", what,
                             first_line(exc), for_s)
             time.sleep(delay)
             delay = min(delay * 2, MAX_DELAY_S)

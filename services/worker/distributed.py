@@ -30,15 +30,17 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from accumcore import load_checkpoint
+from services.artifacts import open_store
 from services.ports import free_port
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
 from services.store.sessions import session_factory
-from services.worker.attempt import Attempt, Outcome, prepare_resume
+from services.worker.attempt import Attempt, Outcome
 from services.worker.build import build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.heartbeat import Heartbeat
 from services.worker.micro_batch import record_choice, recorded_choice
+from services.worker.resume import checkpoint_uploads, node_cache, prepare_resume
 from services.worker.training import outcome
 from services.worker.warm_start import describe, job_initial_weights
 
@@ -57,8 +59,9 @@ def train_distributed(
             f"the job asks for gpus={world} but this worker sees {torch.cuda.device_count()} "
             "GPUs; start its worker with enough GPUs visible (--gpus 0,1,...) or lower gpus"
         )
-    checkpoint_dir = settings.artifacts_path / attempt.job_id
-    checkpoint = prepare_resume(session_factory(settings), attempt, checkpoint_dir)
+    cache = node_cache(settings)
+    path = prepare_resume(session_factory(settings), attempt, open_store(settings.artifacts_url), cache)
+    checkpoint = str(path) if path is not None else None
     chosen = recorded_choice(session_factory(settings), attempt.job_id) if spec.micro_batch_size == "auto" else None
     port = free_port()
     # finished[r] = 1 once rank r's fit returned (and, on rank 0, its final checkpoint and
@@ -172,19 +175,24 @@ def _rank_main(
             store_callback = StoreCallback(
                 session_factory(settings), attempt.job_id, attempt.attempt, attempt.worker_id,
                 total_steps=0, keep_checkpoints=spec.keep_checkpoints,
+                uploads=checkpoint_uploads(settings, attempt, None),
+                max_owner_bytes=settings.max_artifact_bytes_per_owner,
                 retry_for_s=settings.lease_timeout_s,  # rank 0 has no heartbeat of its own
             )
             callbacks.append(store_callback)
         run = build_run(
             spec,
             callbacks=callbacks,
-            checkpoint_dir=settings.artifacts_path / attempt.job_id,
+            checkpoint_dir=node_cache(settings).staging_dir(attempt.job_id),
             data_root_default=settings.home / "data",
             device=device,
             rank=rank,
             world=world,
             wrap_model=lambda m: DistributedDataParallel(m, device_ids=[rank] if cuda else None),
-            init_weights=job_initial_weights(session_factory(settings), spec, attempt.job_id),
+            init_weights=job_initial_weights(
+                session_factory(settings), spec, attempt.job_id,
+                lambda key, sha: node_cache(settings).fetch(open_store(settings.artifacts_url), key, sha),
+            ),
             chosen=chosen,
         )
         if rank == 0 and spec.micro_batch_size == "auto" and chosen is None:

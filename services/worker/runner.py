@@ -15,22 +15,32 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import traceback
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.data_roots import require_allowed_data_root
+from services.artifacts import ArtifactStoreError
+from services.data_roots import is_s3, require_allowed_data_root
 from services.dispatch.enqueue import enqueue_job
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
 from services.store.events import add_event
-from services.store.leases import claim_job, finish_job, hand_back_job, renew_lease
+from services.store.leases import (
+    claim_job,
+    finish_job,
+    hand_back_job,
+    renew_lease,
+    requeue_after_fault,
+)
 from services.store.sessions import session_factory
 from services.store.status import JobStatus
 from services.worker import shutdown
 from services.worker.attempt import Attempt, Outcome
+from services.worker.datasets import with_local_data_root
 from services.worker.db_retry import retry_while_unreachable
 from services.worker.heartbeat import Heartbeat
 from services.worker.training import train_local
@@ -38,6 +48,9 @@ from services.worker.training import train_local
 log = logging.getLogger(__name__)
 
 TRACEBACK_LIMIT = 20_000  # characters kept in the traceback event
+# The first back-off after a store fault; doubled per restart, capped at half a lease timeout
+# (the worker holds the lease meanwhile, so nobody else claims the job and fails the same way).
+FAULT_BACKOFF_S = 2.0
 
 
 def describe_gpu() -> str:
@@ -125,6 +138,7 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
         shutdown=shutdown.requested,
     )
     error: dict[str, Any] | None = None
+    fault: ArtifactStoreError | None = None
     with heartbeat:
         try:
             spec = parse_spec(attempt.spec)
@@ -134,6 +148,11 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
             outcome = train(settings, spec, attempt, heartbeat)
             if outcome == Outcome.TIMED_OUT:
                 outcome, error = Outcome.FAILED, timeout_error(attempt, timeout_s, spec.gpus <= 1)
+        except ArtifactStoreError as exc:
+            outcome, fault = Outcome.HANDED_BACK, exc
+            log.warning("job %s: artifact store fault: %s", job_id, exc)
+            back_off(heartbeat, FAULT_BACKOFF_S * 2 ** min(attempt.attempt - 1, 5),
+                     settings.lease_timeout_s / 2)
         except Exception as exc:
             outcome, error = Outcome.FAILED, {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             log.exception("job %s failed", job_id)
@@ -145,6 +164,8 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
     if heartbeat.lease_lost or outcome == Outcome.LEASE_LOST:
         log.error("job %s: lease lost; leaving the job to its new owner", job_id)
         return Outcome.LEASE_LOST
+    if fault is not None:
+        return _after_fault(settings, sessions, attempt, fault)
     if outcome == Outcome.HANDED_BACK:
         queue = retry_while_unreachable(lambda: _hand_back(sessions, attempt),
                                         what=f"job {job_id}: handing back", for_s=settings.lease_timeout_s)
@@ -183,6 +204,34 @@ def timeout_error(attempt: Attempt, timeout_s: int, checkpointed: bool) -> dict[
     }
 
 
+def back_off(heartbeat: Heartbeat, delay_s: float, cap_s: float) -> None:
+    """Wait before handing a faulted attempt back, holding the lease; a cancel, a shutdown or
+    a lost lease ends the wait."""
+    deadline = time.monotonic() + min(delay_s, cap_s)
+    while time.monotonic() < deadline and not heartbeat.should_stop():
+        time.sleep(0.05)
+
+
+def _after_fault(settings: Settings, sessions: sessionmaker[Session], attempt: Attempt,
+                 fault: ArtifactStoreError) -> Outcome:
+    """Back to the queue with a restart counted (``HANDED_BACK``), or ``FAILED`` when no
+    restarts are left; ``LEASE_LOST`` when the lease is gone or a cancel came first."""
+    reason = f"checkpoint store {settings.artifacts_url}: {fault}"
+
+    def requeue() -> tuple[str, str] | None:
+        with sessions.begin() as session:
+            return requeue_after_fault(session, attempt.job_id, attempt.worker_id, reason)
+
+    moved = retry_while_unreachable(requeue, what=f"job {attempt.job_id}: handing back after a "
+                                    "store fault", for_s=settings.lease_timeout_s)
+    if moved is None:
+        return Outcome.LEASE_LOST  # the lease is gone (or a cancel came first: the reaper finishes it)
+    if moved[0] == JobStatus.QUEUED:
+        enqueue_job(settings, attempt.job_id, moved[1])
+        return Outcome.HANDED_BACK
+    return Outcome.FAILED
+
+
 def _finish(sessions: sessionmaker[Session], attempt: Attempt, outcome: Outcome,
             error: dict[str, Any] | None) -> bool:
     with sessions.begin() as session:
@@ -202,8 +251,13 @@ def _renew(sessions: sessionmaker[Session], attempt: Attempt, lease_timeout_s: f
 def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> Outcome:
     """Train on this process (or on ``spec.gpus`` DDP processes); returns ``SUCCEEDED``,
     ``CANCELLED``, ``HANDED_BACK``, ``TIMED_OUT`` or ``LEASE_LOST``."""
-    for _, path in spec.local_paths():  # the API checked them too
-        require_allowed_data_root(path, settings)
+    if is_s3(spec.dataset.data_root):
+        spec = with_local_data_root(settings, spec)  # our own cache: no allow-list to check
+        # DDP ranks build from the attempt's spec: they read the local copy too.
+        attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
+    for where, path in spec.local_paths():  # the API checked them too
+        if where != ("dataset", "data_root") or not is_s3(path):
+            require_allowed_data_root(path, settings)
     if spec.gpus > 1:
         # Lazy: torch.distributed must stay out of a prefork worker's parent (the runner is
         # preloaded there); with it imported, the forked child hung before its first job on

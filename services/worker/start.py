@@ -16,6 +16,8 @@ from typing import Literal
 
 from celery import signals
 
+from services.artifacts import open_store
+from services.artifacts.probe import startup_check
 from services.dispatch import sqlite_transport
 from services.dispatch.broker import DEFAULT_QUEUE, is_embedded_broker, make_celery
 from services.dispatch.reaper import LeaseReaper
@@ -56,6 +58,10 @@ def start_worker(
     """
     if pool not in ("solo", "prefork"):
         raise ValueError(f"pool must be 'solo' or 'prefork', got {pool!r}")
+    # A worker that cannot write its checkpoints would fail every job it takes: refuse now.
+    refusal = startup_check(open_store(settings.artifacts_url))
+    if refusal is not None:
+        raise SystemExit(refusal)
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     names = list(queues or [DEFAULT_QUEUE])

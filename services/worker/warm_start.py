@@ -1,6 +1,6 @@
 """Warm starts (`init_from`): which file a job starts from, and loading it into the model.
 
-    path = initial_weights_path(session, spec, owner_id)     # None without init_from
+    path = initial_weights_path(session, spec, owner_id, fetch)  # None without init_from
     report = load_initial_weights(model, path, strict=True)  # -> the `warm_start` event's data
 
 A job may start from one of its owner's own jobs (`{"job": ID, "step": K}`, the latest kept
@@ -13,6 +13,7 @@ unexpected keys fail a strict load and are listed by a non-strict one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +29,25 @@ class InitFromRefused(ValueError):
     """init_from names a job or checkpoint this job may not start from; the message says why."""
 
 
-def job_initial_weights(sessions: sessionmaker[Session], spec: JobSpec, job_id: str) -> Path | None:
+# (key, sha256) of a stored checkpoint -> its local copy (the node cache's fetch, sha256 checked)
+Fetch = Callable[[str, str], Path]
+
+
+def job_initial_weights(
+    sessions: sessionmaker[Session], spec: JobSpec, job_id: str, fetch: Fetch
+) -> Path | None:
     """`initial_weights_path` for job `job_id` (read by its owner's rights)."""
     if spec.init_from is None:
         return None
     with sessions() as session:
         job = session.get(Job, job_id)
         assert job is not None
-        return initial_weights_path(session, spec, job.owner_id)
+        return initial_weights_path(session, spec, job.owner_id, fetch)
 
 
-def initial_weights_path(session: Session, spec: JobSpec, owner_id: Any) -> Path | None:
-    """The file `spec.init_from` names, checked: the job is the owner's, the step is kept."""
+def initial_weights_path(session: Session, spec: JobSpec, owner_id: Any, fetch: Fetch) -> Path | None:
+    """The file `spec.init_from` names, checked: the job is the owner's, the step is kept; a
+    job's checkpoint is fetched from the artifact store with `fetch`."""
     ref = spec.init_from
     if ref is None:
         return None
@@ -56,12 +64,12 @@ def initial_weights_path(session: Session, spec: JobSpec, owner_id: Any) -> Path
     if not kept:
         raise InitFromRefused(f"init_from.job {ref.job!r} has no checkpoint to start from")
     if ref.step is None:
-        return Path(kept[-1].uri)
+        return fetch(kept[-1].key, kept[-1].sha256)
     checkpoint = get_checkpoint(session, job.id, ref.step)
     if checkpoint is None:
         steps = ", ".join(str(c.step) for c in kept)
         raise InitFromRefused(f"init_from.job {ref.job!r} keeps no checkpoint at step {ref.step}; kept steps: {steps}")
-    return Path(checkpoint.uri)
+    return fetch(checkpoint.key, checkpoint.sha256)
 
 
 def read_state(path: Path) -> dict[str, Any]:

@@ -266,8 +266,19 @@ class AccumClient:
     def cancel(self, job_id: str) -> JSON:
         return self._json("POST", f"/v1/jobs/{job_id}/cancel")
 
-    def resume(self, job_id: str) -> JSON:
-        return self._json("POST", f"/v1/jobs/{job_id}/resume")
+    def resume(self, job_id: str, from_step: int | None = None, from_scratch: bool = False) -> JSON:
+        """Queue a failed or cancelled job again: from its latest checkpoint, from the
+        checkpoint at ``from_step``, or ``from_scratch``."""
+        body: JSON = {}
+        if from_step is not None:
+            body["from_step"] = from_step
+        if from_scratch:
+            body["from_scratch"] = True
+        return self._json("POST", f"/v1/jobs/{job_id}/resume", json=body or None)
+
+    def delete(self, job_id: str) -> None:
+        """Delete a finished job: its checkpoints (rows and objects), metrics and events."""
+        self._request("DELETE", f"/v1/jobs/{job_id}")
 
     # -- results ----------------------------------------------------------------------
     def metrics(
@@ -312,10 +323,15 @@ class AccumClient:
                     raise AccumAPIError.from_response(response)
                 etag = response.headers.get("ETag", "").strip('"').removeprefix("W/").strip('"')
                 expected = expected or etag or None
-                with partial.open("wb") as out:
-                    for chunk in response.iter_bytes(_DOWNLOAD_CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
+                if response.status_code == 307:  # a presigned URL: no token goes there
+                    with httpx.stream("GET", response.headers["Location"],
+                                      timeout=_STREAM_TIMEOUT) as presigned:
+                        if presigned.is_error:
+                            presigned.read()
+                            raise AccumAPIError.from_response(presigned)
+                        self._save(presigned, partial, digest)
+                else:
+                    self._save(response, partial, digest)
         except httpx.HTTPError as exc:
             partial.unlink(missing_ok=True)
             raise self._unreachable("GET", url, exc) from exc
@@ -332,6 +348,13 @@ class AccumClient:
             )
         os.replace(partial, target)
         return target
+
+    @staticmethod
+    def _save(response: httpx.Response, partial: Path, digest: Any) -> None:
+        with partial.open("wb") as out:
+            for chunk in response.iter_bytes(_DOWNLOAD_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
 
     # -- events -----------------------------------------------------------------------
     def events(

@@ -140,7 +140,7 @@ class Seeder:
         digest = sha256 or hashlib.sha256(content).hexdigest()
         with self.sessions.begin() as session:
             add_checkpoint(
-                session, job_id, step, uri=str(path), size_bytes=len(content), sha256=digest,
+                session, job_id, step, key=f"{job_id}/{step}.pt", size_bytes=len(content), sha256=digest,
                 epoch=0, metrics={"val_loss": 1.0 / step},
             )
         return path

@@ -201,3 +201,28 @@ def test_up_refuses_a_port_in_use(
         code, _, err = accum(capsys, "up", "--port", str(port))
     assert code == 1 and "choose another port with --port" in err
     assert not (tmp_path / "home" / "local.json").exists()
+
+
+def test_resume_from_an_older_step_or_from_scratch_then_delete(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job = client.submit(tiny_spec)
+    for step in (4, 8):
+        seed.checkpoint(job["id"], step, b"w" * step)
+    seed.claim(job["id"], "w1")
+    seed.finish(job["id"], "w1", "failed", {"type": "RuntimeError", "message": "x"})
+    code, _, err = accum(capsys, "resume", job["id"], "--from-step", "5")
+    assert code == 1 and "from_step" in err and "[4, 8]" in err  # the retained steps
+    code, out, _ = accum(capsys, "resume", job["id"], "--from-step", "4")
+    assert code == 0 and "queued, from checkpoint step 4" in out
+    assert [c["step"] for c in client.checkpoints(job["id"])] == [4]  # 8 dropped
+    code, _, err = accum(capsys, "delete", job["id"])
+    assert code == 1 and "cancel it first" in err
+    client.cancel(job["id"])
+    code, out, _ = accum(capsys, "delete", job["id"])
+    assert code == 0 and "deleted" in out
+    assert not (seed.settings.artifacts_path / job["id"]).exists() or not any(
+        (seed.settings.artifacts_path / job["id"]).iterdir())
+    code, _, err = accum(capsys, "status", job["id"])
+    assert code == 1

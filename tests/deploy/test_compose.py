@@ -96,13 +96,17 @@ def test_every_worker_reserves_exactly_one_distinct_nvidia_gpu() -> None:
     assert len(claimed) == len(set(claimed)), "two workers reserve the same GPU"
 
 
-def test_api_and_workers_share_the_artefacts_volume() -> None:
-    artefacts = SERVICES["api"]["environment"]["ACCUM_ARTIFACTS_DIR"]
+def test_api_and_workers_share_the_s3_store_and_no_artefacts_volume() -> None:
+    url = SERVICES["api"]["environment"]["ACCUM_ARTIFACTS_URL"]
+    assert re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", url) == "s3://accum/artifacts"
     for name in ["api", *GPU_WORKERS]:
-        service = SERVICES[name]
-        assert service["environment"]["ACCUM_ARTIFACTS_DIR"] == artefacts, name
-        assert volume_sources(service).get("artifacts") == artefacts, name
-    assert "artifacts" in COMPOSE["volumes"]
+        env = SERVICES[name]["environment"]
+        assert env["ACCUM_ARTIFACTS_URL"] == url, name
+        assert "minio:9000" in env["AWS_ENDPOINT_URL"] and env["AWS_ACCESS_KEY_ID"], name
+        assert "artifacts" not in volume_sources(SERVICES[name]), name
+        assert "bucket" in SERVICES[name]["depends_on"], f"{name} starts before the bucket exists"
+    assert "artifacts" not in COMPOSE["volumes"]
+    assert "healthcheck" in SERVICES["minio"]
 
 
 def test_services_use_postgres_and_redis_not_the_embedded_defaults() -> None:

@@ -42,7 +42,8 @@ def test_job_succeeds_with_every_step_logged_and_checkpoints_retained(stack: Any
     assert (4 in val) == (best == 4)
     files = sorted(int(p.stem) for p in (stack.settings.artifacts_path / job_id).glob("*.pt"))
     assert files == sorted(val)
-    state = torch.load(Path(rows[-1].uri), weights_only=True)
+    assert [c.key for c in rows] == [f"{job_id}/{c.step}.pt" for c in rows]  # keys, not paths
+    state = torch.load(stack.settings.artifacts_path / rows[-1].key, weights_only=True)
     assert set(state["model"]) and state["progress"]["step"] == 12
     kinds = stack.event_kinds(job_id)
     assert kinds[:2] == ["created", "started"] and kinds[-1] == "succeeded"

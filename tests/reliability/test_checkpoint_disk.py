@@ -19,16 +19,18 @@ from services.store.status import resume_hint
 from .mounts import fill, remount, tmpfs
 
 SPEC = {"max_steps": 1000, "checkpoint_every": 10, "keep_checkpoints": 2}
-TMPFS_BYTES = 1 << 20  # room for a few 95 KB checkpoints
+TMPFS_BYTES = 4 << 20  # room for a few jobs of 95 KB checkpoints, each in the store and the cache
 
 
 @pytest.fixture(scope="module")
 def disk_stack(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A worker whose ACCUM_ARTIFACTS_DIR is a tmpfs; heartbeats every 0.25 s, so a cancel
-    lands within a few dozen steps."""
+    """A worker whose artifact store (a local directory) and node cache, where the trainer
+    writes each checkpoint first, are on a tmpfs; heartbeats every 0.25 s, so a cancel lands
+    within a few dozen steps."""
     tmp = tmp_path_factory.mktemp(f"disk-{stack.name}")
     with tmpfs(tmp / "artifacts", TMPFS_BYTES) as mount:
-        own = stack.variant(tmp, artifacts_dir=mount, heartbeat_interval_s=0.25)
+        own = stack.variant(tmp, artifacts_dir=mount, cache_dir=mount / "cache",
+                            heartbeat_interval_s=0.25)
         own.start_worker()
         try:
             yield own
@@ -45,30 +47,40 @@ def reference(stack: Stack) -> tuple[str, int]:
         return job_id, checkpoints.list_checkpoints(session, job_id)[-1].size_bytes
 
 
+@pytest.fixture(scope="module")
+def reference_weights(stack: Stack, reference: tuple[str, int]) -> dict[str, Any]:
+    """Its final weights, from its own store (the session stack's, not the tmpfs)."""
+    return stack.final_weights(reference[0])
+
+
 def listed_steps(stack: Stack, job_id: str) -> list[int]:
     with stack.sessions() as session:
         return [c.step for c in checkpoints.list_checkpoints(session, job_id)]
 
 
-def resume_after_fix(own: Stack, job_id: str, reference_id: str) -> list[str]:
+def resume_after_fix(own: Stack, job_id: str, reference_id: str,
+                     reference_weights: dict[str, Any]) -> list[str]:
     """Resume the job; what differs from the uninterrupted run (weights, metric steps,
     checkpoint files)."""
     own.resume(job_id)
     job = own.wait(job_id, timeout=120)
     assert job.status == "succeeded", (job.error, own.worker_logs())
     differences = [f"weights of {n}" for n in weight_differences(
-        own.final_weights(job_id), own.final_weights(reference_id))]
+        own.final_weights(job_id), reference_weights)]
     if own.metric_steps_by_name(job_id) != own.metric_steps_by_name(reference_id):
         differences.append("metric steps")
     return differences + own.checkpoint_problems(job_id)
 
 
 def test_disk_full_at_checkpoint_keeps_the_previous_one(
-    disk_stack: Stack, reference: tuple[str, int], record_figure: Any
+    disk_stack: Stack, reference: tuple[str, int], reference_weights: dict[str, Any],
+    record_figure: Any,
 ) -> None:
     reference_id, checkpoint_bytes = reference
-    # Room for one more checkpoint, not two: the first (step 10) fits, the second fails.
-    filler = fill(disk_stack.settings.artifacts_path, leave_bytes=checkpoint_bytes * 3 // 2)
+    # The node cache and the store share this disk: a checkpoint takes its room twice (the
+    # staged file, kept in the cache once uploaded, and the stored object). Room for the
+    # first (step 10) that way, not for staging the second.
+    filler = fill(disk_stack.settings.artifacts_path, leave_bytes=checkpoint_bytes * 5 // 2)
     try:
         job_id = disk_stack.create(**SPEC)
         failed = disk_stack.wait(job_id, timeout=120)
@@ -76,7 +88,7 @@ def test_disk_full_at_checkpoint_keeps_the_previous_one(
     finally:
         filler.unlink()
     error = failed.error or {}
-    after_fix = resume_after_fix(disk_stack, job_id, reference_id)
+    after_fix = resume_after_fix(disk_stack, job_id, reference_id, reference_weights)
     record_figure(
         f"disk_full_{disk_stack.name}", area="fault",
         check=f"Artefact disk full at a checkpoint write (tmpfs, {disk_stack.name})",
@@ -94,7 +106,8 @@ def test_disk_full_at_checkpoint_keeps_the_previous_one(
 
 
 def test_read_only_artifacts_dir_at_checkpoint_keeps_the_previous_one(
-    disk_stack: Stack, reference: tuple[str, int], record_figure: Any
+    disk_stack: Stack, reference: tuple[str, int], reference_weights: dict[str, Any],
+    record_figure: Any,
 ) -> None:
     reference_id, _ = reference
     artifacts = disk_stack.settings.artifacts_path
@@ -113,7 +126,7 @@ def test_read_only_artifacts_dir_at_checkpoint_keeps_the_previous_one(
     finally:
         remount(artifacts, "rw")
     error = failed.error or {}
-    after_fix = resume_after_fix(disk_stack, job_id, reference_id)
+    after_fix = resume_after_fix(disk_stack, job_id, reference_id, reference_weights)
     record_figure(
         f"artifacts_unwritable_{disk_stack.name}", area="fault",
         check=f"Artefact directory read-only at a checkpoint write (tmpfs remounted ro, "

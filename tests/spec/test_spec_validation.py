@@ -276,6 +276,7 @@ def test_step_scheduler_needs_step_size_and_others_refuse_it() -> None:
         ({"name": "a\nb"}, ("name",)),
         ({"gpus": -1}, ("gpus",)),
         ({"keep_checkpoints": 0}, ("keep_checkpoints",)),
+        ({"keep_checkpoints": 101}, ("keep_checkpoints",)),
         ({"checkpoint_every": 0}, ("checkpoint_every",)),
         ({"eval_every": 0}, ("eval_every",)),
         ({"max_restarts": -1}, ("max_restarts",)),

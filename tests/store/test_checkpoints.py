@@ -19,7 +19,7 @@ def add(
             session,
             job_id,
             step,
-            f"/artifacts/{job_id}/{step}.pt",
+            f"{job_id}/{step}.pt",
             1000 + step,
             f"{step:064d}",
             epoch=step // 10,
@@ -39,8 +39,8 @@ def test_add_list_get_latest(
         assert [c.step for c in checkpoints.list_checkpoints(session, job.id)] == [10, 20, 30]
         found = checkpoints.get_checkpoint(session, job.id, 20)
         assert found is not None
-        assert (found.uri, found.size_bytes, found.sha256, found.epoch) == (
-            f"/artifacts/{job.id}/20.pt",
+        assert (found.key, found.size_bytes, found.sha256, found.epoch) == (
+            f"{job.id}/20.pt",
             1020,
             f"{20:064d}",
             2,
@@ -56,10 +56,10 @@ def test_rewriting_a_step_replaces_its_row(
     job = make_job()
     add(session_factory, job.id, 10, val_loss=2.0)
     with session_factory.begin() as session:
-        checkpoints.add_checkpoint(session, job.id, 10, "/new/10.pt", 5, "f" * 64, attempt=2)
+        checkpoints.add_checkpoint(session, job.id, 10, f"{job.id}/10.pt", 5, "f" * 64, attempt=2)
     with session_factory() as session:
         (row,) = checkpoints.list_checkpoints(session, job.id)
-    assert (row.uri, row.attempt, row.metrics) == ("/new/10.pt", 2, {})
+    assert (row.key, row.attempt, row.metrics) == (f"{job.id}/10.pt", 2, {})
 
 
 def test_best_by_val_loss_is_marked_and_kept_when_pruning(

@@ -90,3 +90,35 @@ def test_concurrent_upgrades_of_a_fresh_database_both_succeed(empty_database_url
     assert [p.exitcode for p in processes] == [0, 0, 0]
     assert migrate.current_revision(empty_database_url) == migrate.head_revision()
     assert migrate.schema_drift(empty_database_url) == []
+
+
+def test_0006_turns_checkpoint_paths_into_store_keys(empty_database_url: str) -> None:
+    """Rows written before the artifact store held the worker's absolute path (or a file://
+    URL); after 0006 each holds ``<job>/<step>.pt``, whatever the path was."""
+    migrate.upgrade(empty_database_url, "0005")
+    engine = create_engine(empty_database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO owners (id, name, is_admin, created_at) "
+                              "VALUES (1, 'o', false, CURRENT_TIMESTAMP)"))
+            conn.execute(text(
+                "INSERT INTO jobs (id, owner_id, spec, spec_hash, status, queue, attempts, "
+                "restarts, max_restarts, progress, latest_metrics, created_at, updated_at) "
+                "VALUES ('j1', 1, '{}', 'h', 'succeeded', 'default', 1, 0, 3, '{}', '{}', "
+                "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+            for step, uri in ((10, "/srv/accum/artifacts/j1/10.pt"),
+                              (20, "file:///mnt/share/artifacts/j1/20.pt")):
+                conn.execute(text(
+                    "INSERT INTO checkpoints (job_id, step, attempt, uri, size_bytes, sha256, "
+                    "metrics, is_best, created_at) VALUES ('j1', :step, 1, :uri, 1, 'x', '{}', "
+                    "false, CURRENT_TIMESTAMP)"), {"step": step, "uri": uri})
+        migrate.upgrade(empty_database_url)
+        with engine.connect() as conn:
+            keys = conn.execute(text("SELECT key FROM checkpoints ORDER BY step")).scalars().all()
+        assert keys == ["j1/10.pt", "j1/20.pt"]
+        migrate.downgrade(empty_database_url, "0005")
+        with engine.connect() as conn:
+            uris = conn.execute(text("SELECT uri FROM checkpoints ORDER BY step")).scalars().all()
+        assert uris == ["j1/10.pt", "j1/20.pt"]  # relative: the older API reads it under its dir
+    finally:
+        engine.dispose()

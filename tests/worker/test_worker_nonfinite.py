@@ -57,7 +57,7 @@ def test_a_diverging_job_fails_with_the_step_metric_and_last_finite_checkpoint(
     assert job.status == "failed" and job.error["type"] == "NonFiniteError"
     message = job.error["message"]
     assert message.startswith("step 2: ") and " is " in message
-    assert f"{settings.artifacts_path / job_id / '1.pt'} (step 1)" in message
+    assert f"{settings.artifacts_url}/{job_id}/1.pt (step 1)" in message  # the store, not a node
     assert kinds[-2:] == ["traceback", "failed"]
 
 

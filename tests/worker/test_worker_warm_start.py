@@ -68,16 +68,23 @@ def test_only_the_owners_jobs_resolve(session_factory: Any, tmp_path: Path) -> N
                                  max_restarts=0, total_optimizer_steps=3)
         job_id, alice_id, bob_id = job.id, alice.id, bob.id
     spec = parse_spec({**TINY_SPEC, "init_from": {"job": job_id}})
-    with session_factory() as session, pytest.raises(InitFromRefused, match="has no checkpoint"):
-        initial_weights_path(session, spec, alice_id)
     path = tmp_path / "3.pt"
+    fetched: list[tuple[str, str]] = []
+
+    def fetch(key: str, sha256: str) -> Path:  # the node cache's fetch from the store
+        fetched.append((key, sha256))
+        return path
+
+    with session_factory() as session, pytest.raises(InitFromRefused, match="has no checkpoint"):
+        initial_weights_path(session, spec, alice_id, fetch)
     save_checkpoint({"model": {}}, path)
     with session_factory.begin() as session:
-        checkpoints.add_checkpoint(session, job_id, 3, str(path), path.stat().st_size, "0" * 64)
+        checkpoints.add_checkpoint(session, job_id, 3, f"{job_id}/3.pt", path.stat().st_size, "0" * 64)
     with session_factory() as session:
-        assert initial_weights_path(session, spec, alice_id) == path
+        assert initial_weights_path(session, spec, alice_id, fetch) == path
+        assert fetched == [(f"{job_id}/3.pt", "0" * 64)]
         with pytest.raises(InitFromRefused, match="no such job of yours"):
-            initial_weights_path(session, spec, bob_id)
+            initial_weights_path(session, spec, bob_id, fetch)
         stepped = parse_spec({**TINY_SPEC, "init_from": {"job": job_id, "step": 2}})
         with pytest.raises(InitFromRefused, match="no checkpoint at step 2; kept steps: 3"):
-            initial_weights_path(session, stepped, alice_id)
+            initial_weights_path(session, stepped, alice_id, fetch)

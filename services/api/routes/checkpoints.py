@@ -1,20 +1,21 @@
-"""A job's checkpoints: the list, and the file itself (ETag = its sha256)."""
+"""A job's checkpoints: the list, and the object itself streamed from the artifact store
+(ETag = its sha256, single byte ranges), or with ``ACCUM_DOWNLOAD_REDIRECT=1`` on an S3 store a
+307 to a short-lived presigned URL (clients verify the sha256 either way)."""
 
 from __future__ import annotations
 
-from pathlib import Path as FilePath
+import re
 from typing import Annotated
-from urllib.parse import unquote, urlsplit
 
 from fastapi import APIRouter, Header, HTTPException, Path, Response, status
-from fastapi.responses import FileResponse
+from fastapi.responses import RedirectResponse, StreamingResponse
 
 from services.api.auth import CurrentOwner
-from services.api.deps import SessionDep, SettingsDep
-from services.api.errors import problem_responses
+from services.api.deps import ArtifactsDep, SessionDep, SettingsDep
+from services.api.errors import Problem, problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, CheckpointList, CheckpointPublic
-from services.settings import Settings
+from services.artifacts import StoreUnavailable
 from services.store import checkpoints as store_checkpoints
 
 router = APIRouter(
@@ -23,12 +24,7 @@ router = APIRouter(
     responses=problem_responses(401, 422, 429, 503),
 )
 
-
-def checkpoint_path(settings: Settings, uri: str) -> FilePath:
-    """The local file of a checkpoint row: a `file://` URI, an absolute path, or a path
-    relative to ACCUM_ARTIFACTS_DIR."""
-    path = FilePath(unquote(urlsplit(uri).path)) if uri.startswith("file://") else FilePath(uri)
-    return path if path.is_absolute() else settings.artifacts_path / path
+RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 
 
 def etag_matches(if_none_match: str | None, etag: str) -> bool:
@@ -36,6 +32,26 @@ def etag_matches(if_none_match: str | None, etag: str) -> bool:
         return False
     tags = {t.strip().removeprefix("W/") for t in if_none_match.split(",")}
     return "*" in tags or etag in tags
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """``[start, end)`` of a single ``Range: bytes=a-b`` (or ``a-``, ``-n``); None for the whole
+    object (no header, or one this does not serve: several ranges); 416 when unsatisfiable."""
+    match = RANGE.match(header.strip()) if header else None
+    if match is None:
+        return None
+    first, last = match.groups()
+    if first:
+        start, end = int(first), (int(last) + 1 if last else size)
+    elif last:
+        start, end = max(0, size - int(last)), size
+    else:
+        return None
+    if start >= size or end <= start:
+        raise Problem(status.HTTP_416_RANGE_NOT_SATISFIABLE,
+                      detail=f"range {header} is outside the {size} bytes of this checkpoint",
+                      headers={"Content-Range": f"bytes */{size}"})
+    return start, min(end, size)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=NOT_FOUND)
@@ -48,10 +64,12 @@ def list_checkpoints(*, session: SessionDep, owner: CurrentOwner, job_id: str) -
 
 @router.get(
     "/{job_id}/checkpoints/{step}",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
     responses={
         200: {"content": {"application/octet-stream": {}}, "description": "The checkpoint file"},
+        206: {"description": "The bytes the Range header asked for"},
         304: {"description": "If-None-Match matched: you have this file"},
+        307: {"description": "ACCUM_DOWNLOAD_REDIRECT=1: a presigned URL on the S3 store"},
         **NOT_FOUND,
     },
 )
@@ -60,9 +78,11 @@ def download_checkpoint(
     session: SessionDep,
     owner: CurrentOwner,
     settings: SettingsDep,
+    store: ArtifactsDep,
     job_id: str,
     step: Annotated[int, Path(ge=0, le=MAX_INT32)],
     if_none_match: Annotated[str | None, Header()] = None,
+    range: Annotated[str | None, Header()] = None,  # noqa: A002  (the header's name)
 ) -> Response:
     """The checkpoint file (`torch.load` it; model weights under `model`)."""
     job_or_404(session, job_id, owner)
@@ -73,19 +93,34 @@ def download_checkpoint(
             detail=f"job {job_id} has no checkpoint at step {step}; "
             f"list them with GET /v1/jobs/{job_id}/checkpoints",
         )
-    etag = f'"{row.sha256}"'
+    key, sha256 = row.key, row.sha256
+    session.close()  # streaming may take minutes: give the connection back first
+    etag = f'"{sha256}"'
     if etag_matches(if_none_match, etag):
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
-    path = checkpoint_path(settings, row.uri)
-    if not path.is_file():
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND,
-            detail=f"the file of checkpoint {job_id}/{step} is gone (pruned or moved); "
-            "download a later checkpoint",
-        )
-    return FileResponse(
-        path,
-        media_type="application/octet-stream",
-        filename=f"{job_id}-{step}.pt",
-        headers={"ETag": etag},
-    )
+    try:
+        if settings.download_redirect and (url := store.presign(key, settings.presign_expires_s)):
+            return RedirectResponse(url, status.HTTP_307_TEMPORARY_REDIRECT, headers={"ETag": etag})
+        stored = store.head(key)
+        if stored is None:
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND,
+                detail=f"the object of checkpoint {job_id}/{step} ({key}) is gone from the "
+                "artifact store (pruned or deleted); download a later checkpoint",
+            )
+        span = byte_range(range, stored.size)
+        start, end = span or (0, stored.size)
+        chunks = store.open(key, start, end)
+    except StoreUnavailable as exc:
+        raise Problem(status.HTTP_503_SERVICE_UNAVAILABLE, "Artifact Store Unavailable",
+                      f"{exc}; retry later", headers={"Retry-After": "5"}) from exc
+    headers = {
+        "ETag": etag,
+        "Accept-Ranges": "bytes",
+        "Content-Length": str(end - start),
+        "Content-Disposition": f'attachment; filename="{job_id}-{step}.pt"',
+    }
+    if span is not None:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{stored.size}"
+    return StreamingResponse(chunks, status_code=206 if span else 200, headers=headers,
+                             media_type="application/octet-stream")

@@ -1,4 +1,5 @@
-"""Liveness and readiness: `/healthz` (the process answers), `/readyz` (database and broker)."""
+"""Liveness and readiness: `/healthz` (the process answers), `/readyz` (database, broker and
+the artifact store: a write-read-delete probe, cached for ACCUM_STORE_PROBE_TTL_S)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from services.api.readiness import ping_broker, ping_database, probe
 
 router = APIRouter(tags=["health"])
 
+# A write-read-delete on S3 is three round trips; a slow store is still a working one.
+STORE_PROBE_TIMEOUT_S = 5.0
+
 
 @router.get("/healthz")
 async def healthz() -> dict[str, str]:
@@ -19,15 +23,18 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses=problem_responses((503, "The database or the broker is down")))
+@router.get("/readyz",
+            responses=problem_responses((503, "The database, the broker or the artifact store is down")))
 async def readyz(request: Request) -> dict[str, Any]:
-    """Ready: the database and the broker both answer within a short deadline."""
+    """Ready: the database, the broker and the artifact store answer within a short deadline."""
     state = request.app.state
-    database, broker = await asyncio.gather(
+    database, broker, artifacts = await asyncio.gather(
         probe(lambda: ping_database(state.engine)),
         probe(lambda: ping_broker(state.settings.broker_url)),
+        probe(lambda: _raise_if(state.store_probe()), timeout_s=STORE_PROBE_TIMEOUT_S),
     )
-    down = {name: reason for name, reason in (("database", database), ("broker", broker)) if reason}
+    checks = (("database", database), ("broker", broker), ("artifacts", artifacts))
+    down = {name: reason for name, reason in checks if reason}
     if down:
         raise Problem(
             status.HTTP_503_SERVICE_UNAVAILABLE,
@@ -35,4 +42,9 @@ async def readyz(request: Request) -> dict[str, Any]:
             "; ".join(f"{name} unreachable ({reason})" for name, reason in down.items()),
             down=down,
         )
-    return {"status": "ready", "database": "ok", "broker": "ok"}
+    return {"status": "ready", "database": "ok", "broker": "ok", "artifacts": "ok"}
+
+
+def _raise_if(reason: str | None) -> None:
+    if reason is not None:
+        raise RuntimeError(reason)

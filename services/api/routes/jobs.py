@@ -1,4 +1,4 @@
-"""Jobs: submit (idempotent), list, read, cancel, resume."""
+"""Jobs: submit (idempotent), list, read, cancel, resume, delete."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ import logging
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Query, Response, status
+from fastapi import APIRouter, Body, Header, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
 from services.api.auth import CurrentOwner
-from services.api.deps import SessionDep, SettingsDep
+from services.api.deps import ArtifactsDep, SessionDep, SettingsDep
 from services.api.errors import Problem, invalid_field, problem_responses
-from services.api.schemas import JobPage, JobPublic, JobStatus, exactness
+from services.api.schemas import JobPage, JobPublic, JobStatus, ResumeRequest, exactness
+from services.artifacts import StoreUnavailable
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.dispatch.enqueue import enqueue_job
 from services.settings import Settings
@@ -21,6 +22,7 @@ from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
 from services.spec.limits import SpecLimits, limit_errors, with_defaults
 from services.store import jobs as store_jobs
 from services.store import tokens as store_tokens
+from services.store.checkpoints import list_checkpoints
 from services.store.errors import (
     ActiveJobCapReached,
     IdempotencyConflict,
@@ -250,12 +252,25 @@ def cancel_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobP
     },
 )
 def resume_job(
-    *, session: SessionDep, owner: CurrentOwner, settings: SettingsDep, job_id: str
+    *, session: SessionDep, owner: CurrentOwner, settings: SettingsDep, job_id: str,
+    body: Annotated[ResumeRequest | None, Body()] = None,
 ) -> JobPublic:
-    """Re-queue a failed or cancelled job from its latest checkpoint."""
+    """Re-queue a failed or cancelled job from its latest checkpoint, from the checkpoint at
+    `from_step`, or `from_scratch`."""
     job = job_or_404(session, job_id, owner)
+    body = body or ResumeRequest(from_step=None, from_scratch=False)
+    if body.from_step is not None:
+        steps = [c.step for c in list_checkpoints(session, job_id)]
+        if body.from_step not in steps:
+            raise invalid_field(
+                ("body", "from_step"),
+                f"job {job_id} has no checkpoint at step {body.from_step}; its retained "
+                f"checkpoints are at steps {steps} (or resume from_scratch)",
+                body.from_step, allowed=steps,
+            )
     try:
-        store_jobs.request_resume(session, job, settings.max_active_jobs_per_owner)
+        store_jobs.request_resume(session, job, settings.max_active_jobs_per_owner,
+                                  from_step=body.from_step, from_scratch=body.from_scratch)
         session.commit()
     except JobStateError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
@@ -263,3 +278,33 @@ def resume_job(
         raise cap_reached(session, exc) from exc
     enqueue_after_commit(settings, job)
     return job_public(session, owner, job)
+
+
+@router.delete(
+    "/{job_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses={**NOT_FOUND, **problem_responses((409, "The job has not finished: cancel it first"))},
+)
+def delete_job(*, session: SessionDep, owner: CurrentOwner, store: ArtifactsDep,
+               job_id: str) -> Response:
+    """Delete a finished job: its checkpoints (objects and rows), metrics and events."""
+    job = job_or_404(session, job_id, owner)
+    if not store_jobs.is_finished(job):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            detail=f"job {job_id} is {job.status}; cancel it first (`accum cancel {job_id}`), "
+            "then delete it once it is cancelled",
+        )
+    try:
+        for stored in store.list(f"{job_id}/"):
+            store.delete(stored.key)
+    except StoreUnavailable as exc:
+        raise Problem(status.HTTP_503_SERVICE_UNAVAILABLE, "Artifact Store Unavailable",
+                      f"{exc}; the deletion stopped part way: retry it", headers={"Retry-After": "5"}) from exc
+    try:
+        store_jobs.delete_finished_job(session, job)
+        session.commit()
+    except JobStateError as exc:  # resumed meanwhile
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

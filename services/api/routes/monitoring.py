@@ -1,16 +1,18 @@
 """`GET /metrics`: Prometheus text for scrapers (jobs by status, queue depth, request latency,
-lifecycle counters from the event log, failed token checks, open streams; docs/operations.md)."""
+lifecycle counters from the event log, failed token checks, open streams, the artifact
+store's errors, upload seconds and bytes; docs/operations.md)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from services.api.deps import SessionDep
 from services.dispatch.broker import DEFAULT_QUEUE
 from services.store.events import lifecycle_counts
-from services.store.models import Job
+from services.store.models import Checkpoint, Job, JobEvent
 from services.store.status import JobStatus
 
 router = APIRouter(tags=["monitoring"])
@@ -36,4 +38,21 @@ def prometheus_metrics(*, session: SessionDep, request: Request) -> Response:
         telemetry.queue_depth.labels(queue=queue).set(count)
     telemetry.lifecycle.counts = lifecycle_counts(session)
     telemetry.event_streams.set(request.app.state.stream_slots.total)
+    artifact_gauges(session, request)
     return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def artifact_gauges(session: Session, request: Request) -> None:
+    """The artifact store's gauges, read from the job store (workers write what they did
+    there: every checkpoint event carries its upload's seconds and bytes)."""
+    telemetry = request.app.state.telemetry
+    faults = session.scalar(select(func.count()).where(JobEvent.kind == "store_fault"))
+    telemetry.store_errors.labels(source="workers").set(faults or 0)
+    telemetry.store_errors.labels(source="api").set(request.app.state.store_probe.failures)
+    telemetry.stored_bytes.set(session.scalar(select(func.sum(Checkpoint.size_bytes))) or 0)
+    latest = session.scalar(
+        select(JobEvent.data).where(JobEvent.kind == "checkpoint").order_by(JobEvent.id.desc()).limit(1)
+    )
+    if latest:
+        telemetry.upload_seconds.set(float(latest.get("upload_s") or 0))
+        telemetry.upload_bytes.set(float(latest.get("size_bytes") or 0))

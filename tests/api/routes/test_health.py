@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -56,3 +57,25 @@ def test_readyz_is_503_naming_what_is_down(
     assert list(response.json()["down"]) == [down]
     assert elapsed < 5  # short timeouts: a probe must not hang
     assert alive.status_code == 200  # alive, just not ready
+
+
+def test_readyz_probes_the_artifact_store_and_caches_the_answer(
+    api_settings: Settings, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the store's directory should be")
+    settings = api_settings.model_copy(
+        update={"artifacts_url": (blocker / "artifacts").as_uri(), "store_probe_ttl_s": 3600})
+    app = create_app(settings, run_reaper=False)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        down = client.get("/readyz")
+        assert down.status_code == 503 and list(down.json()["down"]) == ["artifacts"]
+        assert str(blocker / "artifacts") in down.json()["detail"]  # which store, and why
+        blocker.unlink()  # fixed: the store works now, but the cached answer holds
+        assert client.get("/readyz").status_code == 503
+        app.state.store_probe.ttl_s = 0
+        ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["artifacts"] == "ok"
+    assert app.state.store_probe.failures == 1
+    assert list((blocker.parent / "not-a-directory" / "artifacts").rglob("*")) == [
+        blocker / "artifacts" / "_probe"]  # the probe object itself was deleted

@@ -88,3 +88,24 @@ def test_lifecycle_counters_come_from_the_event_log_with_their_causes(
     assert counter("job_failures", "reason", "timeout") == 1
     assert counter("auth_failures", "answer", "401") == 2
     assert values[("accum_event_streams", ())] == 1
+
+
+def test_artifact_store_gauges_come_from_checkpoint_and_fault_events(
+    client: TestClient, alice: dict[str, str], submitted: dict[str, Any], session_factory: Any
+) -> None:
+    from services.store import checkpoints, events
+
+    with session_factory.begin() as session:
+        checkpoints.add_checkpoint(session, submitted["id"], 5, f"{submitted['id']}/5.pt", 1000, "a" * 64)
+        checkpoints.add_checkpoint(session, submitted["id"], 9, f"{submitted['id']}/9.pt", 3000, "b" * 64)
+        events.add_event(session, submitted["id"], "checkpoint", "checkpoint at step 9",
+                         {"step": 9, "size_bytes": 3000, "upload_s": 0.25})
+        events.add_event(session, submitted["id"], "store_fault", "s3://b/p: unreachable", {})
+
+    values = samples(client.get("/metrics").text)
+
+    assert values[("accum_artifact_stored_bytes", ())] == 4000
+    assert values[("accum_checkpoint_upload_seconds", ())] == 0.25
+    assert values[("accum_checkpoint_upload_bytes", ())] == 3000
+    assert values[("accum_artifact_store_errors", (("source", "workers"),))] == 1
+    assert values[("accum_artifact_store_errors", (("source", "api"),))] == 0

@@ -1,0 +1,88 @@
+"""A node's bounded cache of store objects (``ACCUM_CACHE_DIR``), least recently used first out.
+
+    cache = NodeCache(settings.cache_path, settings.cache_max_bytes)
+    path = cache.fetch(store, "<job>/<step>.pt", sha256)   # downloaded once, verified every time
+    cache.adopt("<job>/<step>.pt", staged_file)            # a checkpoint this node just uploaded
+
+A cached file is checked against the row's sha256 on every use, so a file damaged on this disk
+is fetched again instead of loaded. Use is recorded as the file's mtime; eviction removes the
+oldest until the cache fits. Several worker processes may share a cache: files arrive by
+rename, and removing a file another process is reading does not disturb that reader (POSIX).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+from services.artifacts.base import ArtifactStore, ChecksumMismatch, check_key, sha256_of
+
+log = logging.getLogger(__name__)
+
+
+class NodeCache:
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = root
+        self.objects = root / "objects"
+        self.max_bytes = max_bytes
+
+    def path_for(self, key: str) -> Path:
+        return self.objects / check_key(key)
+
+    def staging_dir(self, job_id: str) -> Path:
+        """Where a job's trainer writes checkpoints before they are uploaded."""
+        return self.root / "staging" / check_key(job_id)
+
+    def fetch(self, store: ArtifactStore, key: str, sha256: str) -> Path:
+        """The object's local copy, downloaded when absent or damaged; raises the store's errors
+        (``StoreUnavailable``, ``ObjectMissing``, ``ChecksumMismatch``)."""
+        path = self.path_for(key)
+        if path.is_file():
+            if sha256_of(path)[0] == sha256:
+                with contextlib.suppress(OSError):  # a read-only cache still serves its files
+                    os.utime(path)
+                return path
+            log.warning("cached %s does not match its sha256: fetching it again", key)
+            path.unlink(missing_ok=True)
+        info = store.get(key, path, sha256)
+        if info.sha256 != sha256:  # get checked it; this guards a store that did not
+            path.unlink(missing_ok=True)
+            raise ChecksumMismatch(f"{key} from {store.url}: sha256 {info.sha256}, expected {sha256}")
+        self.evict(keep=path)
+        return path
+
+    def adopt(self, key: str, staged: Path) -> Path:
+        """Move a file this node wrote (and uploaded) into the cache: a resume here is warm."""
+        path = self.path_for(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, path)
+        self.evict(keep=path)
+        return path
+
+    def evict(self, keep: Path | None = None) -> list[Path]:
+        """Remove least recently used files until the cache holds at most ``max_bytes``."""
+        files = []
+        for path in self.objects.rglob("*") if self.objects.is_dir() else []:
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # another process evicted it
+                continue
+            if path.is_file():
+                files.append((stat.st_mtime, stat.st_size, path))
+        total = sum(size for _, size, _ in files)
+        removed = []
+        for _, size, path in sorted(files):
+            if total <= self.max_bytes:
+                break
+            if path == keep:
+                continue
+            path.unlink(missing_ok=True)
+            total -= size
+            removed.append(path)
+        return removed
+
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.objects.rglob("*") if p.is_file()) \
+            if self.objects.is_dir() else 0

@@ -1,0 +1,120 @@
+"""A job's checkpoints, from the node's staging directory to the artifact store, in the background.
+
+The trainer writes ``<step>.pt`` into the staging directory at a window boundary (fast, local)
+and goes on training while this module uploads it; the row is written only once the object is
+complete and verified, so no row ever points at a partial object. At most one upload is in
+flight per job: ``submit`` waits for the previous one, so a store slower than the checkpoint
+interval slows training instead of piling up files (and requests: ray #47937). ``wait`` is
+called before a job is marked finished or handed back, so the final checkpoint and the one
+written on SIGTERM are in the store first.
+
+A store outage is waited out for up to a lease timeout (uploads retried); past it the upload
+fails with ``StoreUnavailable`` and the runner hands the attempt back as a transient fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from services.artifacts import ArtifactStore, ArtifactStoreError, ObjectInfo, checkpoint_key
+from services.artifacts.base import StoreUnavailable
+from services.artifacts.cache import NodeCache
+from services.worker.db_retry import retry_while_unreachable
+
+log = logging.getLogger(__name__)
+
+UPLOAD_NICE = 10  # added to the process's nice value for the upload thread
+
+# What the caller does once the object is in the store (given it and the upload's seconds):
+# write its row, and return the keys of the checkpoints that row's retention pruned (deleted
+# from the store after the commit).
+Record = Callable[[ObjectInfo, float], list[str]]
+
+
+def background_priority() -> None:
+    """Lower this thread's CPU priority (Linux: a thread is its own scheduling entity): on a
+    node whose cores are all busy, the trainer's threads run first and the upload takes the
+    idle time (hashing and sending a checkpoint is CPU work too)."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), UPLOAD_NICE)
+
+
+class ArtifactQuotaExceeded(RuntimeError):
+    """The owner's checkpoints would pass ``ACCUM_MAX_ARTIFACT_BYTES_PER_OWNER``: a final
+    failure (retrying fills nothing but the same quota)."""
+
+
+class CheckpointUploads:
+    """Uploads of one attempt's checkpoints (``submit``, ``wait``), and their deletion."""
+
+    def __init__(self, store: ArtifactStore, cache: NodeCache, job_id: str, retry_for_s: float,
+                 give_up: Callable[[], bool] = lambda: False) -> None:
+        self.store, self.cache, self.job_id = store, cache, job_id
+        self.retry_for_s = retry_for_s
+        self.give_up = give_up
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.uploaded: list[ObjectInfo] = []
+
+    @property
+    def staging_dir(self) -> Path:
+        return self.cache.staging_dir(self.job_id)
+
+    def clear_staging(self) -> None:
+        """Drop files a predecessor on this node staged but never uploaded (no row lists them)."""
+        shutil.rmtree(self.staging_dir, ignore_errors=True)
+
+    def submit(self, path: Path, step: int, sha256: str, record: Record) -> None:
+        """Upload ``path`` as step ``step`` in the background, then ``record`` it. Waits for the
+        previous upload first and raises its error, if it failed."""
+        self.wait()
+        self._thread = threading.Thread(
+            target=self._upload, args=(path, step, sha256, record),
+            name=f"accum-upload-{step}", daemon=True,
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the upload in flight (if any) is stored and recorded; raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _upload(self, path: Path, step: int, sha256: str, record: Record) -> None:
+        key = checkpoint_key(self.job_id, step)
+        background_priority()
+        try:
+            started = time.perf_counter()
+            stored = retry_while_unreachable(
+                lambda: self.store.put(key, path, sha256),
+                what=f"job {self.job_id}: uploading {key} to {self.store.url}",
+                for_s=self.retry_for_s, give_up=self.give_up,
+                transient=lambda exc: isinstance(exc, StoreUnavailable),
+            )
+            self.delete(record(stored, time.perf_counter() - started))
+            self.uploaded.append(stored)
+            self.cache.adopt(key, path)
+        except BaseException as exc:  # the store's, or the database's writing the row
+            self._error = exc
+
+    def delete(self, keys: list[str]) -> None:
+        """Delete pruned checkpoints' objects (after their rows' deletion committed). One that
+        cannot be deleted now is left for the next attempt's orphan sweep."""
+        for key in keys:
+            try:
+                self.store.delete(key)
+            except ArtifactStoreError as exc:
+                log.warning("could not delete %s: %s (the next orphan sweep retries)", key, exc)
+            self.cache.path_for(key).unlink(missing_ok=True)

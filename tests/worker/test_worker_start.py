@@ -1,0 +1,56 @@
+"""A worker whose artifact store is not writable refuses to start, with one line naming the
+store's URL and the error (a real ``python -m services.worker`` process); one with a working
+S3 store starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from services.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def worker(tmp_path: Path, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.worker", "--queues", "start-test"],
+        cwd=ROOT, env={**os.environ, "ACCUM_HOME": str(tmp_path / "home"), **env},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_an_unreachable_s3_store_stops_the_worker_with_one_line(tmp_path: Path) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    process = worker(tmp_path, ACCUM_ARTIFACTS_URL="s3://accum/artifacts", AWS_ENDPOINT_URL=endpoint,
+                     AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_REGION="eu-west-3")
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "s3://accum/artifacts is not writable" in lines[0] and "AWS_ENDPOINT_URL" in lines[0]
+
+
+def test_a_local_store_that_cannot_be_created_stops_the_worker(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    process = worker(tmp_path, ACCUM_ARTIFACTS_URL=str(blocker / "artifacts"))
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1 and str(blocker / "artifacts") in stderr.strip().splitlines()[-1]
+
+
+def test_a_writable_s3_store_lets_the_worker_start(tmp_path: Path, s3_url: str) -> None:
+    process = worker(tmp_path, ACCUM_ARTIFACTS_URL=s3_url)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.5)
+            if (tmp_path / "home" / "broker.sqlite").exists():
+                break  # Celery connected to its (embedded) broker: the check passed
+        assert process.poll() is None
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
