@@ -19,7 +19,8 @@ from accum import AccumAPIError, AccumClient
 from services.artifacts import open_store
 from services.ports import free_port
 from services.settings import Settings
-from services.store import checkpoints, make_engine, make_session_factory
+from services.store import checkpoints
+from services.store.db import make_engine, make_session_factory
 
 
 @pytest.fixture

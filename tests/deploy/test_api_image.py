@@ -24,6 +24,7 @@ REQUIREMENTS = ROOT / "docker" / "api-requirements.txt"
 # greenlet: SQLAlchemy and Celery import it when present (dev installs have it through
 # playwright); refusing it proves the image works without it.
 HEAVY = ("torch", "torchvision", "numpy", "sklearn", "scipy", "greenlet")
+API_EXTRAS = ("s3",)
 OPPORTUNISTIC = {"cryptography", "xxhash", "httpx2", "cffi", "brotlicffi", "hiredis"}
 
 PROBE = """
@@ -107,7 +108,9 @@ def test_requirement_list_matches_the_project_dependencies() -> None:
     pins it (constraints.txt) to a version the project's range admits."""
     import tomllib
 
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    metadata_ = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    # The core dependencies, and the extras the API image installs (s3: the artifact store).
+    project = metadata_["dependencies"] + [d for extra in API_EXTRAS for d in metadata_["optional-dependencies"][extra]]
     declared = {canonicalize_name(Requirement(d).name): Requirement(d) for d in project}
     constraints = (ROOT / "constraints.txt").read_text().splitlines()
     for line in REQUIREMENTS.read_text().splitlines():

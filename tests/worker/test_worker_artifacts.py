@@ -20,6 +20,7 @@ from services.store import checkpoints, events, jobs
 from services.store.models import Owner
 from services.store.sessions import session_factory
 from services.worker import runner
+from services.worker.attempt import Outcome
 from services.worker.runner import run_job
 
 SPEC = {**TINY_SPEC, "max_steps": 4, "checkpoint_every": 2, "keep_checkpoints": 5}
@@ -93,14 +94,14 @@ def test_a_missing_checkpoint_object_is_a_transient_fault_then_a_clear_failure(
     fail_and_resume(settings, job_id)
     other = settings.model_copy(update={"cache_dir": tmp_path / "cold"})  # not cached there
 
-    assert run_job(other, job_id, "node-b") == "queued"  # handed back, a restart counted
+    assert run_job(other, job_id, "node-b") == Outcome.HANDED_BACK  # a restart counted
     job = load(other, job_id)
     assert (job.status, job.restarts, job.resume_step) == ("queued", 1, 4)
     (fault,) = store_events(other, job_id)
     assert f"{job_id}/4.pt" in fault.message and settings.artifacts_url in fault.message
 
     for _ in range(job.max_restarts - 1):
-        assert run_job(other, job_id, "node-b") == "queued"
+        assert run_job(other, job_id, "node-b") == Outcome.HANDED_BACK
     assert run_job(other, job_id, "node-b") == "failed"  # max_restarts is spent
     job = load(other, job_id)
     assert job.error["type"] == "ArtifactStoreError"
