@@ -60,6 +60,15 @@ class Settings(BaseSettings):
     auth_failures_per_window: int = Field(default=20, gt=0)
     auth_failure_window_s: float = Field(default=60.0, gt=0)
     sqlite_busy_timeout_s: float = Field(default=30.0, gt=0)
+    # The fleet (services/fleet.py): a queue no registered worker has served for this long is
+    # refused at submit (422 naming the queues that exist), unless empty queues are allowed
+    # (an autoscaled fleet that starts workers for queued jobs). No worker registered at all
+    # (a fresh deployment, tests of the API alone) means no check.
+    queue_grace_s: float = Field(default=86400.0, gt=0)
+    allow_empty_queues: bool = False
+    # Jobs one owner may have running at once on one queue (0 = no cap): a claim past it
+    # leaves the job queued for the owner's next free place (services/store/queue_order.py).
+    max_running_jobs_per_owner: int = Field(default=0, ge=0)
 
     @field_validator("home", mode="after")
     @classmethod

@@ -32,6 +32,7 @@ from services.api.routes import (
     metrics,
     monitoring,
     tokens,
+    workers,
 )
 from services.api.telemetry import LatencyMiddleware, Telemetry
 from services.settings import Settings, get_settings
@@ -48,6 +49,7 @@ ROUTERS = (
     monitoring.router,
     me.router,
     tokens.router,
+    workers.router,
     dashboard.router,
 )
 

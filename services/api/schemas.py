@@ -208,3 +208,37 @@ class CheckpointList(BaseModel):
 
 class CatalogList(BaseModel):
     items: list[dict[str, Any]]
+
+
+WorkerState = Literal["idle", "busy", "lost", "stopped"]
+
+
+# Owners see name, queues, devices and state; admins every field (`routes/workers.py`).
+class WorkerPublic(BaseModel):
+    name: str = Field(description="The worker's Celery node name (`--hostname`)")
+    queues: list[str]
+    devices: list[dict[str, Any]] = Field(
+        description='GPUs (`{"kind": "gpu", "index", "name", "memory_bytes"}`) or the CPU '
+        '(`{"kind": "cpu", "name", "cores"}`)'
+    )
+    state: WorkerState = Field(
+        description="busy or idle; lost when not heard from for the lease timeout; stopped "
+        "after a clean shutdown"
+    )
+    host: str | None = None
+    pid: int | None = None
+    gpus: int | None = None
+    models: list[str] | None = None
+    datasets: list[str] | None = None
+    plugins: list[str] | None = None
+    versions: dict[str, str] | None = None
+    accum_version: str | None = None
+    started_at: datetime | None = None
+    last_seen: datetime | None = None
+    stopped_at: datetime | None = None
+    current_job: str | None = None
+    heartbeat_age_s: float | None = None
+
+
+class WorkerList(BaseModel):
+    items: list[WorkerPublic]

@@ -1,4 +1,5 @@
-"""Prometheus instruments of one app: request latency by route template, jobs by status, queue depth.
+"""Prometheus instruments of one app: request latency by route template, jobs by status, queue
+depth, workers by queue and state, worker heartbeat age.
 
 Each app gets its own registry so that several apps in one process (tests) do not collide.
 """
@@ -34,6 +35,19 @@ class Telemetry:
             "accum_queue_depth",
             "Jobs waiting to start (status queued), by queue.",
             ("queue",),
+            registry=self.registry,
+        )
+
+        self.workers = Gauge(
+            "accum_workers",
+            "Registered workers by queue and state (idle, busy, lost, stopped); alive = idle + busy.",
+            ("queue", "state"),
+            registry=self.registry,
+        )
+        self.worker_heartbeat_age = Gauge(
+            "accum_worker_heartbeat_age_seconds",
+            "Seconds since each worker that is not stopped last renewed its registration.",
+            ("worker",),
             registry=self.registry,
         )
 

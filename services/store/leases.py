@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
+from services.store.attempts import close_attempt, open_attempt
 from services.store.events import add_event
 from services.store.models import ACTIVE_STATUSES, FINISHED_STATUSES, Checkpoint, Job
 from services.store.nonfinite import json_safe
@@ -39,8 +40,10 @@ def claim_job(
     gpu: str | None,
     lease_timeout_s: float,
     now: datetime | None = None,
+    worker_name: str | None = None,
 ) -> Job | None:
     """Take the job for ``worker_id``; returns it (status ``running``) or None if not claimable.
+    ``worker_name`` (the worker's Celery node name) is recorded on the job and its attempt.
 
     Claimable: ``queued``, or ``running`` with an expired lease and restarts left (a takeover
     from a dead worker: counts as a restart, resumes from the latest checkpoint). A cancelled,
@@ -57,6 +60,7 @@ def claim_job(
         heartbeat_at=now,
         worker_host=host,
         worker_gpu=gpu,
+        worker_name=worker_name,
         started_at=now,
         finished_at=None,
         error=None,
@@ -81,6 +85,8 @@ def claim_job(
             {"host": previous_host},
             attempt=claimed.attempts - 1,
         )
+        close_attempt(session, job_id, claimed.attempts - 1, "lost", now)
+    open_attempt(session, claimed, worker_name, now)
     add_event(
         session,
         job_id,
@@ -193,6 +199,7 @@ def finish_job(
     ).scalar()
     if attempt is None:
         return False
+    close_attempt(session, job_id, attempt, status, now)
     message = {"succeeded": "succeeded", "cancelled": "cancelled by request"}.get(
         status, f"{(error or {}).get('type')}: {(error or {}).get('message')}"
     )
@@ -226,6 +233,7 @@ def hand_back_job(
     ).one_or_none()
     if moved is None:
         return None
+    close_attempt(session, job_id, moved.attempts, "handed_back", now)
     add_event(
         session,
         job_id,
@@ -291,6 +299,7 @@ def reap_expired_leases(
         ).one_or_none()
         if moved is None:
             continue  # another reaper, a renewal or a takeover got there first
+        close_attempt(session, job_id, attempt, "lost", now)
         add_event(
             session,
             job_id,

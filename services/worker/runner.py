@@ -74,7 +74,8 @@ def claim(settings: Any, job_id: str, worker_name: str) -> Attempt | None:
     worker_id = f"{worker_name or socket.gethostname()}/{uuid.uuid4().hex[:8]}"
     with session_factory(settings).begin() as session:
         job = claim_job(
-            session, job_id, worker_id, socket.gethostname(), describe_gpu(), settings.lease_timeout_s
+            session, job_id, worker_id, socket.gethostname(), describe_gpu(), settings.lease_timeout_s,
+            worker_name=worker_name or None,
         )
         if job is None:
             return None

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from celery import signals
+from celery.utils.nodenames import default_nodename, host_format
 
 from services.worker import shutdown, sqlite_transport
 from services.worker.app import DEFAULT_QUEUE, broker_url, is_embedded_broker, make_celery
 from services.worker.reaper import LeaseReaper
+from services.worker.registry import Registration
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +74,19 @@ def start_worker(
     shutdown.connect(signals)
     reaper = LeaseReaper(settings)
     reaper.start()
-    log.info("accum worker consuming %s from %s", ",".join(names), broker_url(settings))
+    # The node name as Celery expands it: what tasks see as their hostname and record on jobs.
+    nodename = host_format(default_nodename(hostname or default_hostname()))
+    # Registered once the worker consumes (listed idle only when it can take a job).
+    registration = Registration(settings, nodename, names)
+
+    def register(**_: Any) -> None:
+        registration.start()
+
+    signals.worker_ready.connect(register, weak=False)
+    log.info("accum worker %s consuming %s from %s", nodename, ",".join(names), broker_url(settings))
     try:
         worker = app.Worker(
-            hostname=hostname or default_hostname(),
+            hostname=nodename,
             pool=pool,
             concurrency=1,
             queues=names,
@@ -89,6 +100,8 @@ def start_worker(
         )
         worker.start()
     finally:
+        signals.worker_ready.disconnect(register)
+        registration.stop()
         reaper.stop()
 
 

@@ -1,12 +1,16 @@
-"""`GET /metrics`: Prometheus text for scrapers (jobs by status, queue depth, request latency)."""
+"""`GET /metrics`: Prometheus text for scrapers (jobs by status, queue depth, workers by queue
+and state, worker heartbeat age, request latency)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
-from services.api.deps import SessionDep
+from services.api.deps import SessionDep, SettingsDep
+from services.api.telemetry import Telemetry
+from services.store import workers as store_workers
 from services.store.models import JOB_STATUSES, Job
 from services.worker.app import DEFAULT_QUEUE
 
@@ -14,7 +18,9 @@ router = APIRouter(tags=["monitoring"])
 
 
 @router.get("/metrics", response_class=Response, include_in_schema=False)
-def prometheus_metrics(*, session: SessionDep, request: Request) -> Response:
+def prometheus_metrics(
+    *, session: SessionDep, settings: SettingsDep, request: Request
+) -> Response:
     """Prometheus exposition; the job gauges are read from the store at scrape time."""
     telemetry = request.app.state.telemetry
     counts = session.execute(
@@ -31,4 +37,16 @@ def prometheus_metrics(*, session: SessionDep, request: Request) -> Response:
     telemetry.queue_depth.clear()
     for queue, count in queued.items():
         telemetry.queue_depth.labels(queue=queue).set(count)
+    worker_gauges(session, telemetry, settings.lease_timeout_s)
     return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def worker_gauges(session: Session, telemetry: Telemetry, lease_timeout_s: float) -> None:
+    """`accum_workers{queue,state}` and each live or lost worker's heartbeat age."""
+    telemetry.workers.clear()
+    telemetry.worker_heartbeat_age.clear()
+    for view in store_workers.list_workers(session, lease_timeout_s):
+        for queue in view.row.queues:
+            telemetry.workers.labels(queue=queue, state=view.state).inc()
+        if view.state != "stopped":
+            telemetry.worker_heartbeat_age.labels(worker=view.row.name).set(view.heartbeat_age_s)
