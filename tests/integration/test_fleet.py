@@ -1,7 +1,7 @@
 """The fleet with real worker processes (SQLite + embedded broker, PostgreSQL + Redis): two
 workers on different queues register themselves and `GET /v1/workers` lists them with their
 queues and devices; a worker stopped cleanly is listed as stopped, one killed as lost after
-the lease timeout."""
+the lease timeout; submits are checked against them (unknown queue, gpus above the fleet)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
+from worker_stack import BASE_SPEC
 
 from services.api.main import create_app
 from services.store import tokens
@@ -77,3 +78,26 @@ def test_two_workers_on_different_queues_register_and_leave_as_stopped_or_lost(
     finally:
         first.stop_workers()
         second.stop_workers()
+
+
+def test_submits_are_checked_against_the_registered_workers(stack: Any) -> None:
+    """The stack's CPU worker serves its queue: another queue is refused with the queues that
+    exist, and so is a 2-GPU job; a job for its queue is taken and runs."""
+    client, headers = admin_client(stack)
+    names = {n for n, p in stack.hostnames.items() if p.poll() is None}
+    spec = {**BASE_SPEC, "queue": stack.queue, "max_steps": 2}
+    with client:
+        wait_for_workers(client, headers, names,
+                         lambda ws: any(w["state"] in ("idle", "busy") for w in ws.values()), stack)
+        unknown = client.post("/v1/jobs", json={**spec, "queue": "nowhere"}, headers=headers)
+        assert unknown.status_code == 422, unknown.text
+        (error,) = unknown.json()["errors"]
+        assert error["loc"] == "body.queue" and stack.queue in error["allowed"]
+        too_many = client.post("/v1/jobs", json={**spec, "gpus": 2}, headers=headers)
+        assert too_many.status_code == 422, too_many.text
+        assert [e["loc"] for e in too_many.json()["errors"]] == ["body.gpus"]
+        accepted = client.post("/v1/jobs", json=spec, headers=headers)
+        assert accepted.status_code == 201, accepted.text
+    job = stack.wait(accepted.json()["id"])
+    assert job.status == "succeeded", (job.error, stack.worker_logs())
+    assert job.worker_name in names

@@ -11,9 +11,10 @@ from sqlalchemy.orm import Session
 
 from services.api.auth import CurrentOwner
 from services.api.deps import SessionDep, SettingsDep
-from services.api.errors import Problem, invalid_field, problem_responses
+from services.api.errors import Problem, invalid_field, invalid_fields, problem_responses
 from services.api.schemas import JobPage, JobPublic, JobStatus
 from services.data_roots import allowed_data_roots, data_root_refusal
+from services.fleet import fleet_refusals
 from services.settings import Settings
 from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
 from services.store import jobs as store_jobs
@@ -95,6 +96,16 @@ def check_data_root(spec: JobSpec, settings: Settings) -> None:
         )
 
 
+def check_fleet(session: Session, spec: JobSpec, settings: Settings) -> None:
+    """422 where no registered worker of the spec's queue could run it (services/fleet.py):
+    an unknown queue (with the queues that exist), more GPUs than its workers have, a model
+    or dataset they do not offer."""
+    if refusals := fleet_refusals(session, spec, settings):
+        raise invalid_fields(
+            (("body", r.field), r.message, r.value, r.allowed) for r in refusals
+        )
+
+
 def enqueue_after_commit(settings: Settings, job: Job) -> None:
     """Nudge a worker. The row is committed already, so a broker failure must not turn into
     an error for a job that exists: it stays queued (and `/readyz` reports the broker down)."""
@@ -132,6 +143,7 @@ def submit_job(
 ) -> JobPublic:
     """Submit a training job; it is queued and a worker picks it up."""
     check_data_root(spec, settings)
+    check_fleet(session, spec, settings)
     try:
         job, created = store_jobs.create_job(
             session,
