@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 from services.api.auth import CurrentOwner
 from services.api.deps import SessionDep
 from services.api.errors import problem_responses
-from services.api.routes.jobs import NOT_FOUND, job_or_404
+from services.api.routes.jobs import NOT_FOUND, job_or_404, owner_names
 from services.api.schemas import MAX_INT32, EventList, EventPublic
 from services.api.sse import job_stream, open_stream
 from services.store import events as store_events
@@ -51,7 +51,7 @@ def read_events(
     """Lifecycle events oldest first; streams them live, with metrics, for an SSE client."""
     job = job_or_404(session, job_id, owner)
     if accept and "text/event-stream" in accept:
-        state = open_stream(session, job)
+        state = open_stream(session, job, owner_names(session, owner, [job]).get(job.owner_id))
         # A reconnecting EventSource sends the id of the last event it saw.
         state.last_event_id = last_event_id if last_event_id is not None else after_id
         session.close()  # return the connection now: the stream polls with its own sessions

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from services.api.auth import CurrentOwner
 from services.api.deps import SessionDep, SettingsDep
 from services.api.errors import Problem, invalid_field, invalid_fields, problem_responses
+from services.api.job_view import job_view
 from services.api.schemas import JobPage, JobPublic, JobStatus
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.fleet import fleet_refusals
@@ -62,15 +63,18 @@ def owner_names(session: Session, owner: Owner, jobs: list[Job]) -> dict[int, st
 
 
 def with_owner(job: Job, names: dict[int, str]) -> JobPublic:
-    """The job as answered, with its owner's name from `names` (`owner_names`)."""
+    """The job as listed, with its owner's name from `names` (`owner_names`)."""
     public = JobPublic.model_validate(job)
     public.owner = names.get(job.owner_id)  # (model_copy(update=...) costs 6 us more a job)
     return public
 
 
-def job_public(session: Session, owner: Owner, job: Job) -> JobPublic:
-    """The job as answered, with its owner's name."""
-    return with_owner(job, owner_names(session, owner, [job]))
+def job_public(session: Session, owner: Owner, job: Job, *, position: bool = True) -> JobPublic:
+    """The job as answered (`job_view`: the stream's `status` carries the same object).
+    `position=False` leaves out a queued job's place in line: a count over its queue that
+    the submit's hot path does not pay for (`GET /v1/jobs/{id}` has it)."""
+    names = owner_names(session, owner, [job])
+    return job_view(session, job, names.get(job.owner_id)) if position else with_owner(job, names)
 
 
 def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
@@ -166,7 +170,7 @@ def submit_job(
         enqueue_after_commit(settings, job)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_public(session, owner, job)
+    return job_public(session, owner, job, position=False)
 
 
 @router.get("", response_model=JobPage)
