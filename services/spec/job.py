@@ -36,6 +36,7 @@ from services.spec.refs import Dataset, Model
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("fail", "skip")  # accumcore.Trainer(on_nonfinite=...)
+PRIORITIES = ("low", "normal", "high")  # owners may lower theirs; only admins raise (the API)
 MAX_ACCUMULATION_STEPS = 65536
 MAX_MICRO_BATCH_SIZE = 1 << 20
 MAX_SEED = (1 << 63) - 1
@@ -188,6 +189,11 @@ class JobSpec(BaseModel):
     ] = None
     queue: Annotated[str, Field(pattern=QUEUE_PATTERN), WrapValidator(_queue)] = "default"
     max_restarts: Annotated[NonNegativeInt, Field(le=100)] = 3
+    priority: Annotated[
+        Literal["low", "normal", "high"],
+        one_of("priority", PRIORITIES),
+        Field(description="queue order: higher first; high is for admins"),
+    ] = "normal"
     compile: Bool = False
     fast_path: Bool = True
     data_on_device: Bool = False

@@ -39,8 +39,11 @@ def celery_app_for(settings: Any) -> Celery:
     return app
 
 
-def enqueue_job(settings: Any, job_id: str, queue: str | None = None) -> None:
-    """Publish ``accum.run_job(job_id)`` on ``queue`` (the spec's GPU class; default ``default``).
+def enqueue_job(
+    settings: Any, job_id: str, queue: str | None = None, priority: int | None = None
+) -> None:
+    """Publish ``accum.run_job(job_id)`` on ``queue`` (the spec's GPU class; default ``default``)
+    at the job's stored ``priority`` (Redis delivers higher first; default normal).
 
     The queue is declared explicitly here, so a job routed to a GPU class with no worker yet
     waits in its queue until a worker started with ``--queues <name>`` comes up.
@@ -48,7 +51,7 @@ def enqueue_job(settings: Any, job_id: str, queue: str | None = None) -> None:
     name = queue or DEFAULT_QUEUE
     url = broker_url(settings)
     if is_redis_url(url):
-        publisher_for(settings).publish(TASK_NAME, [str(job_id)], name)
+        publisher_for(settings).publish(TASK_NAME, [str(job_id)], name, priority)
         return
     app = celery_app_for(settings)
     app.send_task(TASK_NAME, args=[str(job_id)], queue=declare_queue(name), routing_key=name)

@@ -29,6 +29,7 @@ from services.store.checkpoints import get_checkpoint, list_checkpoints
 from services.store.events import add_event
 from services.store.leases import claim_job, finish_job, hand_back_job, renew_lease
 from services.store.metrics import delete_metrics_after
+from services.store.queue_order import PRIORITIES, held_by_running_cap, next_in_line
 from services.worker import shutdown
 from services.worker.checkpoints import remove_orphans
 from services.worker.db import session_factory
@@ -73,6 +74,10 @@ def claim(settings: Any, job_id: str, worker_name: str) -> Attempt | None:
     # never renew (or finish) the lease of this one.
     worker_id = f"{worker_name or socket.gethostname()}/{uuid.uuid4().hex[:8]}"
     with session_factory(settings).begin() as session:
+        if held_by_running_cap(session, job_id, settings.max_running_jobs_per_owner):
+            log.info("job %s waits: its owner runs ACCUM_MAX_RUNNING_JOBS_PER_OWNER jobs on its "
+                     "queue already", job_id)
+            return None
         job = claim_job(
             session, job_id, worker_id, socket.gethostname(), describe_gpu(), settings.lease_timeout_s,
             worker_name=worker_name or None,
@@ -118,7 +123,8 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
         queue = retry_while_unreachable(lambda: _hand_back(sessions, attempt),
                                         what=f"job {job_id}: handing back", for_s=settings.lease_timeout_s)
         if queue is not None:
-            enqueue_job(settings, job_id, queue)  # after the commit, as the reaper does
+            # after the commit, as the reaper does
+            enqueue_job(settings, job_id, queue, PRIORITIES.get(attempt.spec.get("priority", "")))
             log.warning("job %s handed back to queue %s: this worker process was asked to stop (SIGTERM)", job_id, queue)
             return "queued"
         status = "cancelled"  # a cancel came first (or the lease is gone: finishing fails too)
@@ -129,7 +135,21 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
     ):
         log.error("job %s: lease lost before recording %s", job_id, status)
         return None
+    if settings.max_running_jobs_per_owner:
+        nudge_next_in_line(settings, job_id)
     return status
+
+
+def nudge_next_in_line(settings: Any, job_id: str) -> None:
+    """The owner's next queued job on this queue may start now that this one ended (a worker
+    may have dropped its message while the running cap held it)."""
+    try:
+        with session_factory(settings)() as session:
+            following = next_in_line(session, job_id)
+        if following is not None:
+            enqueue_job(settings, *following)
+    except Exception:  # the reaper's lost-message rescue sends it later
+        log.warning("job %s: could not nudge its owner's next job", job_id, exc_info=True)
 
 
 def _finish(sessions: sessionmaker[Session], attempt: Attempt, status: str,

@@ -27,6 +27,7 @@ from services.store.errors import (
     JobStateError,
 )
 from services.store.models import Job, Owner
+from services.store.queue_order import PRIORITIES
 from services.worker.enqueue import enqueue_job
 
 log = logging.getLogger(__name__)
@@ -110,11 +111,22 @@ def check_fleet(session: Session, spec: JobSpec, settings: Settings) -> None:
         )
 
 
+def check_priority(spec: JobSpec, owner: Owner) -> None:
+    """Owners may lower their jobs' priority; raising one above normal is for admins."""
+    if spec.priority == "high" and not owner.is_admin:
+        raise invalid_field(
+            ("body", "priority"),
+            'priority "high" is for admins (it goes before everyone\'s normal jobs); use '
+            '"normal" or "low", or ask an admin to submit it',
+            spec.priority, ["low", "normal"],
+        )
+
+
 def enqueue_after_commit(settings: Settings, job: Job) -> None:
     """Nudge a worker. The row is committed already, so a broker failure must not turn into
     an error for a job that exists: it stays queued (and `/readyz` reports the broker down)."""
     try:
-        enqueue_job(settings, job.id, job.queue)
+        enqueue_job(settings, job.id, job.queue, job.priority)
     except Exception:
         log.exception("could not enqueue job %s on %r; it stays queued", job.id, job.queue)
 
@@ -148,6 +160,7 @@ def submit_job(
     """Submit a training job; it is queued and a worker picks it up."""
     check_data_root(spec, settings)
     check_fleet(session, spec, settings)
+    check_priority(spec, owner)
     try:
         job, created = store_jobs.create_job(
             session,
@@ -160,6 +173,7 @@ def submit_job(
             total_optimizer_steps=total_optimizer_steps(spec),
             idempotency_key=idempotency_key,
             max_active_jobs=settings.max_active_jobs_per_owner,
+            priority=PRIORITIES[spec.priority],
         )
         session.commit()
     except IdempotencyConflict as exc:
