@@ -16,6 +16,8 @@ says it has, not what a configuration file claims.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,7 +26,15 @@ from sqlalchemy.orm import Session
 
 from services.spec import JobSpec
 from services.store.types import utcnow
-from services.store.workers import queue_offers
+from services.store.workers import QueueOffer, queue_offers
+
+# How long the API keeps what the fleet offers before reading it again. A fresh read on every
+# submit cost 2.0 ms of CPU with no worker registered and 6.0 ms with 64 (a query and every
+# worker's model and dataset lists; PostgreSQL, 2-core machine): as much as the rest of
+# POST /v1/jobs. Kept, the check costs 0.04-0.06 ms, 0.009 of a fresh read at 64 workers
+# (bench/service/fleet_check.py, docs/benchmarks.md). A worker that just registered is seen
+# by submits this much later at most.
+FLEET_REFRESH_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -42,12 +52,32 @@ def _period(seconds: float) -> str:
     return f"{hours:g} h" if hours >= 1 else f"{seconds:g} s"
 
 
+class FleetView:
+    """What each queue's workers offer, read from the registry at most every ``refresh_s``
+    (one per API app; its route threads share it)."""
+
+    def __init__(self, refresh_s: float = FLEET_REFRESH_S) -> None:
+        self.refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._read_at = -float("inf")
+        self._offers: dict[str, QueueOffer] = {}
+
+    def offers(self, session: Session, grace_s: float, now: datetime | None = None) -> dict[str, QueueOffer]:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.refresh_s or now is not None:
+                self._offers = queue_offers(session, (now or utcnow()) - timedelta(seconds=grace_s))
+                self._read_at = time.monotonic()
+            return self._offers
+
+
 def fleet_refusals(
-    session: Session, spec: JobSpec, settings: Any, now: datetime | None = None
+    session: Session, spec: JobSpec, settings: Any, now: datetime | None = None,
+    view: FleetView | None = None,
 ) -> list[Refusal]:
-    """What about ``spec`` no worker of its queue (seen within the grace period) can do."""
+    """What about ``spec`` no worker of its queue (seen within the grace period) can do;
+    ``view`` keeps the fleet's offers between calls (a fresh read without it)."""
     grace_s = float(settings.queue_grace_s)
-    offers = queue_offers(session, (now or utcnow()) - timedelta(seconds=grace_s))
+    offers = (view or FleetView(refresh_s=0)).offers(session, grace_s, now)
     if not offers:
         return []  # no registered worker at all in the grace period: no fleet to check
     queue = spec.queue

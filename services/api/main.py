@@ -35,6 +35,7 @@ from services.api.routes import (
     workers,
 )
 from services.api.telemetry import LatencyMiddleware, Telemetry
+from services.fleet import FleetView
 from services.settings import Settings, get_settings
 from services.store.db import make_engine, make_session_factory
 from services.worker.reaper import LeaseReaper
@@ -107,6 +108,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         limit, window_s, shared=shared_failure_log(app.state.session_factory, limit, window_s)
     )
     app.state.telemetry = telemetry = Telemetry()
+    app.state.fleet = FleetView()  # the registry's offers for the submit checks, kept 2 s
 
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)

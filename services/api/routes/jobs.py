@@ -6,7 +6,7 @@ import logging
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Query, Response, status
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
 from services.api.auth import CurrentOwner
@@ -15,7 +15,7 @@ from services.api.errors import Problem, invalid_field, invalid_fields, problem_
 from services.api.job_view import job_view
 from services.api.schemas import JobPage, JobPublic, JobStatus
 from services.data_roots import allowed_data_roots, data_root_refusal
-from services.fleet import fleet_refusals
+from services.fleet import FleetView, fleet_refusals
 from services.settings import Settings
 from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
 from services.store import jobs as store_jobs
@@ -101,11 +101,11 @@ def check_data_root(spec: JobSpec, settings: Settings) -> None:
         )
 
 
-def check_fleet(session: Session, spec: JobSpec, settings: Settings) -> None:
+def check_fleet(session: Session, spec: JobSpec, settings: Settings, fleet: FleetView) -> None:
     """422 where no registered worker of the spec's queue could run it (services/fleet.py):
     an unknown queue (with the queues that exist), more GPUs than its workers have, a model
     or dataset they do not offer."""
-    if refusals := fleet_refusals(session, spec, settings):
+    if refusals := fleet_refusals(session, spec, settings, view=fleet):
         raise invalid_fields(
             (("body", r.field), r.message, r.value, r.allowed) for r in refusals
         )
@@ -153,13 +153,14 @@ def submit_job(
     session: SessionDep,
     owner: CurrentOwner,
     settings: SettingsDep,
+    request: Request,
     response: Response,
     spec: JobSpec,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobPublic:
     """Submit a training job; it is queued and a worker picks it up."""
     check_data_root(spec, settings)
-    check_fleet(session, spec, settings)
+    check_fleet(session, spec, settings, request.app.state.fleet)
     check_priority(spec, owner)
     try:
         job, created = store_jobs.create_job(
