@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, delete, text
+from sqlalchemy import create_engine, delete, make_url, text
 
 from bench.harness.common import (
     base_parser,
@@ -68,15 +68,19 @@ def scratch_database(server: str | None) -> Iterator[str | None]:
     if server is None:
         yield None
         return
+    url = make_url(server)
     name = f"accum_bench_fleet_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield f"{server.rsplit('/', 1)[0]}/{name}"
-    finally:
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+
+    def sql(statement: str) -> None:
         with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(text(statement))
+
+    sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
 
 
