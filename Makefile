@@ -3,16 +3,17 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The stamp changes whenever the dependency list or the pins change, so `make` reinstalls then only.
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt examples/plugin/pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install browser test test-fast test-reliability reliability-report demo up lint bench clean screenshots
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt examples/plugin/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,models]'
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation ./examples/plugin
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -29,4 +29,4 @@ RUN useradd --create-home --uid 1000 accum && mkdir -p /var/lib/accum/artifacts 
 USER accum
 
 EXPOSE 8000
-CMD ["uvicorn", "services.api.main:app", "--host", "0.0.0.0", "--port", "8000", "--timeout-graceful-shutdown", "8"]
+CMD ["uvicorn", "services.api.main:app", "--host", "0.0.0.0", "--port", "8000", "--no-proxy-headers", "--timeout-graceful-shutdown", "8"]

@@ -70,6 +70,18 @@ class FleetView:
             return self._offers
 
 
+def offered_as(field: str, name: str) -> str:
+    """The name a worker advertises for ``name``: a `timm:` or `hf:` model is offered as its
+    namespace's pattern (services.worker.registry, NAMESPACE_PATTERNS), anything else as itself."""
+    if field == "model":
+        namespace, sep, rest = name.partition(":")
+        if sep and namespace == "timm":
+            return "timm:<name>"
+        if sep and namespace == "hf":
+            return "hf:<directory>" if rest.startswith("/") else "hf:<model_type>"
+    return name
+
+
 def fleet_refusals(
     session: Session, spec: JobSpec, settings: Any, now: datetime | None = None,
     view: FleetView | None = None,
@@ -110,7 +122,7 @@ def fleet_refusals(
         ("model", spec.model.name, offer.models),
         ("dataset", spec.dataset.name, offer.datasets),
     ):
-        if name not in known | offer.plugins:
+        if offered_as(field, name) not in known | offer.plugins:
             refusals.append(Refusal(
                 field,
                 f"no worker of queue {queue!r} can build {field} {name!r} (upgrade its workers, "

@@ -13,12 +13,14 @@ Every local path (SQLite database, embedded broker, artefacts, the local token) 
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DATABASE_SCHEMES = ("sqlite", "postgresql+psycopg")
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 BROKER_SCHEMES = ("sqlite", "redis", "rediss", "sqla+sqlite", "sqla+postgresql", "amqp", "memory")
 
 
@@ -35,7 +37,7 @@ class Settings(BaseSettings):
         default="",
         description=(
             "Celery broker; default the embedded SQLite transport "
-            "(services.worker.sqlite_transport) at sqlite:///<home>/broker.sqlite."
+            "(services.dispatch.sqlite_transport) at sqlite:///<home>/broker.sqlite."
         ),
     )
     artifacts_dir: Path | None = Field(default=None, description="Default <home>/artifacts.")
@@ -48,17 +50,26 @@ class Settings(BaseSettings):
     # busy worker gets at most one duplicate (harmless: the claim drops it) per period.
     requeue_after_s: float = Field(default=300.0, gt=0)
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
-    # Where a job's `dataset.data_root` may point (the worker's <home>/data is always allowed).
-    # Env: a JSON list, ACCUM_ALLOWED_DATA_ROOTS='["/datasets", "/mnt/shared/data"]'.
-    allowed_data_roots: list[Path] = Field(
+    # Where a job's `dataset.data_root` may point: one list that the API (at submit) and every
+    # worker (before reading) check, so give them the same. Empty: <home>/data, which is the
+    # same directory only where API and workers share a home (one host, `accum up`).
+    # Env: a JSON list, ACCUM_DATA_ROOTS='["/datasets", "/mnt/shared/data"]'.
+    data_roots: list[Path] = Field(
         default_factory=list,
-        description="Directories a job's dataset.data_root may be in (besides <home>/data).",
+        description="Directories a job's dataset.data_root may be in (default: <home>/data).",
     )
     # Per-owner cap on jobs that are queued or running; a submit past it is 429.
     max_active_jobs_per_owner: int = Field(default=1000, gt=0)
     # Failed token checks allowed per client address in a sliding window before 429.
     auth_failures_per_window: int = Field(default=20, gt=0)
     auth_failure_window_s: float = Field(default=60.0, gt=0)
+    # Reverse proxies whose X-Forwarded-For is believed (comma-separated IPs or networks; "*"
+    # trusts any peer). Empty: the socket's peer is the client, whatever headers it sends.
+    forwarded_allow_ips: str = ""
+    # Concurrent live event streams per owner (in each API process); one more is 429.
+    max_streams_per_owner: int = Field(default=20, gt=0)
+    # An open stream looks its token up again this often and closes once it is revoked.
+    stream_token_recheck_s: float = Field(default=10.0, gt=0, le=10.0)
     sqlite_busy_timeout_s: float = Field(default=30.0, gt=0)
     # The fleet (services/fleet.py): a queue no registered worker has served for this long is
     # refused at submit (422 naming the queues that exist), unless empty queues are allowed
@@ -69,12 +80,29 @@ class Settings(BaseSettings):
     # Jobs one owner may have running at once on one queue (0 = no cap): a claim past it
     # leaves the job queued for the owner's next free place (services/store/queue_order.py).
     max_running_jobs_per_owner: int = Field(default=0, ge=0)
+    # Submit-time maxima (services.spec.limits): a spec above them is a 422 at its field.
+    max_restarts: int = Field(default=10, ge=0, le=100, description="Most max_restarts a job may ask.")
+    max_gpus: int = Field(default=8, ge=0, le=64, description="Most gpus a job may ask.")
+    # The largest device a job may run on, until the worker registry reports real ones: a
+    # spec whose memory floor (services.catalog.sizes) is above it cannot fit anywhere.
+    max_device_memory_bytes: int = Field(default=80 * 2**30, gt=0)
+    # A job's run time (per attempt): the default of its `timeout` and the most it may ask.
+    max_job_seconds: int = Field(default=7 * 86400, gt=0, le=30 * 86400)
+    # Lost attempts in a row without a new checkpoint after which a job fails as `poison`
+    # instead of taking down another worker (0: never).
+    poison_after_lost_attempts: int = Field(default=2, ge=0)
 
     @field_validator("home", mode="after")
     @classmethod
     def _absolute_home(cls, home: Path) -> Path:
         # Resolved once, so a later chdir (Celery daemonising, tests) cannot move the state.
         return home.expanduser().resolve()
+
+    @field_validator("forwarded_allow_ips", mode="after")
+    @classmethod
+    def _proxy_addresses(cls, spec: str) -> str:
+        trusted_proxies(spec)  # a typo fails at start-up, not on the first request
+        return spec
 
     @field_validator("database_url", mode="after")
     @classmethod
@@ -127,6 +155,25 @@ class Settings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+
+def trusted_proxies(spec: str) -> tuple[Network, ...]:
+    """`"10.0.0.5, 10.1.0.0/16"` -> networks; `"*"` trusts every peer. ValueError on a typo."""
+    networks = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if part == "*":
+            networks += [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
+            continue
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"ACCUM_FORWARDED_ALLOW_IPS: {part!r} is not an IP address or network; give "
+                "the reverse proxies' addresses, comma-separated, e.g. 10.0.0.5,10.1.0.0/16"
+            ) from None
+    return tuple(networks)
 
 
 def get_settings() -> Settings:

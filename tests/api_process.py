@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from ports import free_port
+
+from services.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0

@@ -189,7 +189,7 @@ def store_settings(accum_home: Path, database_url: str) -> Settings:
 @pytest.fixture
 def db_engine(store_settings: Settings) -> Iterator[Engine]:
     """`services.store.make_engine(store_settings)`, disposed after the test."""
-    from services.store import make_engine
+    from services.store.db import make_engine
 
     engine = make_engine(store_settings)
     yield engine
@@ -199,6 +199,6 @@ def db_engine(store_settings: Settings) -> Iterator[Engine]:
 @pytest.fixture
 def session_factory(db_engine: Engine) -> sessionmaker[Session]:
     """Sessions on `db_engine`; `with session_factory.begin() as session:` commits on success."""
-    from services.store import make_session_factory
+    from services.store.db import make_session_factory
 
     return make_session_factory(db_engine)

@@ -18,20 +18,21 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from services.dispatch.enqueue import enqueue_job
 from services.settings import Settings
 from services.spec import parse_spec, total_optimizer_steps
 from services.store import checkpoints, events, jobs, metrics, tokens
 from services.store.migrate import upgrade
-from services.store.models import FINISHED_STATUSES, Job, Owner
-from services.worker.db import session_factory
-from services.worker.enqueue import enqueue_job
+from services.store.models import Job, Owner
+from services.store.sessions import session_factory
+from services.store.status import FINISHED
 
 ROOT = Path(__file__).resolve().parents[1]
 # Short leases so a killed worker's job is reaped within seconds (5 s leaves a loaded
@@ -220,7 +221,7 @@ class Stack:
         with self.sessions() as session:
             return [e.kind for e in events.list_events(session, job_id, limit=1000)]
 
-    def wait(self, job_id: str, statuses: tuple[str, ...] = FINISHED_STATUSES,
+    def wait(self, job_id: str, statuses: Collection[str] = FINISHED,
              timeout: float = 90.0, check: Any = None) -> Job:
         """Poll until the job is in one of ``statuses`` (and ``check(job)`` holds)."""
         deadline = time.monotonic() + timeout

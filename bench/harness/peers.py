@@ -107,6 +107,9 @@ def reexec_in_peers_env(quick: bool) -> str | None:
         python = ensure_peers_env()
     except (RuntimeError, subprocess.CalledProcessError, OSError) as error:
         return f"peer not installed: {error}"
-    script = os.path.abspath(sys.argv[0])
-    completed = subprocess.run([str(python), script, *sys.argv[1:]])
+    # The same module, as `python -m bench.<package>.<name>` from the repository root (the
+    # peers' env sees our code through the site-packages link ensure_peers_env made).
+    module = sys.modules["__main__"].__spec__
+    command = [str(python), "-m", module.name] if module is not None else [str(python), os.path.abspath(sys.argv[0])]
+    completed = subprocess.run([*command, *sys.argv[1:]], cwd=ROOT)
     raise SystemExit(completed.returncode)

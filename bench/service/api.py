@@ -45,6 +45,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from services.ports import free_port
+
 BENCH = "api"
 ROOT = Path(__file__).resolve().parents[2]
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -225,12 +227,6 @@ def run_load(port: int, plan: dict[str, Any], server_pid: int | None = None) -> 
     return summary
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def create_database() -> tuple[str, Any]:
     from sqlalchemy import create_engine, text
 
@@ -288,7 +284,8 @@ def torch_loaded(pid: int) -> bool:
 def seed_metrics(database_url: str, job_id: str, points: int) -> None:
     from sqlalchemy import text
 
-    from services.store import make_engine, make_session_factory, metrics
+    from services.store import metrics
+    from services.store.db import make_engine, make_session_factory
 
     engine = make_engine(database_url)
     factory = make_session_factory(engine)
@@ -345,7 +342,8 @@ def main() -> None:
     import httpx
     import redis
 
-    from services.store import make_engine, make_session_factory, tokens
+    from services.store import tokens
+    from services.store.db import make_engine, make_session_factory
     from services.store.migrate import upgrade
 
     database_url, handle = create_database()

@@ -233,7 +233,8 @@ class Deployment:
         """Schema, the bench owner's token, and ``queued`` queued jobs; returns the token and
         the seconds the jobs' insert took."""
         from services.spec import parse_spec, total_optimizer_steps
-        from services.store import jobs, make_engine, make_session_factory, tokens
+        from services.store import jobs, tokens
+        from services.store.db import make_engine, make_session_factory
         from services.store.migrate import upgrade
 
         upgrade(self.database_url)
@@ -339,7 +340,7 @@ def step_rate(points: list[tuple[int, float]], start: float, end: float) -> tupl
 def loss_points(database_url: str, job_id: str) -> list[tuple[int, float]]:
     from sqlalchemy import select
 
-    from services.store import make_engine
+    from services.store.db import make_engine
     from services.store.models import Metric
 
     engine = make_engine(database_url)

@@ -46,8 +46,8 @@ def cpu_spec() -> dict[str, Any]:
 def run_job(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """Start API + worker under a fresh ACCUM_HOME, run `spec`, return status and img/s."""
     from accum import AccumClient
-    from services.cli.demo import free_port
     from services.cli.local import LocalService
+    from services.ports import free_port
     from services.settings import Settings
 
     with tempfile.TemporaryDirectory() as home:

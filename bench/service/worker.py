@@ -81,10 +81,10 @@ class Deployment:
         engine.dispose()
 
     def submit(self, spec: dict[str, Any]) -> str:
+        from services.dispatch.enqueue import enqueue_job
         from services.spec import parse_spec, total_optimizer_steps
         from services.store import jobs, tokens
-        from services.worker.db import session_factory
-        from services.worker.enqueue import enqueue_job
+        from services.store.sessions import session_factory
 
         parsed = parse_spec({**spec, "queue": self.queue})
         with session_factory(self.settings).begin() as session:
@@ -99,14 +99,14 @@ class Deployment:
         """Poll until the job ends. Poll slowly while timing throughput: on a small machine a
         busy poller steals the CPU that the worker's torch threads wait for."""
         from services.store import jobs
-        from services.store.models import FINISHED_STATUSES
-        from services.worker.db import session_factory
+        from services.store.sessions import session_factory
+        from services.store.status import FINISHED
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with session_factory(self.settings)() as session:
                 job = jobs.load_job(session, job_id)
-                if job is not None and job.status in FINISHED_STATUSES:
+                if job is not None and job.status in FINISHED:
                     if job.status != "succeeded":
                         raise RuntimeError(f"bench job {job_id} {job.status}: {job.error}")
                     return job
@@ -117,7 +117,7 @@ class Deployment:
 
     def step_rate(self, job_id: str) -> float:
         from services.store import metrics
-        from services.worker.db import session_factory
+        from services.store.sessions import session_factory
 
         with session_factory(self.settings)() as session:
             rows, _ = metrics.read_metrics(session, job_id, name="loss", limit=1_000_000)
@@ -125,7 +125,7 @@ class Deployment:
         return (rows[-1].step - rows[0].step) / span
 
     def close(self) -> None:
-        from services.worker.enqueue import reset_enqueue_cache
+        from services.dispatch.enqueue import reset_enqueue_cache
 
         self.worker.send_signal(signal.SIGTERM)
         try:
@@ -181,9 +181,9 @@ def callback_overhead(settings: Any, spec: dict[str, Any]) -> dict[str, float]:
     load from other processes cannot skew the way it skews a ratio of two runs."""
     from services.spec import parse_spec, total_optimizer_steps
     from services.store import jobs, leases, tokens
+    from services.store.sessions import session_factory
     from services.worker.build import build_run
     from services.worker.callbacks import StoreCallback
-    from services.worker.db import session_factory
 
     parsed = parse_spec(spec)
     sessions = session_factory(settings)

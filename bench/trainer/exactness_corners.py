@@ -32,6 +32,8 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from services.ports import free_port
+
 RESUME_EPOCHS = 2
 RESUME_STOP_AFTER = 8  # optimizer steps: inside the 2nd epoch (6 windows per epoch)
 LR = 0.1
@@ -294,14 +296,6 @@ def _accelerate_rank(rank: int, port: int, out: str) -> None:
     accelerator.end_training()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _relative(params: list[torch.Tensor], reference: nn.Module) -> float:
     scale = max(float(q.detach().abs().max()) for q in reference.parameters())
     return max(float((p - q.detach()).abs().max()) for p, q in zip(params, reference.parameters(), strict=True)) / scale
@@ -324,7 +318,7 @@ def ddp_uneven_shards(peers_ok: bool) -> dict[str, dict[str, Any]]:
                 table["lightning"] = {"status": f"not run: {type(error).__name__}: {error}"[:200]}
             out = os.path.join(folder, "accelerate.pt")
             try:
-                mp.start_processes(_accelerate_rank, args=(_free_port(), out), nprocs=DDP_WORLD, join=True,
+                mp.start_processes(_accelerate_rank, args=(free_port(), out), nprocs=DDP_WORLD, join=True,
                                    start_method="fork")
                 table["accelerate"] = {"error": _relative(torch.load(out), reference)}
             except Exception as error:  # noqa: BLE001

@@ -10,9 +10,10 @@ indexed read by the token's sha256 on the request's own session (no connection c
 its own), and it is the request's first statement, so it stands in for the pool's pre-ping: a
 connection the server dropped is replaced and the lookup tried once more.
 
-What a request gets, in order: 429 when its address sent too many bad tokens lately (before
-the token is read: services/api/auth_failures.py), 401 for a missing, malformed, unknown or
-revoked token, and only then a 422 for its parameters or body: FastAPI solves a route's
+What a request gets, in order: 401 for a missing, malformed, unknown or revoked token (429
+instead when its address or its token prefix sent too many bad tokens lately:
+services/api/auth_failures.py; a valid token is never refused so), and only then a 422 for its
+parameters or body: FastAPI solves a route's
 dependencies before it validates the route's own parameters, and the first dependency that
 raises answers. (A body that is not JSON at all is answered 400 before any dependency runs.)
 
@@ -27,13 +28,15 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from services.api.client_address import client_address
 from services.api.deps import SessionDep
 from services.api.errors import Problem
 from services.store.db import retry_if_dropped
 from services.store.models import Owner
-from services.store.tokens import authenticate
+from services.store.tokens import PREFIX_LENGTH, TOUCHED, authenticate
 
 # Declares the scheme in OpenAPI (the "Authorize" button in /docs); errors are ours (401).
 bearer_scheme = HTTPBearer(auto_error=False, description="`accum token create NAME` prints one")
@@ -72,7 +75,39 @@ def resolve_owner(token: str, session: Session) -> Owner:
         raise unauthorized(
             "invalid, unknown or revoked token; create one with `accum token create NAME`"
         )
+    if session.info.pop(TOUCHED, False):
+        _commit_last_used(session)
     return owner
+
+
+def _commit_last_used(session: Session) -> None:
+    """Commit the token's new `last_used_at` (at most once a minute per token). A busy or
+    failing database must not fail the request for a display field: roll it back instead."""
+    try:
+        session.commit()
+    except SQLAlchemyError:
+        session.rollback()
+
+
+def failure_keys(address: str, token: str | None) -> list[str]:
+    """What a failed token check counts against: the client address and, when a token was
+    presented, its prefix (so guesses at one token are limited from every address, and
+    a changing X-Forwarded-For does not escape the count)."""
+    keys = [f"address:{address}"]
+    if token is not None:
+        keys.append(f"token:{token[:PREFIX_LENGTH]}")
+    return keys
+
+
+def too_many_bad_tokens(wait_s: int) -> Problem:
+    return Problem(
+        429,
+        "Too Many Requests",
+        f"too many requests with a bad token from this address or for this token prefix; "
+        f"retry in {wait_s} s with a valid token (`accum token create NAME` makes one)",
+        headers={"Retry-After": str(wait_s)},
+        retry_after_s=wait_s,
+    )
 
 
 def get_current_owner(
@@ -80,25 +115,30 @@ def get_current_owner(
     session: SessionDep,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Owner:
-    """The owner of the request's bearer token (401 otherwise), looked up on every request;
-    429 first for an address with too many failed token checks lately."""
+    """The owner of the request's bearer token (401 otherwise), looked up on every request.
+
+    A valid token always passes. A bad one gets 429 instead of 401 while its address, or its
+    prefix, has had too many failures lately (services/api/auth_failures.py): one address
+    (a NAT, a proxy) sending bad tokens cannot lock out the valid users behind it."""
     limiter = request.app.state.auth_failures
-    address = request.client.host if request.client else "unknown"
-    if (wait_s := limiter.retry_after(address)) is not None:
-        raise Problem(
-            429,
-            "Too Many Requests",
-            f"too many requests with a bad token from {address}; retry in {wait_s} s with a "
-            "valid token (`accum token create NAME` makes one)",
-            headers={"Retry-After": str(wait_s)},
-            retry_after_s=wait_s,
-        )
+    address = client_address(request, request.app.state.trusted_proxies)
     authorization = request.headers.get("authorization")
+    token: str | None = None
     try:
-        return resolve_owner(bearer_token(authorization), session)
+        token = bearer_token(authorization)
+        return resolve_owner(token, session)
     except HTTPException:
-        if authorization:  # a token was tried and failed (no header at all is no guess)
-            limiter.record_failure(address)
+        if not authorization:  # no header at all is no guess
+            raise
+        keys = failure_keys(address, token)
+        waits = [w for w in map(limiter.retry_after, keys) if w is not None]
+        telemetry = request.app.state.telemetry
+        if waits:  # blocked: answered without counting, so a blocked key frees in time
+            telemetry.auth_failures.labels(answer="429").inc()
+            raise too_many_bad_tokens(max(waits)) from None
+        telemetry.auth_failures.labels(answer="401").inc()
+        for key in keys:
+            limiter.record_failure(key)
         raise
 
 

@@ -20,8 +20,10 @@ from fastapi import FastAPI
 
 from services.api.auth_failures import AuthFailureLimiter, shared_failure_log
 from services.api.body_limit import BodySizeLimitMiddleware
+from services.api.client_address import trusted_proxies
 from services.api.errors import install_error_handlers
 from services.api.routes import (
+    api_docs,
     catalog,
     checkpoints,
     dashboard,
@@ -34,11 +36,12 @@ from services.api.routes import (
     tokens,
     workers,
 )
+from services.api.streams import StreamSlots
 from services.api.telemetry import LatencyMiddleware, Telemetry
+from services.dispatch.reaper import LeaseReaper
 from services.fleet import FleetView
 from services.settings import Settings, get_settings
 from services.store.db import make_engine, make_session_factory
-from services.worker.reaper import LeaseReaper
 
 ROUTERS = (
     jobs.router,
@@ -52,6 +55,7 @@ ROUTERS = (
     tokens.router,
     workers.router,
     dashboard.router,
+    api_docs.router,
 )
 
 
@@ -94,6 +98,10 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         summary="Training jobs with exact gradient accumulation",
         version="0.1.0",
         lifespan=lifespan,
+        # /docs and /redoc come from files installed with the package (routes/api_docs.py):
+        # FastAPI's own load them from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.run_reaper = run_reaper
@@ -107,6 +115,8 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.state.auth_failures = AuthFailureLimiter(
         limit, window_s, shared=shared_failure_log(app.state.session_factory, limit, window_s)
     )
+    app.state.trusted_proxies = trusted_proxies(settings.forwarded_allow_ips)
+    app.state.stream_slots = StreamSlots(settings.max_streams_per_owner)
     app.state.telemetry = telemetry = Telemetry()
     app.state.fleet = FleetView()  # the registry's offers for the submit checks, kept 2 s
 

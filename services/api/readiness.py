@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import redis
+from kombu import Connection
 from sqlalchemy import Engine, text
 
+from services.dispatch import sqlite_transport
 from services.store.db import first_line, retry_if_dropped
 
 PROBE_TIMEOUT_S = 1.5
@@ -29,8 +32,6 @@ def _select_one(engine: Engine) -> None:
 
 def ping_broker(url: str) -> None:
     if url.startswith(("redis://", "rediss://")):
-        import redis
-
         client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0)
         try:
             client.ping()
@@ -38,10 +39,7 @@ def ping_broker(url: str) -> None:
             client.close()
         return
     # Other transports (the embedded SQLite one included) through kombu, which knows them all.
-    from kombu import Connection
-
-    import services.worker.app  # noqa: F401  (registers the embedded SQLite transport)
-
+    sqlite_transport.register()
     with Connection(url, connect_timeout=1.0) as conn:
         conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=1.0)
 

@@ -20,13 +20,11 @@ from pydantic import (
 from typing_extensions import TypedDict
 
 from services.store.nonfinite import Label, label, split_latest
+from services.store.status import JobStatus
 
 # Steps and ids are INTEGER columns (32-bit on PostgreSQL): larger query values are refused
 # as 422 instead of overflowing in the driver.
 MAX_INT32 = 2**31 - 1
-
-JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
-
 
 EPOCH_DOC = (
     "0-based index of the epoch (the first epoch is 0); the CLI and the dashboard show it "
@@ -57,6 +55,9 @@ class Progress(BaseModel):
 class JobError(BaseModel):
     type: str
     message: str
+    reason: str | None = Field(
+        None, description="Why the service ended the job: `timeout` or `poison` (else null)"
+    )
 
 
 class WorkerInfo(BaseModel):
@@ -95,8 +96,37 @@ class AttemptPublic(BaseModel):
         return self
 
 
-# `owner` and `queue_position` are not attributes of the row: `services/api/job_view.py` sets
-# them, for the /v1/jobs routes and the stream's `status` messages alike. (A docstring here
+class Exactness(BaseModel):
+    checked: bool = Field(description="whether the first window was compared with its big batch")
+    rel_error: float | None = Field(
+        default=None, description="relative error of the first window's accumulated gradient against "
+        "the big batch's (fp32, eval mode); null when not checked or not finite")
+    tolerance: float | None = None
+    passed: bool | None = Field(default=None, description="rel_error <= tolerance; null when not checked")
+    note: str = Field(default="", description="the check's message: the likely cause and fix on a "
+                      "failure, why it did not run otherwise")
+
+
+def exactness(spec: dict[str, Any], event: Any | None) -> Exactness:
+    """The job's exactness check, from its latest ``exactness_check`` event (or why none)."""
+    if event is None:
+        mode = spec.get("verify_window", True)
+        note = "verify_window is false: not checked" if mode is False else "not checked yet"
+        return Exactness(checked=False, note=note)
+    data = event.data or {}
+    rel = data.get("rel_error")
+    return Exactness(
+        checked=data.get("passed") is not None,
+        rel_error=float(rel) if isinstance(rel, int | float) and math.isfinite(rel) else None,
+        tolerance=data.get("tolerance"),
+        passed=data.get("passed"),
+        note=event.message,
+    )
+
+
+# `owner`, `exactness` and `queue_position` are not attributes of the row:
+# `services/api/job_view.py` sets them, for the /v1/jobs routes and the stream's `status`
+# messages alike. (A docstring here
 # would become the schema's description in the OpenAPI document.)
 class JobPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
@@ -129,6 +159,10 @@ class JobPublic(BaseModel):
     )
     worker: WorkerInfo | None
     owner: str | None = Field(None, description="The owner's name")
+    exactness: Exactness | None = Field(
+        default=None, description="The first-window exactness check (spec verify_window), in the "
+        "answers about one job and the stream's status messages; not in listings"
+    )
 
     _empty_if_null = field_validator("progress", "latest_metrics", mode="before")(empty_if_null)
 
@@ -138,7 +172,12 @@ class JobPublic(BaseModel):
         # The worker stores what it caught as a free-form dict: show its type and message.
         if not error:
             return None
-        return {"type": str(error.get("type", "Error")), "message": str(error.get("message", ""))}
+        reason = error.get("reason")
+        return {
+            "type": str(error.get("type", "Error")),
+            "message": str(error.get("message", "")),
+            "reason": None if reason is None else str(reason),
+        }
 
     @model_validator(mode="after")
     def _split_nonfinite(self) -> Self:
@@ -165,6 +204,9 @@ class TokenPublic(BaseModel):
     prefix: str = Field(description="The first 12 characters: enough to tell tokens apart")
     created_at: datetime
     revoked_at: datetime | None = None
+    last_used_at: datetime | None = Field(
+        default=None, description="When a request last presented it, to the minute; null: never"
+    )
 
 
 class TokenList(BaseModel):

@@ -22,7 +22,7 @@ import functools
 import json
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from services.store.db import database_unreachable
 from services.store.jobs import is_finished, load_job
 from services.store.metrics import read_new_points
 from services.store.models import Job
+from services.store.status import FINISHED
 
 POLL_INTERVAL_S = 0.5
 # A comment line after this much silence: proxies and clients see traffic and keep the
@@ -49,7 +50,8 @@ EVENTS_PER_POLL = 500
 NAMES_REFRESH_S = 5.0
 
 
-TERMINAL_EVENT_KINDS = frozenset({"succeeded", "failed", "cancelled"})
+# A finished attempt writes an event named after its status (``leases.finish_job``).
+TERMINAL_EVENT_KINDS = FINISHED
 
 
 def sse_message(event: str, data: Any, event_id: int | None = None) -> bytes:
@@ -212,12 +214,34 @@ def shared_poll(
     return messages, finished
 
 
+REVOKED = "the token of this stream was revoked; open it again with a valid token"
+
+
 async def job_stream(
-    session_factory: sessionmaker[Session], job_id: str, state: StreamState
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    state: StreamState,
+    *,
+    token_live: Callable[[], bool] | None = None,
+    recheck_s: float = 10.0,
 ) -> AsyncIterator[bytes]:
-    """The SSE body: poll, send what is new, keep the connection alive, stop after `end`."""
-    last_sent = time.monotonic()
+    """The SSE body: poll, send what is new, keep the connection alive, stop after `end`.
+
+    Every `recheck_s` the stream asks `token_live()` whether the token that opened it still
+    authenticates; once it does not, it sends `event: error` (status 401) and closes."""
+    last_sent = checked_at = time.monotonic()
     while True:
+        if token_live is not None and time.monotonic() - checked_at >= recheck_s:
+            checked_at = time.monotonic()
+            try:
+                live = await anyio.to_thread.run_sync(token_live)
+            except Exception as exc:
+                if not database_unreachable(exc):
+                    raise
+                live = True  # an outage is not a revocation: asked again next time
+            if not live:
+                yield sse_message("error", {"status": 401, "detail": REVOKED})
+                return
         # The poll works on a copy: one that fails half-way must not mark messages as sent.
         trial = dataclasses.replace(state, metric_steps=dict(state.metric_steps))
         tick = int(time.monotonic() // POLL_INTERVAL_S)

@@ -1,5 +1,6 @@
 """Prometheus instruments of one app: request latency by route template, jobs by status, queue
-depth, workers by queue and state, worker heartbeat age.
+depth, workers by queue and state, worker heartbeat age, lifecycle counters read from the event
+log, failed token checks, open event streams.
 
 Each app gets its own registry so that several apps in one process (tests) do not collide.
 """
@@ -9,7 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Buckets sized for an API whose target p99 is 25 ms, with a tail for slow pages and streams.
@@ -50,6 +52,20 @@ class Telemetry:
             ("worker",),
             registry=self.registry,
         )
+        self.auth_failures = Counter(
+            "accum_auth_failures",
+            "Requests with a bad token, by answer: 401, or 429 once the address or the token "
+            "prefix had too many (this API process).",
+            ("answer",),
+            registry=self.registry,
+        )
+        self.event_streams = Gauge(
+            "accum_event_streams",
+            "Live event streams open in this API process.",
+            registry=self.registry,
+        )
+        self.lifecycle = LifecycleCounters()
+        self.registry.register(self.lifecycle)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.request_latency.labels(method, route, str(status)).observe(seconds)
@@ -85,3 +101,37 @@ class LatencyMiddleware:
             route = scope.get("route")
             template = getattr(route, "path", None) or "<unmatched>"
             self.observe(scope["method"], template, status, time.perf_counter() - start)
+
+
+# name suffix (after accum_), help, label, key of services.store.events.lifecycle_counts
+LIFECYCLE = (
+    ("job_transitions", "Job state transitions (event kinds), over every process.", "kind",
+     "transitions"),
+    ("job_restarts", "Automatic restarts, by cause: lease_expired (worker lost) or "
+     "worker_shutdown (SIGTERM hand-back).", "cause", "restarts"),
+    ("lease_expiries", "Leases that expired (a worker stopped renewing), by whether the lost "
+     "attempt had written a new checkpoint (no_progress feeds the poison rule).", "cause",
+     "lease_expiries"),
+    ("job_failures", "Jobs that failed, by reason: timeout, poison, lease_expired (past "
+     "max_restarts), nonfinite, error.", "reason", "failures"),
+)
+
+
+class LifecycleCounters:
+    """Counters whose totals live in the database (every worker and reaper writes the event
+    log), set at each scrape from ``lifecycle_counts`` and exposed as counters."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        families: list[Metric] = []
+        for name, help_text, label, key in LIFECYCLE:
+            family = CounterMetricFamily(f"accum_{name}", help_text, labels=[label])
+            for value, count in sorted(self.counts.get(key, {}).items()):
+                family.add_metric([value], count)
+            families.append(family)
+        return families

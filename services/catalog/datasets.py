@@ -44,16 +44,25 @@ _EXPECTED_FILES = {
 class DatasetUnavailable(Exception):
     """A data-root dataset is missing (or its download failed); the message says how to fix it."""
 
-    def __init__(self, name: str, data_root: Path, detail: str = "") -> None:
+    def __init__(
+        self, name: str, data_root: Path, detail: str = "", download_failed: bool = False
+    ) -> None:
         self.name = name
         self.data_root = data_root
         folder, files = _EXPECTED_FILES[name]
+        # After a failed download, advising `download: true` again would send the user round
+        # in a circle (an offline cluster): the files have to be copied in.
+        fix = (
+            "The worker could not download them: copy the files there from a machine with "
+            "network access (torchvision's dataset classes with download=True write this layout)."
+            if download_failed
+            else 'Put the files there, or set "download": true in the job\'s dataset spec '
+            f'(e.g. {{"name": "{name}", "download": true}}) to fetch them once, if the '
+            "worker has network access."
+        )
         super().__init__(
             f"dataset {name!r} is not available under data root '{data_root}': expected "
-            f"{files} in {data_root / folder}. "
-            f'Put the files there, or set "download": true in the job\'s dataset spec '
-            f'(e.g. {{"name": "{name}", "download": true}}) to fetch them once.'
-            + (f" {detail}" if detail else "")
+            f"{files} in {data_root / folder}. {fix}" + (f" {detail}" if detail else "")
         )
 
 
@@ -65,6 +74,9 @@ class DatasetBundle:
     val: Dataset[Any]
     info: DatasetInfo  # reflects the options used (e.g. fake's image_size)
     collate_fn: Callable[[list[Any]], Any] | None = None  # None: the default collate
+    # Token data for a model that takes keyword batches (a Hugging Face model): unshifted
+    # labels beside `input_ids` and `attention_mask` (see catalog.own_data.token_collate).
+    keyword_collate_fn: Callable[[list[Any]], Any] | None = None
 
 
 class NormalisedImages(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -136,7 +148,7 @@ def fake(info: DatasetInfo, seed: int) -> DatasetBundle:
     from torchvision.datasets import FakeData
     from torchvision.transforms import ToTensor
 
-    assert info.image_size is not None
+    assert info.image_size is not None and info.train_size is not None and info.val_size is not None
     size, val_size = info.train_size, info.val_size
     shape = (3, info.image_size, info.image_size)
     # FakeData seeds item i with torch.manual_seed(i + random_offset) (taken modulo 2**32 by
@@ -158,9 +170,11 @@ def from_data_root(info: DatasetInfo, data_root: Path, download: bool) -> Datase
         splits = [cls(str(data_root), train=train, download=download) for train in (True, False)]
     except RuntimeError as exc:  # torchvision's "Dataset not found" and failed downloads
         detail = f"(download failed: {exc})" if download else ""
-        raise DatasetUnavailable(info.name, data_root, detail) from exc
+        raise DatasetUnavailable(info.name, data_root, detail, download_failed=download) from exc
     except OSError as exc:  # network errors during download, unreadable root
-        raise DatasetUnavailable(info.name, data_root, f"({type(exc).__name__}: {exc})") from exc
+        raise DatasetUnavailable(
+            info.name, data_root, f"({type(exc).__name__}: {exc})", download_failed=download
+        ) from exc
     mean, std = _NORMALISATION[info.name]
     train, val = (
         NormalisedImages(torch.as_tensor(s.data), torch.as_tensor(s.targets), mean, std)

@@ -12,7 +12,6 @@ Models are always randomly initialised: weights are never downloaded.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -20,13 +19,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from services.catalog.names import ModelInfo
-
-
-def torchvision_input_side(info: ModelInfo, image_size: int) -> int:
-    """The square side a torchvision model is fed for images of side `image_size`."""
-    side = max(image_size, info.min_input_size or 1)
-    return math.ceil(side / info.input_multiple) * info.input_multiple
+from services.catalog.names import ModelInfo, torchvision_input_side
 
 
 class InputAdapter(nn.Module):

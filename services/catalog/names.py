@@ -10,6 +10,7 @@ checks the two agree, and that the torchvision list below equals
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -17,6 +18,7 @@ from typing import Any, Literal
 from services.catalog.text_corpus import TEXT_DEFAULT_MAX_LEN, corpus_stats
 
 Task = Literal["classification", "language_modeling"]
+Source = Literal["builtin", "torchvision", "timm", "hf", "plugin"]
 
 # Torchvision image models never see less than this side: 8x8 digits through a ResNet stem
 # collapse to 1x1 by the second stage, and several families (VGG, DenseNet, ConvNeXt) refuse
@@ -30,40 +32,52 @@ class ModelInfo:
 
     `min_input_size` and `input_multiple` describe what the image side is resized to for
     torchvision models: side = round_up(max(dataset side, min_input_size), input_multiple).
-    `options` are the keyword options a spec may pass (`{"name": "mlp", "hidden": 256}`).
+    `options` are the keyword options a spec may pass (`{"name": "mlp", "hidden": 256}`);
+    with `free_options` any other key passes through too (timm's `create_model` arguments,
+    a Hugging Face config's overrides), checked by the worker when it builds the model.
+    `task` None: the task follows from the dataset (`hf:` models, plugins).
+    """
+
+    name: str
+    description: str
+    task: Task | None
+    source: Source
+    min_input_size: int | None = None
+    input_multiple: int = 1
+    options: tuple[str, ...] = ()
+    free_options: bool = False
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """One dataset the service can build by name (sizes are those of the default options).
+
+    Your own data (`imagefolder`, `files`, `hf_disk`, plugins) has no size or class count
+    before the worker reads it: those are None here and known in the built bundle's info.
     """
 
     name: str
     description: str
     task: Task
-    source: Literal["builtin", "torchvision"]
-    min_input_size: int | None = None
-    input_multiple: int = 1
-    options: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """One dataset the service can build by name (sizes are those of the default options)."""
-
-    name: str
-    description: str
-    task: Task
-    num_classes: int
-    train_size: int
-    val_size: int
+    num_classes: int | None
+    train_size: int | None
+    val_size: int | None
     channels: int | None = None
     image_size: int | None = None
     vocab_size: int | None = None
     max_seq_len: int | None = None
     needs_data_root: bool = False
     options: tuple[str, ...] = ()
+    source: Literal["builtin", "own", "plugin"] = "builtin"
+    features: int | None = None  # tabular rows: the number of feature columns
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         """Shape of one input sample: (C, H, W) for images, (max_seq_len,) for token sequences."""
         if self.channels is not None and self.image_size is not None:
             return (self.channels, self.image_size, self.image_size)
+        if self.features is not None:
+            return (self.features,)
         assert self.max_seq_len is not None
         return (self.max_seq_len,)
 
@@ -190,9 +204,37 @@ BUILTIN_MODELS: dict[str, ModelInfo] = {
     ),
 }
 
-# Every model option is a size or a count (>= 1); an MLP may have no hidden layer (a linear
-# model). `configured_model` checks these, at submit and again before a build.
-MODEL_OPTION_MINIMUM = {"depth": 0}
+# Every model option is a size or a count, inclusive (minimum, maximum); an MLP may have no
+# hidden layer (a linear model). The maxima keep one option from asking for more than any
+# device holds (mlp hidden 65536 x depth 64 is already 275 billion parameters: the memory
+# estimate, services.catalog.sizes, refuses what is still too large). `configured_model`
+# checks these, at submit and again before a build.
+MODEL_OPTION_RANGE: dict[str, tuple[int, int]] = {
+    "hidden": (1, 65536),
+    "depth": (0, 64),
+    "width": (1, 4096),
+    "d_model": (1, 8192),
+    "n_layers": (1, 128),
+    "n_heads": (1, 256),
+}
+# Dataset options: sizes in samples, image side in pixels, sequence length in tokens.
+DATASET_OPTION_RANGE: dict[str, tuple[int, int]] = {
+    "size": (1, 10_000_000),
+    "val_size": (1, 1_000_000),
+    "image_size": (1, 1024),
+    "num_classes": (2, 100_000),
+    "max_len": (2, 4096),
+}
+
+
+def option_value(kind: str, name: str, key: str, value: Any) -> int:
+    """`value` when it is an integer inside the option's range, else ValueError naming both."""
+    low, high = (MODEL_OPTION_RANGE if kind == "model" else DATASET_OPTION_RANGE)[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(
+            f"{kind} {name!r} option {key} must be an integer from {low} to {high}; got {value!r}"
+        )
+    return value
 
 MODELS: dict[str, ModelInfo] = {
     **BUILTIN_MODELS,
@@ -287,6 +329,12 @@ DATASETS: dict[str, DatasetInfo] = {
 }
 
 
+def torchvision_input_side(info: ModelInfo, image_size: int) -> int:
+    """The square side a torchvision model is fed for images of side `image_size`."""
+    side = max(image_size, info.min_input_size or 1)
+    return math.ceil(side / info.input_multiple) * info.input_multiple
+
+
 def _unknown(kind: str, name: object, allowed: Iterable[str]) -> ValueError:
     return ValueError(f"unknown {kind} {name!r}; allowed {kind}s: {', '.join(sorted(allowed))}")
 
@@ -315,6 +363,7 @@ def check_compatible(model: str, dataset: str) -> str | None:
     model_info, dataset_info = require_model(model), require_dataset(dataset)
     if model_info.task == dataset_info.task:
         return None
+    assert model_info.task is not None  # every catalog model has its task
     return (
         f"model {model!r} is for {model_info.task.replace('_', ' ')} but dataset {dataset!r} is a "
         f"{dataset_info.task.replace('_', ' ')} dataset; datasets for {model!r}: "
@@ -369,11 +418,7 @@ def configured_model(name: str, options: Mapping[str, Any] | None = None) -> Mod
     if reason := check_options("model", name, options):
         raise ValueError(reason)
     for key, value in options.items():
-        minimum = MODEL_OPTION_MINIMUM.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(
-                f"model {name!r} option {key} must be an integer >= {minimum}; got {value!r}"
-            )
+        option_value("model", name, key, value)
     return info
 
 
@@ -389,26 +434,22 @@ def configured_dataset(name: str, options: Mapping[str, Any] | None = None) -> D
     if reason := check_options("dataset", name, options):
         raise ValueError(reason)
 
-    def option(key: str, default: int, minimum: int) -> int:
-        value = options.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(
-                f"dataset {name!r} option {key} must be an integer >= {minimum}, got {value!r}"
-            )
-        return value
+    def option(key: str, default: int) -> int:
+        return option_value("dataset", name, key, options.get(key, default))
 
     if name == "fake":
-        assert info.image_size is not None
+        assert info.image_size is not None and info.num_classes is not None
+        assert info.train_size is not None and info.val_size is not None
         return replace(
             info,
-            train_size=option("size", info.train_size, 1),
-            val_size=option("val_size", info.val_size, 1),
-            image_size=option("image_size", info.image_size, 1),
-            num_classes=option("num_classes", info.num_classes, 2),
+            train_size=option("size", info.train_size),
+            val_size=option("val_size", info.val_size),
+            image_size=option("image_size", info.image_size),
+            num_classes=option("num_classes", info.num_classes),
         )
     if name == "text":
         assert info.max_seq_len is not None
-        max_len = option("max_len", info.max_seq_len, 2)
+        max_len = option("max_len", info.max_seq_len)
         stats = corpus_stats(max_len)
         return replace(
             info, train_size=stats.train_size, val_size=stats.val_size, max_seq_len=max_len
@@ -432,23 +473,26 @@ def models_listing() -> list[dict[str, Any]]:
     ]
 
 
+def dataset_item(info: DatasetInfo, compatible: list[str]) -> dict[str, Any]:
+    """One JSON-ready `GET /v1/catalog/datasets` item."""
+    return {
+        "name": info.name,
+        "description": info.description,
+        "task": info.task,
+        "source": info.source,
+        "num_classes": info.num_classes,
+        "train_size": info.train_size,
+        "val_size": info.val_size,
+        "channels": info.channels,
+        "image_size": info.image_size,
+        "vocab_size": info.vocab_size,
+        "max_seq_len": info.max_seq_len,
+        "needs_data_root": info.needs_data_root,
+        "options": list(info.options),
+        "compatible_models": compatible,
+    }
+
+
 def datasets_listing() -> list[dict[str, Any]]:
     """JSON-ready `GET /v1/catalog/datasets` items, in catalog order."""
-    return [
-        {
-            "name": info.name,
-            "description": info.description,
-            "task": info.task,
-            "num_classes": info.num_classes,
-            "train_size": info.train_size,
-            "val_size": info.val_size,
-            "channels": info.channels,
-            "image_size": info.image_size,
-            "vocab_size": info.vocab_size,
-            "max_seq_len": info.max_seq_len,
-            "needs_data_root": info.needs_data_root,
-            "options": list(info.options),
-            "compatible_models": compatible_models(info.name),
-        }
-        for info in DATASETS.values()
-    ]
+    return [dataset_item(info, compatible_models(info.name)) for info in DATASETS.values()]

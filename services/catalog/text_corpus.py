@@ -73,6 +73,7 @@ def split(max_len: int = TEXT_DEFAULT_MAX_LEN) -> tuple[list[str], list[str]]:
     return train, val
 
 
+@lru_cache(maxsize=8)  # asked at every submit of a text job (epoch sizes, the memory floor)
 def corpus_stats(max_len: int = TEXT_DEFAULT_MAX_LEN) -> CorpusStats:
     train, val = split(max_len)
     return CorpusStats(train_size=len(train), val_size=len(val), vocab_size=len(vocabulary()) + 1)

@@ -2,7 +2,7 @@
 
     ACCUM_DATABASE_URL=postgresql+psycopg://accum@db/accum accum db upgrade
     accum token create alice [--admin]     # prints the token once, on stdout
-    accum token list [alice] [--all]       # owner, prefix, created (--all: revoked too, and when)
+    accum token list [alice] [--all]       # owner, prefix, created, last used (--all: revoked too, and when)
     accum token revoke accum_AbCdEf        # the prefix or the whole token; refused at once
 """
 
@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+
+    from services.settings import Settings
 
 T = TypeVar("T")
 
@@ -75,7 +77,7 @@ def in_store(command: str, work: Callable[[Session], T]) -> T | Failed:
         engine.dispose()
 
 
-def create_token(settings: Any, name: str, admin: bool) -> str:
+def create_token(settings: Settings, name: str, admin: bool) -> str:
     """A new token for owner `name` (created when new), committed; returns the clear text."""
     from services.store.db import make_engine, make_session_factory
     from services.store.tokens import create_owner_with_token
@@ -89,7 +91,7 @@ def create_token(settings: Any, name: str, admin: bool) -> str:
     return token
 
 
-def upgrade_database(settings: Any) -> None:
+def upgrade_database(settings: Settings) -> None:
     from services.store.migrate import upgrade
 
     upgrade(settings.database_url)
@@ -111,8 +113,9 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     rows = in_store("token list", lambda s: list_tokens(s, args.name, include_revoked=args.all))
     if isinstance(rows, Failed):
         return rows
-    for owner, prefix, created_at, revoked_at in rows:
-        line = f"{owner}\t{prefix}\t{created_at:%Y-%m-%d %H:%M:%S}"
+    for owner, prefix, created_at, revoked_at, last_used_at in rows:
+        used = f"used {last_used_at:%Y-%m-%d %H:%M}" if last_used_at else "never used"
+        line = f"{owner}\t{prefix}\t{created_at:%Y-%m-%d %H:%M:%S}\t{used}"
         if args.all:
             line += f"\trevoked {revoked_at:%Y-%m-%d %H:%M:%S}" if revoked_at else "\tlive"
         print(line)

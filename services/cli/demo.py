@@ -9,13 +9,16 @@ checkpoints are, then stops both processes. Exits non-zero unless the job succee
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.cli.common import load_spec
+from services.ports import free_port
+
+if TYPE_CHECKING:
+    from services.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO_ROOT / "examples" / "digits_small_cnn.yaml"
@@ -26,12 +29,6 @@ def register(commands: Any) -> None:
     demo.add_argument("--spec", default=str(DEFAULT_SPEC), help="job spec (default: %(default)s)")
     demo.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
     demo.set_defaults(func=cmd_demo)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -96,7 +93,7 @@ def _final_accuracy(client: Any, job: dict[str, Any]) -> float | None:
 
 
 def _report(
-    settings: Any,
+    settings: Settings,
     job: dict[str, Any],
     accuracy: float | None,
     checkpoints: list[dict[str, Any]],

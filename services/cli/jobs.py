@@ -16,6 +16,7 @@ from services.cli.common import (
     short_id,
 )
 from services.cli.output import (
+    cut,
     duration,
     epoch,
     grouped,
@@ -160,12 +161,8 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     if (left := eta(job)) is not None:
         fields.append(("eta", left))
-    exactness = job.get("exactness")
-    if isinstance(exactness, dict) and exactness.get("checked"):
-        verdict = "first window = big batch" if exactness.get("passed") else "NOT exact"
-        error = exactness.get("rel_error")
-        shown = f", rel. error {error:.2g}" if isinstance(error, int | float) else ""
-        fields.append(("exactness", f"{verdict}{shown}"))
+    if (line := exactness_line(job.get("exactness"))) is not None:
+        fields.append(("exactness", line))
     worker = job.get("worker") or {}
     if worker:
         fields.append(("worker", " ".join(str(v) for v in worker.values() if v)))
@@ -190,6 +187,22 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     names += sorted(n for n in latest if n not in names and n not in SKIPPED)
     fields += [(name, latest_value(job, name)) for name in names]
     return fields
+
+
+def exactness_line(check: Any) -> str | None:
+    """One line for the first-window check (``GET /v1/jobs/ID``'s ``exactness``): the verdict
+    and relative error, or why it did not run; None from servers without it."""
+    if not isinstance(check, dict):
+        return None
+    error, tolerance = check.get("rel_error"), check.get("tolerance")
+    shown = f", rel. error {error:.2g}" if isinstance(error, int | float) else ""
+    if check.get("passed"):
+        return f"first window = big batch{shown}"
+    if check.get("checked"):
+        bound = f" > {tolerance:g}" if isinstance(tolerance, int | float) and shown else ""
+        return f"NOT exact{shown}{bound} (cause: accum watch ID)"
+    note = str(check.get("note") or "not checked")
+    return cut(note.removeprefix("exactness check not run: "), 60)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -19,12 +19,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 import httpx
 
 from services.cli.admin import create_token, upgrade_database
 from services.cli.config import read_local_config, write_local_config
+
+if TYPE_CHECKING:
+    from services.settings import Settings
 
 LOCAL_OWNER = "local"
 READY_TIMEOUT_S = 60.0
@@ -65,7 +68,7 @@ class LocalService:
     `<log_dir>/<name>.log`.
     """
 
-    settings: Any
+    settings: Settings
     host: str = "127.0.0.1"
     port: int = 8000
     log_dir: Path | None = None

@@ -99,6 +99,9 @@ def cmd_api(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
+        # uvicorn would believe X-Forwarded-For from 127.0.0.1 by default; the app reads it
+        # itself, from ACCUM_FORWARDED_ALLOW_IPS only (services/api/client_address.py).
+        proxy_headers=False,
     )
     return 0
 

@@ -47,12 +47,16 @@ def effective_batch_size(spec: JobSpec, epoch: int = 0) -> int:
 
 
 def steps_per_epoch(spec: JobSpec, epoch: int, train_size: int | None = None) -> int:
-    """Optimizer steps in `epoch`, counting the short last window."""
+    """Optimizer steps in `epoch`, counting the short last window.
+
+    Raises ValueError when the size is not known before the data is read (your own data)."""
     size = (
         configured_dataset(spec.dataset.name, spec.dataset.options).train_size
         if train_size is None
         else train_size
     )
+    if size is None:
+        raise ValueError(f"dataset {spec.dataset.name!r} has no size until the worker reads it")
     per_rank = ceil(size / world_size(spec))
     micro, steps = micro_batch_size(spec), accumulation_at(spec, epoch)
     if micro is None or steps is None:
@@ -61,14 +65,17 @@ def steps_per_epoch(spec: JobSpec, epoch: int, train_size: int | None = None) ->
     return ceil(ceil(per_rank / micro) / steps)
 
 
-def total_optimizer_steps(spec: JobSpec, train_size: int | None = None) -> int:
+def total_optimizer_steps(spec: JobSpec, train_size: int | None = None) -> int | None:
     """Optimizer steps the whole run takes: `max_steps`, or the sum over its epochs.
 
-    `train_size` defaults to the catalog's size of the dataset's training split.
+    `train_size` defaults to the catalog's size of the dataset's training split; None when
+    that is unknown before the worker reads the data (your own data: the worker sets it).
     """
     if spec.max_steps is not None:
         return spec.max_steps
     assert spec.epochs is not None
+    if train_size is None and configured_dataset(spec.dataset.name, spec.dataset.options).train_size is None:
+        return None
     # Sum per schedule segment, not per epoch: epochs may be large, segments are few.
     starts = (
         sorted(int(e) for e in spec.accumulation_steps)

@@ -28,19 +28,34 @@ from pydantic import (
     model_validator,
 )
 
-from services.catalog import check_compatible, compatible_datasets
+from services.catalog import check_compatible, compatible_datasets, model_path
 from services.spec.errors import one_of, spec_error
-from services.spec.fields import SPEC_CONFIG, Bool, NonNegativeInt, PositiveFloat, PositiveInt
-from services.spec.parts import Optimizer, Scheduler, SchedulerSpec
+from services.spec.fields import (
+    MAX_STEPS,
+    SPEC_CONFIG,
+    Bool,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+)
+from services.spec.parts import InitFrom, Optimizer, Scheduler, SchedulerSpec
 from services.spec.refs import Dataset, Model
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("fail", "skip")  # accumcore.Trainer(on_nonfinite=...)
 PRIORITIES = ("low", "normal", "high")  # owners may lower theirs; only admins raise (the API)
+VERIFY_WINDOW_MODES = (True, False, "warn")  # accumcore.Trainer(verify_window=...)
 MAX_ACCUMULATION_STEPS = 65536
 MAX_MICRO_BATCH_SIZE = 1 << 20
 MAX_SEED = (1 << 63) - 1
-MAX_EPOCHS = 1_000_000
+# 10,000 passes over the data is more than any job this service is for; the run's optimizer
+# steps are bounded by MAX_STEPS (fields.py) besides, at submit (services.spec.limits).
+MAX_EPOCHS = 10_000
+MAX_KEEP_CHECKPOINTS = 100
+# The hard ceiling of max_restarts and gpus; the service's own (ACCUM_MAX_RESTARTS,
+# ACCUM_MAX_GPUS) are lower and checked at submit (services.spec.limits).
+MAX_RESTARTS = 100
+MAX_GPUS = 64
 # Steps and batch sizes are 32-bit INTEGER columns in the store (PostgreSQL refuses more,
 # SQLite would keep it): larger values are refused here, the same on both backends.
 MAX_STORED_INT = 2**31 - 1
@@ -48,6 +63,22 @@ QUEUE_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 MAX_QUEUE_LENGTH = 64
 MAX_NAME_LENGTH = 200
 AUTO = "auto"
+# A job's timeout: seconds, or a duration such as "90m", "12h", "7d". The service's own
+# maximum (and the default) is ACCUM_MAX_JOB_SECONDS, checked at submit; this is the ceiling.
+MAX_TIMEOUT_S = 30 * 24 * 3600
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _verify_window(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    if value is True or value is False or value == "warn":
+        return value
+    raise spec_error(
+        "not_allowed",
+        f"unknown verify_window {value!r}; choose one of: true (fail the job when the first "
+        "window's accumulated gradient is not the big batch's), \"warn\" (record it and train "
+        "on), false (no check)",
+        VERIFY_WINDOW_MODES,
+    )
 
 
 def _is_int(value: Any) -> bool:
@@ -146,6 +177,22 @@ def _queue(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     )
 
 
+def _timeout(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """Seconds as an int, from an int or a duration text ("45s", "90m", "12h", "7d")."""
+    if value is None:
+        return None
+    seconds = value if _is_int(value) else None
+    if isinstance(value, str) and (match := re.fullmatch(r"\s*(\d{1,9})\s*([smhd])\s*", value)):
+        seconds = int(match[1]) * _UNITS[match[2]]
+    if seconds is not None and 1 <= seconds <= MAX_TIMEOUT_S:
+        return seconds
+    raise spec_error(
+        "timeout",
+        f"timeout must be a duration from 1 s to {MAX_TIMEOUT_S // 86400} days: seconds, or text "
+        f'such as "90m", "12h", "7d" (default and maximum: ACCUM_MAX_JOB_SECONDS); got {value!r}',
+    )
+
+
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -160,7 +207,8 @@ class JobSpec(BaseModel):
     model: Model
     dataset: Dataset
     gpus: Annotated[
-        NonNegativeInt, Field(le=64, description="GPUs to train on (DDP when > 1); 0 = CPU")
+        NonNegativeInt,
+        Field(le=MAX_GPUS, description="GPUs to train on (DDP when > 1); 0 = CPU; see ACCUM_MAX_GPUS"),
     ] = 1
     micro_batch_size: Annotated[int | Literal["auto"], WrapValidator(_micro_batch)]
     accumulation_steps: Annotated[int | dict[str, int] | None, WrapValidator(_accumulation)] = None
@@ -168,7 +216,7 @@ class JobSpec(BaseModel):
         PositiveInt | None, Field(le=MAX_STORED_INT, validate_default=True)
     ] = None
     epochs: Annotated[PositiveInt, Field(le=MAX_EPOCHS)] | None = None
-    max_steps: Annotated[PositiveInt | None, Field(le=MAX_STORED_INT, validate_default=True)] = None
+    max_steps: Annotated[PositiveInt | None, Field(le=MAX_STEPS, validate_default=True)] = None
     optimizer: Optimizer
     scheduler: Scheduler = Field(default_factory=lambda: SchedulerSpec(name="none"))
     precision: Annotated[Literal["fp32", "bf16", "fp16"], one_of("precision", PRECISIONS)] = "fp32"
@@ -178,17 +226,35 @@ class JobSpec(BaseModel):
         one_of("on_nonfinite", NONFINITE_POLICIES),
         Field(description="a window with an inf/NaN loss or gradient: fail the job, or skip its step"),
     ] = "fail"
+    verify_window: Annotated[
+        bool | Literal["warn"],
+        WrapValidator(_verify_window),
+        Field(description="before the first step, compare the first window's accumulated "
+              "gradient with the big batch's (fp32, eval mode, relative tolerance 1e-6): true "
+              "fails the job when they differ, naming the cause; \"warn\" records it and trains "
+              "on; false skips the check"),
+    ] = True
     seed: Annotated[NonNegativeInt, Field(le=MAX_SEED)] = 0
     checkpoint_every: Annotated[
         PositiveInt, Field(le=MAX_STORED_INT, description="optimizer steps between checkpoints")
     ] = 100
-    keep_checkpoints: PositiveInt = 3
+    keep_checkpoints: Annotated[PositiveInt, Field(le=MAX_KEEP_CHECKPOINTS)] = 3
     eval_every: Annotated[
         PositiveInt | None,
         Field(le=MAX_STORED_INT, description="optimizer steps; null = each epoch end"),
     ] = None
     queue: Annotated[str, Field(pattern=QUEUE_PATTERN), WrapValidator(_queue)] = "default"
-    max_restarts: Annotated[NonNegativeInt, Field(le=100)] = 3
+    timeout: Annotated[
+        int | str | None,
+        WrapValidator(_timeout),
+        Field(
+            description="run time after which the job is checkpointed and fails (reason "
+            'timeout): seconds or "90m", "12h", "7d"; default and maximum ACCUM_MAX_JOB_SECONDS'
+        ),
+    ] = None
+    max_restarts: Annotated[
+        NonNegativeInt, Field(le=MAX_RESTARTS, description="at most ACCUM_MAX_RESTARTS (10)")
+    ] = 3
     priority: Annotated[
         Literal["low", "normal", "high"],
         one_of("priority", PRIORITIES),
@@ -197,6 +263,7 @@ class JobSpec(BaseModel):
     compile: Bool = False
     fast_path: Bool = True
     data_on_device: Bool = False
+    init_from: InitFrom | None = None
 
     @field_validator("dataset")
     @classmethod
@@ -204,7 +271,10 @@ class JobSpec(BaseModel):
         model = info.data.get("model")
         if model is None:  # the model failed validation and has its own error
             return dataset
-        reason = check_compatible(model.name, dataset.name)
+        try:
+            reason = check_compatible(model.name, dataset.name, dataset.options)
+        except ValueError:  # the dataset's options have their own error
+            return dataset
         if reason is None:
             return dataset
         # The catalog's reason already names the datasets and models that would work.
@@ -304,9 +374,22 @@ class JobSpec(BaseModel):
             self.name = f"{self.model.name}-{self.dataset.name}"
         return self
 
+    def local_paths(self) -> list[tuple[tuple[str, ...], str]]:
+        """(field path, path) of every local file or directory the job reads beside its
+        data_root: the API and the worker check each against the allowed data roots."""
+        paths = [(("dataset", "data_root"), self.dataset.data_root),
+                 (("model", "name"), model_path(self.model.name)),
+                 (("model", "weights"), self.model.options.get("weights")),
+                 (("init_from", "uri"), self.init_from.uri if self.init_from else None)]
+        return [(where, path) for where, path in paths if isinstance(path, str)]
+
     def normalised(self) -> dict[str, Any]:
         """JSON-ready spec with every default filled; `parse_spec` of it gives this spec back."""
-        data = self.model_dump(mode="json", exclude={"model", "dataset", "optimizer", "scheduler"})
+        data = self.model_dump(
+            mode="json", exclude={"model", "dataset", "optimizer", "scheduler", "init_from"}
+        )
+        if self.init_from is not None:
+            data["init_from"] = self.init_from.normalised()
         data["model"] = self.model.normalised()
         data["dataset"] = self.dataset.normalised()
         data["optimizer"] = self.optimizer.normalised()

@@ -9,6 +9,7 @@ from pydantic_core import PydanticCustomError
 
 from services.spec.errors import one_of, spec_error
 from services.spec.fields import (
+    MAX_STEPS,
     SPEC_CONFIG,
     Float,
     NonNegativeFloat,
@@ -23,6 +24,9 @@ DEFAULT_BETAS = (0.9, 0.999)
 DEFAULT_STEP_GAMMA = 0.1
 
 Beta = Annotated[Float, Field(ge=0, lt=1)]
+# Far above any learning rate that trains (SGD on a normalised net diverges well before);
+# a value above it is a typo (1e308) that would only turn the weights into inf.
+MAX_LR = 10.0
 
 
 def _only_for(field: str, owner: str, kind: str) -> PydanticCustomError:
@@ -38,7 +42,7 @@ class OptimizerSpec(BaseModel):
     model_config = SPEC_CONFIG
 
     name: Annotated[Literal["sgd", "adamw"], one_of("optimizer", OPTIMIZERS)]
-    lr: PositiveFloat
+    lr: Annotated[PositiveFloat, Field(le=MAX_LR)]
     momentum: Annotated[Float, Field(ge=0, lt=1)] | None = None
     weight_decay: NonNegativeFloat = 0.0
     betas: tuple[Beta, Beta] | None = None
@@ -70,8 +74,8 @@ class SchedulerSpec(BaseModel):
     model_config = SPEC_CONFIG
 
     name: Annotated[Literal["none", "cosine", "step"], one_of("scheduler", SCHEDULERS)]
-    warmup_steps: NonNegativeInt = 0
-    step_size: PositiveInt | None = None
+    warmup_steps: Annotated[NonNegativeInt, Field(le=MAX_STEPS)] = 0
+    step_size: Annotated[PositiveInt, Field(le=MAX_STEPS)] | None = None
     gamma: Annotated[PositiveFloat, Field(le=1)] | None = None
 
     @model_validator(mode="after")
@@ -104,3 +108,37 @@ Optimizer = OptimizerSpec
 Scheduler = Annotated[
     SchedulerSpec, BeforeValidator(_name_to_object, json_schema_input_type=str | SchedulerSpec)
 ]
+
+
+class InitFrom(BaseModel):
+    """Warm start: weights loaded before training. `{"job": ID, "step": K}` (one of your own
+    jobs' checkpoints; the latest when `step` is left out) or `{"uri": "/path/model.pt"}` (a
+    file under a data root: a checkpoint, or a plain state dict). `strict: false` loads what
+    matches and reports missing and unexpected keys in an event."""
+
+    model_config = SPEC_CONFIG
+
+    job: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    step: PositiveInt | None = None
+    uri: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    strict: bool = True
+
+    @model_validator(mode="after")
+    def _job_or_uri(self) -> Self:
+        if (self.job is None) == (self.uri is None):
+            raise spec_error(
+                "exactly_one",
+                'init_from needs exactly one of job (e.g. {"job": "<id>", "step": 100}) or uri '
+                '(e.g. {"uri": "/datasets/weights/model.pt"})',
+            )
+        if self.step is not None and self.job is None:
+            raise _only_for("step", "job", "init_from")
+        if self.uri is not None and not self.uri.startswith("/"):
+            raise spec_error(
+                "init_from_uri",
+                f"init_from.uri must be an absolute path to a file under a data root; got {self.uri!r}",
+            )
+        return self
+
+    def normalised(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)

@@ -20,7 +20,7 @@ def _check_options(kind: str, name: str, options: Mapping[str, Any]) -> None:
     if not options:
         return
     if reason := catalog.check_options(kind, name, options):
-        entry = catalog.MODELS[name] if kind == "model" else catalog.DATASETS[name]
+        entry = catalog.require_model(name) if kind == "model" else catalog.require_dataset(name)
         raise spec_error("unknown_option", reason, list(entry.options))
     # The catalog owns option ranges (the same checks `build_model` and `build_dataset` make).
     configured = catalog.configured_model if kind == "model" else catalog.configured_dataset
@@ -51,7 +51,9 @@ class ModelRef(BaseModel):
 
 
 class DatasetRef(BaseModel):
-    """A catalog dataset; `data_root` (default: the worker's data directory), `download`."""
+    """A catalog dataset; `data_root` (default: the worker's data directory), `download`.
+
+    Your own data (`imagefolder`, `files`, `hf_disk`) needs its `data_root`."""
 
     model_config = _REF_CONFIG
 
@@ -66,6 +68,12 @@ class DatasetRef(BaseModel):
     @model_validator(mode="after")
     def _known_options(self) -> Self:
         _check_options("dataset", self.name, self.options)
+        if self.data_root is None and self.name in catalog.OWN_DATASETS:
+            raise spec_error(
+                "missing_data_root",
+                f"dataset {self.name!r} reads your data: give data_root, a directory inside an "
+                "allowed data root",
+            )
         return self
 
     def normalised(self) -> dict[str, Any]:
@@ -77,17 +85,21 @@ class DatasetRef(BaseModel):
         }
 
 
-def _named(kind: str, entries: Mapping[str, Any]) -> Callable[[Any], Any]:
-    """Accept `"mlp"` for `{"name": "mlp"}` and reject names not in the catalog's `entries`
-    at the field itself (read at validation time)."""
+def _named(kind: str, require: Callable[[str], Any]) -> Callable[[Any], Any]:
+    """Accept `"mlp"` for `{"name": "mlp"}` and reject names this node does not serve at the
+    field itself, listing what it serves (`catalog.served_names`)."""
 
     def convert(value: Any) -> Any:
         if isinstance(value, str):
             value = {"name": value}
         if isinstance(value, Mapping) and isinstance(value.get("name"), str):
-            known = sorted(entries)
-            if value["name"] not in known:
-                raise not_allowed(kind, value["name"], known)
+            try:
+                require(value["name"])
+            except ValueError as exc:
+                allowed = catalog.served_names(kind)
+                if ":" not in value["name"]:
+                    raise not_allowed(kind, value["name"], allowed) from None
+                raise spec_error("not_allowed", str(exc), allowed) from None
         return value
 
     return convert
@@ -95,9 +107,9 @@ def _named(kind: str, entries: Mapping[str, Any]) -> Callable[[Any], Any]:
 
 Model = Annotated[
     ModelRef,
-    BeforeValidator(_named("model", catalog.MODELS), json_schema_input_type=str | ModelRef),
+    BeforeValidator(_named("model", catalog.require_model), json_schema_input_type=str | ModelRef),
 ]
 Dataset = Annotated[
     DatasetRef,
-    BeforeValidator(_named("dataset", catalog.DATASETS), json_schema_input_type=str | DatasetRef),
+    BeforeValidator(_named("dataset", catalog.require_dataset), json_schema_input_type=str | DatasetRef),
 ]

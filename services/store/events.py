@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from services.store.models import JobEvent
@@ -41,3 +41,59 @@ def list_events(
     if after_id is not None:
         query = query.where(JobEvent.id > after_id)
     return list(session.scalars(query.order_by(JobEvent.id).limit(limit)))
+
+
+def latest_event(session: Session, job_id: str, kind: str) -> JobEvent | None:
+    """The job's newest event of ``kind`` (e.g. the attempt's ``exactness_check``), or None."""
+    query = select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == kind)
+    return session.scalars(query.order_by(JobEvent.id.desc()).limit(1)).first()
+
+
+TRANSITION_KINDS = (
+    "created", "started", "cancel_requested", "cancelled", "succeeded", "failed", "resumed",
+    "requeued", "lease_expired",
+)
+
+
+def failure_reason(error: dict[str, Any] | None) -> str:
+    """A failed job's cause as a short label: the service's own reason (timeout, poison), a
+    lost worker past max_restarts, a diverged run, or any other error."""
+    error = error or {}
+    if error.get("reason"):
+        return str(error["reason"])
+    return {"LeaseExpired": "lease_expired", "NonFiniteError": "nonfinite"}.get(
+        str(error.get("type")), "error"
+    )
+
+
+def lifecycle_counts(session: Session) -> dict[str, dict[str, int]]:
+    """Totals for Prometheus counters, read from the event log (every process writes it, so it
+    counts what workers and reapers did too): events by kind, restarts by cause
+    (``lease_expired`` or ``worker_shutdown``), lease expiries by whether the lost attempt had
+    written a checkpoint, failures by ``failure_reason``."""
+    by_kind = dict.fromkeys(TRANSITION_KINDS, 0)
+    for kind, count in session.execute(
+        select(JobEvent.kind, func.count())
+        .where(JobEvent.kind.in_(TRANSITION_KINDS))
+        .group_by(JobEvent.kind)
+    ):
+        by_kind[kind] = count
+    restarts = {"lease_expired": 0, "worker_shutdown": 0}
+    expiries = {"no_progress": 0, "after_checkpoint": 0}
+    failures: dict[str, int] = {}
+    rows = session.execute(
+        select(JobEvent.kind, JobEvent.data).where(
+            JobEvent.kind.in_(("requeued", "lease_expired", "failed"))
+        )
+    )
+    for kind, data in rows:
+        data = data or {}
+        if kind == "requeued":
+            restarts["worker_shutdown" if data.get("reason") == "worker_shutdown" else "lease_expired"] += 1
+        elif kind == "lease_expired":
+            expiries["no_progress" if data.get("no_progress") else "after_checkpoint"] += 1
+        else:
+            reason = failure_reason(data.get("error"))
+            failures[reason] = failures.get(reason, 0) + 1
+    return {"transitions": by_kind, "restarts": restarts, "lease_expiries": expiries,
+            "failures": failures}

@@ -20,15 +20,9 @@ from services.store.cursors import decode_cursor, encode_cursor
 from services.store.dialect import insert_for
 from services.store.errors import IdempotencyConflict, JobStateError
 from services.store.events import add_event
-from services.store.models import (
-    FINISHED_STATUSES,
-    JOB_STATUSES,
-    Checkpoint,
-    Job,
-    JobEvent,
-    Owner,
-)
+from services.store.models import Checkpoint, Job, JobEvent, Owner
 from services.store.quotas import confirm_under_cap, near_cap
+from services.store.status import ALL, FINISHED, JobStatus
 from services.store.types import new_id, utcnow
 
 # Core statements on the tables, built once: values come as parameters, so each call skips
@@ -74,7 +68,7 @@ def create_job(
         spec=spec,
         spec_hash=digest,
         idempotency_key=idempotency_key,
-        status="queued",
+        status=JobStatus.QUEUED,
         queue=queue,
         attempts=0,
         restarts=0,
@@ -176,8 +170,8 @@ def list_jobs(
     if not owner.is_admin:
         query = query.where(Job.owner_id == owner.id)
     if status is not None:
-        if status not in JOB_STATUSES:
-            raise ValueError(f"unknown status {status!r}; use one of {', '.join(JOB_STATUSES)}")
+        if status not in ALL:
+            raise ValueError(f"unknown status {status!r}; use one of {', '.join(JobStatus)}")
         query = query.where(Job.status == status)
     if cursor is not None:
         (after_id,) = decode_cursor(cursor, (str,))
@@ -208,15 +202,19 @@ def request_cancel(session: Session, job: Job) -> Job:
     Does not commit.
     """
     now = utcnow()
-    if _transition(session, job, ("queued",), status="cancelled", finished_at=now):
+    if _transition(session, job, (JobStatus.QUEUED,), status=JobStatus.CANCELLED, finished_at=now):
         add_event(session, job.id, "cancelled", "cancelled before it started", attempt=job.attempts)
         return job
-    if _transition(session, job, ("running",), status="cancelling"):
+    if _transition(session, job, (JobStatus.RUNNING,), status=JobStatus.CANCELLING):
         add_event(session, job.id, "cancel_requested", "cancel requested", attempt=job.attempts)
         return job
-    if job.status == "cancelling":
+    if job.status == JobStatus.CANCELLING:
         return job
-    raise JobStateError(job.id, job.status, "cancel", ("queued", "running"))
+    raise JobStateError(job.id, job.status, "cancel", (JobStatus.QUEUED, JobStatus.RUNNING))
+
+
+# What ``POST /resume`` re-queues (a ``succeeded`` job has nothing left to train).
+RESUMABLE = (JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 def request_resume(session: Session, job: Job, max_active_jobs: int | None = None) -> Job:
@@ -230,8 +228,8 @@ def request_resume(session: Session, job: Job, max_active_jobs: int | None = Non
     if not _transition(
         session,
         job,
-        ("failed", "cancelled"),
-        status="queued",
+        RESUMABLE,
+        status=JobStatus.QUEUED,
         resume_step=latest,
         restarts=0,
         error=None,
@@ -240,7 +238,7 @@ def request_resume(session: Session, job: Job, max_active_jobs: int | None = Non
         lease_expires_at=None,
         enqueued_at=utcnow(),  # the caller enqueues after the commit
     ):
-        raise JobStateError(job.id, job.status, "resume", ("failed", "cancelled"))
+        raise JobStateError(job.id, job.status, "resume", RESUMABLE)
     add_event(
         session,
         job.id,
@@ -258,4 +256,4 @@ def request_resume(session: Session, job: Job, max_active_jobs: int | None = Non
 
 
 def is_finished(job: Job) -> bool:
-    return job.status in FINISHED_STATUSES
+    return job.status in FINISHED

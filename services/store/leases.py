@@ -23,8 +23,9 @@ from sqlalchemy.orm import Session
 
 from services.store.attempts import close_attempt, open_attempt
 from services.store.events import add_event
-from services.store.models import ACTIVE_STATUSES, FINISHED_STATUSES, Checkpoint, Job
+from services.store.models import Checkpoint, Job, JobEvent
 from services.store.nonfinite import json_safe
+from services.store.status import ACTIVE, FINISHED, JobStatus, ordered, resume_hint
 from services.store.types import utcnow
 
 
@@ -41,9 +42,14 @@ def claim_job(
     lease_timeout_s: float,
     now: datetime | None = None,
     worker_name: str | None = None,
+    poison_after: int = 2,
 ) -> Job | None:
     """Take the job for ``worker_id``; returns it (status ``running``) or None if not claimable.
     ``worker_name`` (the worker's Celery node name) is recorded on the job and its attempt.
+
+    A takeover that would be the next attempt of a poison job (``poison_after`` lost attempts
+    in a row without a checkpoint, this one included: ``reap_expired_leases``) is refused,
+    so the reaper fails it with the cause instead.
 
     Claimable: ``queued``, or ``running`` with an expired lease and restarts left (a takeover
     from a dead worker: counts as a restart, resumes from the latest checkpoint). A cancelled,
@@ -53,7 +59,7 @@ def claim_job(
     """
     now = now or utcnow()
     values: dict[str, Any] = dict(
-        status="running",
+        status=JobStatus.RUNNING,
         attempts=Job.attempts + 1,
         lease_owner=worker_id,
         lease_expires_at=now + timedelta(seconds=lease_timeout_s),
@@ -66,12 +72,22 @@ def claim_job(
         error=None,
         updated_at=now,
     )
-    claimed = _claim_where(session, job_id, Job.status == "queued", values)
+    claimed = _claim_where(session, job_id, Job.status == JobStatus.QUEUED, values)
     previous_host = None
     if claimed is None:
-        previous_host = session.scalar(select(Job.worker_host).where(Job.id == job_id))
+        row = session.execute(
+            select(Job.worker_host, Job.attempts, Job.resume_step,
+                   _latest_checkpoint_step().label("latest")).where(Job.id == job_id)
+        ).one_or_none()
+        if row is None:
+            return None
+        previous_host = row.worker_host
+        no_progress = row.latest == row.resume_step
+        lost = 1 + _lost_in_a_row(session, job_id, row.attempts) if no_progress else 0
+        if poison_after and lost >= poison_after:
+            return None  # not another attempt: the reaper fails it as poison, with the cause
         expired = and_(
-            Job.status == "running", Job.lease_expires_at < now, Job.restarts < Job.max_restarts
+            Job.status == JobStatus.RUNNING, Job.lease_expires_at < now, Job.restarts < Job.max_restarts
         )
         takeover = dict(values, restarts=Job.restarts + 1, resume_step=_latest_checkpoint_step())
         claimed = _claim_where(session, job_id, expired, takeover)
@@ -82,7 +98,7 @@ def claim_job(
             job_id,
             "lease_expired",
             f"lease of {previous_host or 'unknown host'} expired; taken over by {host}",
-            {"host": previous_host},
+            {"host": previous_host, "no_progress": no_progress},
             attempt=claimed.attempts - 1,
         )
         close_attempt(session, job_id, claimed.attempts - 1, "lost", now)
@@ -125,7 +141,7 @@ def renew_lease(
     now = now or utcnow()
     return session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(ACTIVE_STATUSES))
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(ordered(ACTIVE)))
         .values(lease_expires_at=now + timedelta(seconds=lease_timeout_s), heartbeat_at=now)
         .returning(Job.status)
         .execution_options(synchronize_session=False)
@@ -154,7 +170,7 @@ def update_progress(
     merged_metrics = {**(current.latest_metrics or {}), **json_safe(latest_metrics or {})}
     query = update(Job).where(Job.id == job_id)
     if worker_id is not None:
-        query = query.where(Job.lease_owner == worker_id, Job.status.in_(ACTIVE_STATUSES))
+        query = query.where(Job.lease_owner == worker_id, Job.status.in_(ordered(ACTIVE)))
     result = session.execute(
         query.values(
             progress=merged_progress, latest_metrics=merged_metrics, updated_at=utcnow()
@@ -176,19 +192,19 @@ def finish_job(
     nothing) when ``worker_id`` no longer holds the lease. Writes the outcome's event.
     Does not commit.
     """
-    if status not in FINISHED_STATUSES:
+    if status not in FINISHED:
         raise ValueError(
-            f"finish status must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}"
+            f"finish status must be one of {', '.join(ordered(FINISHED))}, got {status!r}"
         )
-    if status == "failed" and not (error and "type" in error and "message" in error):
+    if status == JobStatus.FAILED and not (error and "type" in error and "message" in error):
         raise ValueError('a failed job needs error={"type": ..., "message": ...}')
     now = now or utcnow()
     attempt = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(ACTIVE_STATUSES))
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(ordered(ACTIVE)))
         .values(
             status=status,
-            error=error if status == "failed" else None,
+            error=error if status == JobStatus.FAILED else None,
             finished_at=now,
             lease_owner=None,
             lease_expires_at=None,
@@ -200,7 +216,8 @@ def finish_job(
     if attempt is None:
         return False
     close_attempt(session, job_id, attempt, status, now)
-    message = {"succeeded": "succeeded", "cancelled": "cancelled by request"}.get(
+    messages: dict[str, str] = {JobStatus.SUCCEEDED: "succeeded", JobStatus.CANCELLED: "cancelled by request"}
+    message = messages.get(
         status, f"{(error or {}).get('type')}: {(error or {}).get('message')}"
     )
     add_event(session, job_id, status, message, {"error": error} if error else {}, attempt=attempt)
@@ -219,9 +236,9 @@ def hand_back_job(
     now = now or utcnow()
     moved = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status == "running")
+        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status == JobStatus.RUNNING)
         .values(
-            status="queued",
+            status=JobStatus.QUEUED,
             resume_step=_latest_checkpoint_step(),
             lease_owner=None,
             lease_expires_at=None,
@@ -246,13 +263,61 @@ def hand_back_job(
     return str(moved.queue)
 
 
+def _poison_error(
+    session: Session, job_id: str, attempt: int, lost: int, host: str | None, progress: Any
+) -> dict[str, Any]:
+    """Why a job is stopped as poison: how many attempts died without a checkpoint, at which
+    step, and the last thing the last of them recorded (its last event)."""
+    last = session.scalars(
+        select(JobEvent)
+        .where(JobEvent.job_id == job_id, JobEvent.attempt == attempt)
+        .order_by(JobEvent.id.desc())
+        .limit(1)
+    ).first()
+    cause = f"{last.kind}: {last.message}" if last is not None else "none recorded"
+    step = (progress or {}).get("optimizer_step", 0)
+    return {
+        "type": "PoisonJob",
+        "reason": "poison",
+        "last_event": cause,
+        "message": (
+            f"{lost} attempts in a row died without writing a checkpoint (the last on host "
+            f"{host or 'unknown'}, at optimizer step {step}; its last event: {cause}): a job "
+            "that kills its worker (out of memory, a crash in native code) would take down one "
+            "worker per restart, so it is not restarted again. Fix the cause (a smaller "
+            f"micro_batch_size, model or dataset option), then POST /v1/jobs/{job_id}/resume"
+        ),
+    }
+
+
+def _lost_in_a_row(session: Session, job_id: str, attempt: int) -> int:
+    """How many attempts just before ``attempt`` were lost without progress, in a row (from
+    the ``no_progress`` their ``lease_expired`` events recorded)."""
+    lost = session.execute(
+        select(JobEvent.attempt, JobEvent.data)
+        .where(JobEvent.job_id == job_id, JobEvent.kind == "lease_expired",
+               JobEvent.attempt < attempt)
+        .order_by(JobEvent.attempt.desc())
+    ).all()
+    count, expected = 0, attempt - 1
+    for previous, data in lost:
+        if previous != expected or not (data or {}).get("no_progress"):
+            break
+        count, expected = count + 1, expected - 1
+    return count
+
+
 def reap_expired_leases(
-    session: Session, now: datetime | None = None
+    session: Session, now: datetime | None = None, poison_after: int = 2
 ) -> tuple[list[str], list[str]]:
     """Handle every active job whose lease expired before ``now`` (its worker died).
 
     ``running`` with restarts left -> ``queued`` (restarts + 1, ``resume_step`` = latest
     checkpoint; the next claim counts the new attempt): enqueue these ids after the commit.
+    ``running`` whose last ``poison_after`` attempts (this one included; 0: never) were all
+    lost without a new checkpoint -> ``failed`` with reason ``poison`` and the last known
+    cause, whatever restarts are left: a job that kills its worker (the kernel's OOM killer)
+    would otherwise take one down per restart.
     ``running`` with no restarts left -> ``failed`` with the reason.
     ``cancelling`` -> ``cancelled`` (the cancel was requested; nothing more to run).
     Returns ``(requeued_ids, failed_ids)``. Safe to run in many processes at once: each job
@@ -261,32 +326,42 @@ def reap_expired_leases(
     """
     now = now or utcnow()
     expired = session.execute(
-        select(Job.id, Job.status, Job.attempts, Job.restarts, Job.max_restarts, Job.worker_host)
-        .where(Job.status.in_(ACTIVE_STATUSES), Job.lease_expires_at < now)
+        select(Job.id, Job.status, Job.attempts, Job.restarts, Job.max_restarts, Job.worker_host,
+               Job.resume_step, _latest_checkpoint_step().label("latest"), Job.progress)
+        .where(Job.status.in_(ordered(ACTIVE)), Job.lease_expires_at < now)
         .order_by(Job.id)
     ).all()
     requeued: list[str] = []
     failed: list[str] = []
-    for job_id, status, attempt, restarts, max_restarts, host in expired:
-        if status == "cancelling":
-            target: dict[str, Any] = {"status": "cancelled", "finished_at": now}
+    for job_id, status, attempt, restarts, max_restarts, host, started_from, latest, progress in expired:
+        # This attempt wrote no checkpoint past the one it started from: it got nowhere.
+        no_progress = latest == started_from
+        lost = 1 + _lost_in_a_row(session, job_id, attempt) if no_progress else 0
+        if status == JobStatus.CANCELLING:
+            target: dict[str, Any] = {"status": JobStatus.CANCELLED, "finished_at": now}
+        elif poison_after and lost >= poison_after:
+            target = {
+                "status": JobStatus.FAILED,
+                "finished_at": now,
+                "error": _poison_error(session, job_id, attempt, lost, host, progress),
+            }
         elif restarts < max_restarts:
             target = {
-                "status": "queued",
+                "status": JobStatus.QUEUED,
                 "restarts": Job.restarts + 1,
                 "resume_step": _latest_checkpoint_step(),
                 "enqueued_at": now,  # the reaper enqueues it right after the commit
             }
         else:
             target = {
-                "status": "failed",
+                "status": JobStatus.FAILED,
                 "finished_at": now,
                 "error": {
                     "type": "LeaseExpired",
                     "message": (
                         f"the worker stopped renewing its lease (last host {host or 'unknown'}) "
                         f"and the job already restarted {restarts} times (max_restarts="
-                        f"{max_restarts}); fix the cause, then POST /v1/jobs/{job_id}/resume"
+                        f"{max_restarts}); fix the cause, then {resume_hint(job_id)}"
                     ),
                 },
             }
@@ -305,10 +380,10 @@ def reap_expired_leases(
             job_id,
             "lease_expired",
             f"lease of {host or 'unknown host'} expired",
-            {"host": host},
+            {"host": host, "no_progress": no_progress},
             attempt=attempt,
         )
-        if moved.status == "queued":
+        if moved.status == JobStatus.QUEUED:
             requeued.append(job_id)
             add_event(
                 session,
@@ -323,7 +398,7 @@ def reap_expired_leases(
                 {"resume_step": moved.resume_step, "restart": restarts + 1},
                 attempt=attempt,
             )
-        elif moved.status == "failed":
+        elif moved.status == JobStatus.FAILED:
             failed.append(job_id)
             add_event(
                 session,
@@ -352,7 +427,7 @@ def stale_queued_jobs(
     """
     now = now or utcnow()
     is_stale = and_(
-        Job.status == "queued",
+        Job.status == JobStatus.QUEUED,
         (Job.enqueued_at.is_(None)) | (Job.enqueued_at < older_than),
     )
     stale = select(Job.id).where(is_stale).order_by(Job.id).limit(limit)

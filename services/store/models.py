@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from services.store.status import JobStatus
 from services.store.types import UTCDateTime, new_id, utcnow
 
 # Named constraints: Alembic's batch mode on SQLite can only alter constraints with names.
@@ -37,9 +38,6 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
-ACTIVE_STATUSES = ("running", "cancelling")  # a worker holds the lease
-FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
 
 
 class Base(DeclarativeBase):
@@ -67,6 +65,8 @@ class ApiToken(Base):
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # When a request last presented it, to the minute (tokens.LAST_USED_RESOLUTION_S).
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class Job(Base):
@@ -82,7 +82,7 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("owner_id", "idempotency_key"),
         CheckConstraint(
-            "status IN ('queued', 'running', 'cancelling', 'succeeded', 'failed', 'cancelled')",
+            f"status IN ({', '.join(repr(str(status)) for status in JobStatus)})",
             name="status",
         ),
         Index("ix_jobs_owner_id_id", "owner_id", "id"),
@@ -100,7 +100,7 @@ class Job(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     spec_hash: Mapped[str] = mapped_column(String(64))
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value)
     queue: Mapped[str] = mapped_column(String(100), default="default")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     restarts: Mapped[int] = mapped_column(Integer, default=0)

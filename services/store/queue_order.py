@@ -2,7 +2,7 @@
 jobs per queue.
 
 Priorities are stored as numbers (``PRIORITIES``), higher first. The broker delivers higher
-priorities first where it can (Redis: ``services.worker.priority``); a queued job's place in
+priorities first where it can (Redis: ``services.dispatch.priority``); a queued job's place in
 line counts the queued jobs of its queue that go before it: higher priority, or the same
 priority and submitted earlier.
 
@@ -19,7 +19,8 @@ import zlib
 from sqlalchemy import and_, func, or_, select, text
 from sqlalchemy.orm import Session
 
-from services.store.models import ACTIVE_STATUSES, Job
+from services.store.models import Job
+from services.store.status import ACTIVE, JobStatus, ordered
 
 PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}
@@ -30,7 +31,7 @@ def queue_position(session: Session, job: Job) -> int:
     ahead = session.scalar(
         select(func.count()).select_from(Job).where(
             Job.queue == job.queue,
-            Job.status == "queued",
+            Job.status == JobStatus.QUEUED,
             or_(Job.priority > job.priority, and_(Job.priority == job.priority, Job.id < job.id)),
         )
     )
@@ -53,7 +54,7 @@ def held_by_running_cap(session: Session, job_id: str, cap: int) -> bool:
     if cap <= 0:
         return False
     row = session.execute(
-        select(Job.owner_id, Job.queue).where(Job.id == job_id, Job.status == "queued")
+        select(Job.owner_id, Job.queue).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
     ).one_or_none()
     if row is None:
         return False
@@ -63,7 +64,7 @@ def held_by_running_cap(session: Session, job_id: str, cap: int) -> bool:
     running = session.scalar(
         select(func.count()).select_from(Job).where(
             Job.owner_id == row.owner_id, Job.queue == row.queue,
-            Job.status.in_(ACTIVE_STATUSES), Job.id != job_id,
+            Job.status.in_(ordered(ACTIVE)), Job.id != job_id,
         )
     )
     return int(running or 0) >= cap
@@ -77,7 +78,7 @@ def next_in_line(session: Session, job_id: str) -> tuple[str, str, int] | None:
     ).one()
     row = session.execute(
         select(Job.id, Job.queue, Job.priority)
-        .where(Job.owner_id == owner_id, Job.queue == queue, Job.status == "queued")
+        .where(Job.owner_id == owner_id, Job.queue == queue, Job.status == JobStatus.QUEUED)
         .order_by(Job.priority.desc(), Job.id)
         .limit(1)
     ).one_or_none()

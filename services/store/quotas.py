@@ -21,9 +21,9 @@ from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from services.store.errors import ActiveJobCapReached
-from services.store.models import ACTIVE_STATUSES, Job
+from services.store.models import Job
+from services.store.status import UNFINISHED, ordered
 
-UNFINISHED_STATUSES = ("queued", *ACTIVE_STATUSES)
 # Places left below which a submit counts again under the lock (see the module docstring).
 NEAR_CAP = 64
 # Namespace of the two-key advisory locks (a key space apart from the one-key locks that
@@ -33,7 +33,7 @@ _OWNER_JOBS_LOCK = 0x61636371
 # ORM's statement handling and hits the compiled-statement cache.
 _LOCK = text("SELECT pg_advisory_xact_lock(:space, :owner)")
 _UNFINISHED = select(Job.id).where(
-    Job.owner_id == bindparam("owner"), Job.status.in_(UNFINISHED_STATUSES)
+    Job.owner_id == bindparam("owner"), Job.status.in_(ordered(UNFINISHED))
 )
 _COUNT = select(func.count()).select_from(_UNFINISHED.subquery())
 # A bounded scan: an owner far past the cap costs no more than one at it.

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session, make_transient_to_detached
@@ -17,8 +18,16 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 from services.store.models import ApiToken, Owner
 from services.store.types import utcnow
 
+# Owner names are shown in tables, logs and file names, and passed on command lines: no
+# spaces, newlines or control characters (one with a newline broke `accum token list`).
+OWNER_NAME_PATTERN = r"[A-Za-z0-9._-]{1,64}"
 TOKEN_PREFIX = "accum_"
 PREFIX_LENGTH = 12  # "accum_" + 6 characters: enough to tell tokens apart in a listing
+# `last_used_at` is written at most once a minute per token: a write on every request would
+# cost every GET a transaction commit (and on SQLite the write lock).
+LAST_USED_RESOLUTION_S = 60
+# Set in ``session.info`` when `authenticate` wrote `last_used_at`: the caller commits it.
+TOUCHED = "accum_token_touched"
 
 
 def hash_token(token: str) -> str:
@@ -32,8 +41,11 @@ def create_owner_with_token(session: Session, name: str, admin: bool = False) ->
     The clear-text token is returned once and never stored. Does not commit.
     """
     name = name.strip()
-    if not name:
-        raise ValueError("owner name must not be empty; e.g. `accum token create alice`")
+    if not re.fullmatch(OWNER_NAME_PATTERN, name):
+        raise ValueError(
+            f"owner name {name[:80]!r} is not allowed: use 1 to 64 letters, digits, '.', '_' "
+            "or '-'; e.g. `accum token create alice`"
+        )
     owner = session.scalar(select(Owner).where(Owner.name == name))
     if owner is None:
         owner = Owner(name=name, is_admin=admin)
@@ -52,17 +64,20 @@ def create_owner_with_token(session: Session, name: str, admin: bool = False) ->
 # Every API request runs this: built once, run on the session's connection as Core (no ORM
 # statement handling or row loading), it costs about half what the ORM query did.
 _AUTHENTICATE = (
-    select(ApiToken.token_hash, Owner.id, Owner.name, Owner.is_admin, Owner.created_at)
+    select(ApiToken.id.label("token_id"), ApiToken.token_hash, ApiToken.last_used_at,
+           Owner.id, Owner.name, Owner.is_admin, Owner.created_at)
     .join(Owner, Owner.id == ApiToken.owner_id)
     .where(ApiToken.token_hash == bindparam("digest"), ApiToken.revoked_at.is_(None))
 )
 
 
 def authenticate(session: Session, token: str) -> Owner | None:
-    """The owner of ``token`` (detached, its attributes loaded), or None. Read-only.
+    """The owner of ``token`` (detached, its attributes loaded), or None.
 
     The lookup is by sha256 (an attacker learns nothing from index timing about a hash of a
-    guess), then the stored hash is compared in constant time.
+    guess), then the stored hash is compared in constant time. When the token's
+    ``last_used_at`` is older than a minute it is updated on ``session`` and
+    ``session.info[TOUCHED]`` is set: the caller commits (nothing else is written).
     """
     if not token:
         return None
@@ -70,6 +85,10 @@ def authenticate(session: Session, token: str) -> Owner | None:
     row = session.connection().execute(_AUTHENTICATE, {"digest": digest}).first()
     if row is None or not hmac.compare_digest(row.token_hash, digest):
         return None
+    now = utcnow()
+    if row.last_used_at is None or now - row.last_used_at >= timedelta(seconds=LAST_USED_RESOLUTION_S):
+        session.execute(update(ApiToken).where(ApiToken.id == row.token_id).values(last_used_at=now))
+        session.info[TOUCHED] = True
     owner = Owner(id=row.id, name=row.name, is_admin=row.is_admin, created_at=row.created_at)
     make_transient_to_detached(owner)  # as if loaded: reading an attribute never queries
     return owner
@@ -90,19 +109,20 @@ def owner_names(session: Session, owner_ids: set[int]) -> dict[int, str]:
 
 def list_tokens(
     session: Session, owner_name: str | None = None, include_revoked: bool = False
-) -> list[tuple[str, str, datetime, datetime | None]]:
-    """``(owner name, prefix, created_at, revoked_at)`` of every live token (one owner's with
-    ``owner_name``; revoked ones too with ``include_revoked``), oldest first. Only the prefix
-    is known: the clear text was shown once, at creation."""
-    query = select(Owner.name, ApiToken.prefix, ApiToken.created_at, ApiToken.revoked_at).join(
-        Owner, Owner.id == ApiToken.owner_id
-    )
+) -> list[tuple[str, str, datetime, datetime | None, datetime | None]]:
+    """``(owner name, prefix, created_at, revoked_at, last_used_at)`` of every live token (one
+    owner's with ``owner_name``; revoked ones too with ``include_revoked``), oldest first. Only
+    the prefix is known: the clear text was shown once, at creation. ``last_used_at`` is to the
+    minute (None: never used)."""
+    query = select(
+        Owner.name, ApiToken.prefix, ApiToken.created_at, ApiToken.revoked_at, ApiToken.last_used_at
+    ).join(Owner, Owner.id == ApiToken.owner_id)
     if owner_name is not None:
         query = query.where(Owner.name == owner_name)
     if not include_revoked:
         query = query.where(ApiToken.revoked_at.is_(None))
     rows = session.execute(query.order_by(ApiToken.id))
-    return [(name, prefix, created, revoked) for name, prefix, created, revoked in rows]
+    return [(name, prefix, created, revoked, used) for name, prefix, created, revoked, used in rows]
 
 
 def revoke_token(session: Session, token_or_prefix: str, owner_id: int | None = None) -> int:

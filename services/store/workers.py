@@ -18,7 +18,8 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from services.store.dialect import insert_for
-from services.store.models import ACTIVE_STATUSES, Job, Worker
+from services.store.models import Job, Worker
+from services.store.status import ACTIVE, ordered
 from services.store.types import utcnow
 
 WORKER_STATES = ("idle", "busy", "lost", "stopped")
@@ -88,7 +89,7 @@ def list_workers(
     running = dict(
         session.execute(
             select(Job.worker_name, Job.id).where(
-                Job.status.in_(ACTIVE_STATUSES), Job.worker_name.in_([r.name for r in rows])
+                Job.status.in_(ordered(ACTIVE)), Job.worker_name.in_([r.name for r in rows])
             )
         ).all()
     )

@@ -1,6 +1,7 @@
 """accum's Celery GPU worker: turns queued jobs into trained models.
 
-Torch-free at import (the API imports ``app``, ``enqueue`` and ``reaper``); the runner and
-everything that imports torch are loaded inside the task. Start one with
-``accum worker --queues default`` or ``python -m services.worker --queues default``.
+Start one with ``accum worker --queues default`` or ``python -m services.worker --queues
+default``. The API never imports this package: what both need (broker configuration, the
+enqueue path, the lease reaper) lives in ``services.dispatch``. Torch is imported by the
+attempt's training modules, which ``runner.train`` loads when a job starts.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,17 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from accumcore import Callback, Trainer, fast_path
+from accumcore.auto_batch import accumulation_for, find_micro_batch_size
 from accumcore.data import make_loader
-from services.catalog.build import DatasetBundle, build_dataset, build_loss, build_model
+from accumcore.device_data import DeviceBatches
+from accumcore.precision import check_native_bf16
+from services.catalog.build import (
+    DatasetBundle,
+    build_dataset,
+    build_loss,
+    build_model,
+    takes_keywords,
+)
 from services.spec import JobSpec, accumulation_at, effective_batch_size, world_size
 from services.spec import total_optimizer_steps as spec_total_steps
 
@@ -38,6 +47,10 @@ class Run:
     total_steps: int
     micro_batch_size: int
     accumulation_steps: int | dict[int, int]
+    # What a warm start (`init_from`) loaded: the event the worker writes before the first step.
+    warm_start: dict[str, Any] | None = field(default=None)
+    # (kind, message, data) the runner records as the job's events: what building decided
+    notes: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
 
 
 def pick_device(spec: JobSpec, local_rank: int = 0) -> str:
@@ -71,8 +84,6 @@ def probe_micro_batch(
     loss_fn: Any, device: str, optimizer: torch.optim.Optimizer | None = None,
 ) -> tuple[int, int]:
     """The largest m dividing the per-rank effective batch that fits on the GPU (m x N == B)."""
-    from accumcore.auto_batch import accumulation_for, find_micro_batch_size
-
     per_rank = effective_batch_size(spec) // world_size(spec)
 
     def sample(m: int) -> Any:
@@ -85,23 +96,56 @@ def probe_micro_batch(
     return micro, accumulation_for(per_rank, micro)
 
 
+def agree_on_smallest(spec: JobSpec, micro: int, device: str) -> tuple[int, int]:
+    """The smallest m the DDP ranks picked (one all-reduce), and its N: a divisor of the
+    per-rank batch that fits on every rank."""
+    import torch.distributed as dist
+
+    from accumcore.auto_batch import accumulation_for
+
+    picked = torch.tensor([micro], device=device)
+    dist.all_reduce(picked, op=dist.ReduceOp.MIN)
+    per_rank = effective_batch_size(spec) // world_size(spec)
+    return int(picked.item()), accumulation_for(per_rank, int(picked.item()))
+
+
 def make_train_loader(
-    spec: JobSpec, train: Dataset[Any], bundle: DatasetBundle, micro: int, device: str
+    spec: JobSpec, train: Dataset[Any], bundle: DatasetBundle, micro: int, device: str,
+    notes: list[tuple[str, str, dict[str, Any]]] | None = None,
 ) -> Any:
     """The training batches, in the (seed, epoch) order that makes resume exact.
 
     ``data_on_device``: the whole (small) dataset lives on the device, each micro-batch is one
-    indexing kernel. Otherwise a DataLoader; on CUDA with the fast path, with pinned memory,
-    worker processes and a prefetcher that copies the next batch while this one computes.
+    indexing kernel; a dataset that does not fit there, or a text dataset (its batches are
+    padded per batch by its collate function), is loaded as without it, with a note (event)
+    saying so. Otherwise a DataLoader; on CUDA with the fast path, with pinned memory and
+    worker processes. The batches stay on the host: the trainer's ``DeviceFeed`` copies each
+    micro-batch just before its forward, on a side stream while the previous backward runs
+    (a prefetcher in front of the trainer would put a whole window on the device).
     """
-    from accumcore.device_data import DeviceBatches
-
-    if spec.data_on_device and bundle.collate_fn is None:
-        return DeviceBatches.from_dataset(train, micro, device=device, seed=spec.seed, shuffle=True)
+    notes = notes if notes is not None else []
+    if spec.data_on_device and bundle.collate_fn is not None:
+        notes.append(("data_on_device_ignored",
+                      f"data_on_device is ignored for {spec.dataset.name}: its batches are padded per "
+                      "batch by its collate function; it is loaded by the DataLoader",
+                      {"dataset": spec.dataset.name, "reason": "collate_fn"}))
+    elif spec.data_on_device:
+        try:
+            return DeviceBatches.from_dataset(train, micro, device=device, seed=spec.seed, shuffle=True)
+        except ValueError as exc:  # does not fit: the same batches, streamed
+            notes.append(("data_on_device_ignored",
+                          f"data_on_device: {exc}; loading it with the DataLoader instead (same order)",
+                          {"dataset": spec.dataset.name, "reason": "does_not_fit"}))
     cuda = device.startswith("cuda")
     extra = fast_path.loader_kwargs(device, num_workers=loader_workers()) if cuda and spec.fast_path else {}
     loader = make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn, **extra)
-    return fast_path.CudaPrefetcher(loader, device) if cuda and spec.fast_path else loader
+    collate = bundle.collate_fn
+    if collate is not None:
+        # Batches padded per batch (text) do not concatenate: with their targets by index the
+        # trainer counts a window from its targets and the exactness check (verify_window)
+        # collates the window's samples as one batch (accumcore.window_source).
+        loader.targets_for = lambda indices: collate([train[i] for i in indices])[1]
+    return loader
 
 
 def loader_workers() -> int:
@@ -179,16 +223,37 @@ def build_run(
     rank: int = 0,
     world: int = 1,
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+    init_weights: Path | None = None,
+    chosen: tuple[int, int] | None = None,
 ) -> Run:
     """Build everything for one attempt of ``spec`` (on rank ``rank`` of ``world``).
+    ``chosen``: the (m, N) an earlier attempt chose for ``micro_batch_size: "auto"``
+    (``services.worker.micro_batch``), used instead of probing again.
+
+    ``init_weights``: the file ``spec.init_from`` names (resolved by the runner), loaded into
+    the model before training (``services.worker.warm_start``).
 
     Raises:
         ValueError: a spec the catalog refuses. DatasetUnavailable: missing data root files.
     """
     device = device or pick_device(spec, rank)
+    if spec.precision == "bf16":
+        check_native_bf16(torch.device(device))  # before anything is built: fail at the start
     bundle = build_data(spec, data_root_default)
     torch.manual_seed(spec.seed)  # the same seed gives the same initial weights on resume
-    model = build_model(spec.model.name, bundle, **spec.model.options).to(device)
+    model = build_model(spec.model.name, bundle, **spec.model.options)
+    warm = None
+    if init_weights is not None:
+        from services.worker.warm_start import load_initial_weights
+
+        assert spec.init_from is not None
+        warm = load_initial_weights(model, init_weights, strict=spec.init_from.strict)
+    # A Hugging Face model takes keyword batches with unshifted labels (catalog.own_data).
+    keywords = takes_keywords(model)
+    loss_fn = build_loss(bundle, model)  # before any wrapping hides what the model is
+    if keywords and bundle.keyword_collate_fn is not None:
+        bundle = replace(bundle, collate_fn=bundle.keyword_collate_fn)
+    model = model.to(device)
     if spec.fast_path:
         model = fast_path.use_channels_last(model, device)  # same values, faster conv layout
     if spec.compile:
@@ -198,12 +263,24 @@ def build_run(
         model = wrap_model(model)
     micro, steps = micro_batch_and_steps(spec)
     train = rank_shard(bundle.train, rank, world)
-    loss_fn = build_loss(bundle)
-    if spec.micro_batch_size == "auto" and device.startswith("cuda"):
+    if spec.micro_batch_size == "auto" and chosen is not None:
+        micro, steps = chosen
+    elif spec.micro_batch_size == "auto" and device.startswith("cuda"):
         micro, steps = probe_micro_batch(spec, model, train, bundle, loss_fn, device, optimizer)
-    train_loader = make_train_loader(spec, train, bundle, micro, device)
-    val_loader = make_loader(bundle.val, micro, shuffle=False, collate_fn=bundle.collate_fn)
+        if world > 1:  # every rank must run the same (m, N): the smallest pick fits on all
+            micro, steps = agree_on_smallest(spec, micro, device)
+    notes: list[tuple[str, str, dict[str, Any]]] = []
+    train_loader = make_train_loader(spec, train, bundle, micro, device, notes)
+    if device.startswith("cuda"):
+        # Image batches have one shape: let cuDNN time its algorithms once and keep the
+        # fastest (not bitwise reproducible across runs on CUDA: README, "Determinism").
+        torch.backends.cudnn.benchmark = spec.fast_path and bundle.collate_fn is None
+    # Each DDP rank evaluates its own share; accumcore's evaluate sums loss, items and hits
+    # over the ranks, so the metrics are those of the whole validation set.
+    val = rank_shard(bundle.val, rank, world) if len(bundle.val) >= world else bundle.val  # type: ignore[arg-type]
+    val_loader = make_loader(val, micro, shuffle=False, collate_fn=bundle.collate_fn)
     total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized
+    assert total is not None  # the size is known here
     factor = lr_lambda(spec, total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if factor else None
     trainer = Trainer(
@@ -219,6 +296,9 @@ def build_run(
         checkpoint_every=spec.checkpoint_every if checkpoint_dir is not None else None,
         checkpoint_dir=checkpoint_dir,
         on_nonfinite=spec.on_nonfinite,
+        verify_window=spec.verify_window,
+        # A causal LM's loss scores labels[..., 1:]: count those (docs/accumulation.md rule 1).
+        shift_labels=keywords and bundle.info.task == "language_modeling",
     )
     fit_kwargs: dict[str, Any] = {
         "epochs": spec.epochs or UNBOUNDED_EPOCHS,
@@ -226,4 +306,4 @@ def build_run(
         "val_loader": val_loader,
         "eval_every": spec.eval_every,
     }
-    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps)
+    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps, warm, notes)

@@ -33,6 +33,7 @@ from services.store.checkpoints import (
 from services.store.events import add_event
 from services.store.leases import update_progress
 from services.store.metrics import metric_rows, write_metrics
+from services.store.nonfinite import json_safe
 from services.worker.checkpoints import remove_files
 from services.worker.db_retry import retry_while_unreachable
 from services.worker.heartbeat import Heartbeat
@@ -168,6 +169,14 @@ class StoreCallback(Callback):
         return info.epoch
 
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
+        if kind == "exactness_check":
+            # The check's figure as a metric at step 0 (before the first optimizer step), and
+            # the event's data JSON-safe (an infinite error as its label).
+            if isinstance(data.get("rel_error"), float):
+                with self._buffer_lock:
+                    self._rows.extend(metric_rows(0, 0, {"exactness_rel_error": data["rel_error"]}))
+            data = json_safe(data)
+
         def write() -> None:
             with self.sessions.begin() as session:
                 add_event(session, self.job_id, kind, message, dict(data), attempt=self.attempt)

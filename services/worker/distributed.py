@@ -6,41 +6,51 @@ the effective batch is m x N x k. A cancel (or a lost lease) terminates the rank
 they are stopped together, never one rank alone (which would leave the others waiting in a
 collective), and nothing is checkpointed, as for a single-process cancel. A worker shutdown
 stops them the same way and hands the job back from its latest periodic checkpoint.
+
+At the end every rank meets the others at a barrier before ``destroy_process_group``, and
+says it finished (``finished[rank]``) first: the parent never signals a rank from then on,
+and a rank that still dies in teardown does not fail a job whose final checkpoint and
+metrics are recorded (``watch_ranks``).
 """
 
 from __future__ import annotations
 
+import logging
+import multiprocessing.connection
 import os
-import socket
+import pickle
+import signal
+import time
 from dataclasses import asdict
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
 
+from accumcore import load_checkpoint
+from services.ports import free_port
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
+from services.store.sessions import session_factory
+from services.worker.attempt import Attempt, Outcome, prepare_resume
+from services.worker.build import build_run
+from services.worker.callbacks import StoreCallback
 from services.worker.heartbeat import Heartbeat
-from services.worker.runner import Attempt, prepare_resume
+from services.worker.micro_batch import record_choice, recorded_choice
 from services.worker.training import outcome
+from services.worker.warm_start import describe, job_initial_weights
 
 POLL_S = 0.1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+log = logging.getLogger(__name__)
 
 
 def train_distributed(
-    settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat
-) -> str | None:
-    """Run ``spec.gpus`` ranks; returns ``succeeded``, ``cancelled``, ``HANDED_BACK`` (worker
-    shutdown), or None (lease lost)."""
-    from services.worker.db import session_factory
-
+    settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat
+) -> Outcome:
+    """Run ``spec.gpus`` ranks; returns ``SUCCEEDED``, ``CANCELLED``, ``HANDED_BACK`` (worker
+    shutdown), or ``LEASE_LOST``."""
     world = spec.gpus
     if torch.cuda.is_available() and torch.cuda.device_count() < world:
         raise ValueError(
@@ -49,28 +59,77 @@ def train_distributed(
         )
     checkpoint_dir = settings.artifacts_path / attempt.job_id
     checkpoint = prepare_resume(session_factory(settings), attempt, checkpoint_dir)
+    chosen = recorded_choice(session_factory(settings), attempt.job_id) if spec.micro_batch_size == "auto" else None
     port = free_port()
+    # finished[r] = 1 once rank r's fit returned (and, on rank 0, its final checkpoint and
+    # metrics are recorded): from then on a rank that dies in teardown does not fail the job.
+    finished = mp.get_context("spawn").Array("b", world, lock=False)
     context = mp.start_processes(
         _rank_main,
-        args=(world, port, settings.model_dump(mode="json"), attempt.spec, asdict(attempt), checkpoint),
+        args=(world, port, settings.model_dump(mode="json"), attempt.spec, asdict(attempt), checkpoint,
+              finished, chosen),
         nprocs=world,
         join=False,
         start_method="spawn",  # never fork a process that may hold CUDA or DB connections
     )
-    try:
-        while not context.join(timeout=POLL_S):
-            if heartbeat.should_stop():
-                _terminate(context)
-                return outcome(True, heartbeat)
-    except mp.ProcessRaisedException as exc:
-        _terminate(context)
-        # The rank's traceback is the message; keep its last line as the error.
-        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-        raise RuntimeError(f"a DDP rank failed: {last}") from exc
-    except mp.ProcessExitedException as exc:
-        _terminate(context)
-        raise RuntimeError(f"a DDP rank died: {exc}") from exc
-    return "succeeded"
+    return watch_ranks(context, finished, heartbeat, grace_s=settings.lease_timeout_s)
+
+
+def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float) -> Outcome:
+    """Wait for the ranks; stop them together on a cancel or a lost lease (the heartbeat's
+    outcome), raise when one fails while training. Once any rank has finished its fit the
+    others are past their last collective: they are never sent a signal, and when every
+    rank finished, a rank that dies in teardown (a gloo/NCCL abort at exit) is logged, not
+    a failure. (``ProcessContext.join`` is not used: it SIGTERMs every other rank as soon as
+    one exits with an error, a rank 0 still writing its final checkpoint included.)"""
+    processes = context.processes
+    while True:
+        failed = next((i for i, p in enumerate(processes) if p.exitcode not in (None, 0)), None)
+        if failed is not None:
+            return _rank_failed(context, failed, finished, grace_s)
+        alive = [p for p in processes if p.exitcode is None]
+        if not alive:
+            return Outcome.SUCCEEDED
+        if heartbeat.should_stop() and not any(finished):
+            _terminate(context)
+            return outcome(True, heartbeat)
+        multiprocessing.connection.wait([p.sentinel for p in alive], timeout=POLL_S)
+
+
+def _rank_failed(context: Any, index: int, finished: Any, grace_s: float) -> Outcome:
+    if any(finished):
+        _await_exit(context, grace_s)  # finishing ranks are writing or tearing down
+    reason = _failure(context, index)
+    if all(finished):
+        log.warning("a DDP rank failed in teardown after every rank finished: %s", reason)
+        return Outcome.SUCCEEDED
+    _terminate(context)
+    raise RuntimeError(reason)
+
+
+def _failure(context: Any, index: int) -> str:
+    """What rank ``index`` died of: the last line of its traceback, or its signal/exit code."""
+    path = context.error_files[index]
+    if os.access(path, os.R_OK) and os.path.getsize(path):
+        with open(path, "rb") as handle:
+            text = str(pickle.load(handle)).strip()  # the rank's traceback, written by torch's wrapper
+        return f"a DDP rank failed: {text.splitlines()[-1] if text else 'no message'}"
+    code = context.processes[index].exitcode
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"a DDP rank died: process {index} terminated with signal {name}"
+    return f"a DDP rank died: process {index} terminated with exit code {code}"
+
+
+def _await_exit(context: Any, timeout_s: float) -> None:
+    """Let the ranks that are still alive exit by themselves; kill what is left at the end."""
+    deadline = time.monotonic() + timeout_s
+    for process in context.processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    _terminate(context)  # only ranks stuck past the deadline are left
 
 
 def _terminate(context: Any) -> None:
@@ -91,15 +150,12 @@ def _rank_main(
     spec_data: dict[str, Any],
     attempt_data: dict[str, Any],
     checkpoint: str | None,
+    finished: Any,
+    chosen: tuple[int, int] | None = None,
 ) -> None:
-    """One rank: join the process group, build the run, restore, fit."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    from accumcore import load_checkpoint
-    from services.worker.build import build_run
-    from services.worker.callbacks import StoreCallback
-    from services.worker.db import session_factory
-
+    """One rank: join the process group, build the run, restore, fit, then tear down in order
+    (every rank at a barrier, then ``destroy_process_group``), so no rank closes its
+    connections while another still uses them (an abort at exit)."""
     settings = Settings(**settings_data)
     spec = parse_spec(spec_data)
     attempt = Attempt(**attempt_data)
@@ -128,12 +184,26 @@ def _rank_main(
             rank=rank,
             world=world,
             wrap_model=lambda m: DistributedDataParallel(m, device_ids=[rank] if cuda else None),
+            init_weights=job_initial_weights(session_factory(settings), spec, attempt.job_id),
+            chosen=chosen,
         )
+        if rank == 0 and spec.micro_batch_size == "auto" and chosen is None:
+            record_choice(session_factory(settings), attempt.job_id, attempt.attempt,
+                          run.micro_batch_size, int(run.accumulation_steps))  # type: ignore[arg-type]
         if store_callback is not None:
             store_callback.total_steps = run.total_steps
+            if run.warm_start is not None:
+                store_callback.on_event(run.trainer, "warm_start", describe(run.warm_start), run.warm_start)
+            for kind, message, data in run.notes:
+                store_callback.on_event(run.trainer, kind, message, data)
         if checkpoint is not None:
             run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=device))
         run.trainer.fit(run.train_loader, **run.fit_kwargs)
+        if store_callback is not None:
+            store_callback.close()  # rank 0's last metrics and checkpoint rows are written
+            store_callback = None
+        finished[rank] = 1
+        dist.barrier()  # every rank is done before any closes its connections
     finally:
         if store_callback is not None:
             store_callback.close()

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-log = logging.getLogger(__name__)
+from services.store.status import JobStatus
 
-CANCELLING = "cancelling"
+log = logging.getLogger(__name__)
 
 
 class Flag(Protocol):
@@ -37,6 +37,7 @@ class Heartbeat:
             lease has surely expired: stop, since another worker may now own the job.
         shutdown: set when the worker process is shutting down (``services.worker.shutdown``):
             stop too, so the job can be checkpointed and handed back.
+        clock: seconds, for the time since the last good renewal (tests pass a fake one).
     """
 
     def __init__(
@@ -45,19 +46,23 @@ class Heartbeat:
         interval_s: float,
         lease_timeout_s: float,
         shutdown: Flag | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock
         self._renew = renew
         self._interval_s = interval_s
         self.lease_timeout_s = lease_timeout_s
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accum-heartbeat", daemon=True)
-        self._last_ok = time.monotonic()
+        self._last_ok = clock()
         self.cancel_requested = False
         self.lease_lost = False
+        self.timed_out = False
+        self._deadline: float | None = None
         self._shutdown: Flag = shutdown or threading.Event()
 
     def start(self) -> Heartbeat:
-        self._last_ok = time.monotonic()
+        self._last_ok = self._clock()
         self._thread.start()
         return self
 
@@ -76,24 +81,31 @@ class Heartbeat:
     def shutting_down(self) -> bool:
         return self._shutdown.is_set()
 
+    def set_timeout(self, seconds: float | None) -> None:
+        """Stop the job (``timed_out``) once it has run ``seconds`` from now (the job's
+        ``timeout``), checked at every beat."""
+        self._deadline = None if seconds is None else time.monotonic() + seconds
+
     def should_stop(self) -> bool:
-        return self.cancel_requested or self.lease_lost or self._shutdown.is_set()
+        return self.cancel_requested or self.lease_lost or self.timed_out or self._shutdown.is_set()
 
     def beat(self) -> None:
         """Renew once now (also called by the thread)."""
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            self.timed_out = True
         try:
             status = self._renew()
         except Exception:  # a database blip must not kill the job; the lease has slack
             log.warning("lease renewal failed; retrying in %.1fs", self._interval_s, exc_info=True)
-            if time.monotonic() - self._last_ok > self.lease_timeout_s:
+            if self._clock() - self._last_ok > self.lease_timeout_s:
                 log.error("lease not renewed for %.0fs: stopping the job", self.lease_timeout_s)
                 self.lease_lost = True
             return
-        self._last_ok = time.monotonic()
+        self._last_ok = self._clock()
         if status is None:
             log.error("lease lost: another worker owns the job now; stopping")
             self.lease_lost = True
-        elif status == CANCELLING:
+        elif status == JobStatus.CANCELLING:
             self.cancel_requested = True
 
     def _run(self) -> None:

@@ -30,17 +30,20 @@ from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
 from typing import Any
 
-from services.catalog import DATASETS, MODELS
+from services.catalog import DATASETS, MODELS, OWN_DATASETS
+from services.catalog.plugins import DATASET_GROUP, MODEL_GROUP, installed
 from services.store import workers as store_workers
-from services.worker.db import session_factory
+from services.store.sessions import session_factory
 
 log = logging.getLogger(__name__)
 
 # Libraries whose versions a worker reports (the optional model libraries when installed).
 LIBRARIES = ("torch", "torchvision", "timm", "transformers", "celery")
-# Entry-point group of model and dataset plugins: their names are advertised (the plugins
-# themselves are imported only by the job that uses one).
-PLUGIN_GROUP = "accum.plugins"
+# The model namespaces (services.catalog.served) a worker serves when their library is
+# installed, advertised as the patterns `served_names` lists; services/fleet.py matches them.
+NAMESPACE_PATTERNS = {"timm": ("timm:<name>",), "transformers": ("hf:<model_type>", "hf:<directory>")}
+# Own data that reads files through Hugging Face datasets (imagefolder needs torchvision only).
+DATASETS_LIBRARY_OWN = ("files", "hf_disk")
 NVIDIA_SMI_TIMEOUT_S = 10.0
 FORK_WAIT_S = 30.0
 
@@ -156,8 +159,24 @@ def detect_devices(
 
 
 def plugin_names() -> list[str]:
-    """Names of installed model and dataset plugins (entry points in ``accum.plugins``)."""
-    return sorted({ep.name for ep in metadata.entry_points(group=PLUGIN_GROUP)})
+    """Names of installed model and dataset plugins (entry points in ``accum.models`` and
+    ``accum.datasets``: services.catalog.plugins); the plugins themselves are imported only by
+    the job that uses one."""
+    return sorted({*installed(MODEL_GROUP), *installed(DATASET_GROUP)})
+
+
+def served_models() -> list[str]:
+    """The catalog's models, then the namespace patterns whose library is installed."""
+    patterns = [p for library, found in NAMESPACE_PATTERNS.items() if package_version(library)
+                for p in found]
+    return [*sorted(MODELS), *patterns]
+
+
+def served_datasets() -> list[str]:
+    """The catalog's datasets and the own-data kinds this worker can read."""
+    with_datasets = package_version("datasets") is not None
+    own = [n for n in OWN_DATASETS if with_datasets or n not in DATASETS_LIBRARY_OWN]
+    return sorted([*DATASETS, *own])
 
 
 def describe(name: str, queues: Sequence[str]) -> dict[str, Any]:
@@ -170,8 +189,8 @@ def describe(name: str, queues: Sequence[str]) -> dict[str, Any]:
         "queues": list(dict.fromkeys(queues)),
         "devices": devices,
         "gpus": sum(d["kind"] == "gpu" for d in devices),
-        "models": sorted(MODELS),
-        "datasets": sorted(DATASETS),
+        "models": served_models(),
+        "datasets": served_datasets(),
         "plugins": plugin_names(),
         "versions": library_versions(),
         "accum_version": package_version("accum") or "0+unknown",

@@ -1,6 +1,6 @@
 """Run one attempt of a job: claim it, build it from its spec, train, record the outcome.
 
-    run_job(settings, job_id, worker_name="accum@host")   # what the Celery task calls
+    run_job(settings, job_id, worker_name="accum@host")   # what the Celery task calls -> Outcome
 
 The database decides who trains: the claim is one atomic UPDATE, and a message whose claim
 fails (job cancelled, finished, or held by a live worker) is simply dropped. Failures are
@@ -17,58 +17,84 @@ import os
 import socket
 import traceback
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.data_roots import require_allowed_data_root
+from services.dispatch.enqueue import enqueue_job
+from services.settings import Settings
 from services.spec import JobSpec, parse_spec
-from services.store.checkpoints import get_checkpoint, list_checkpoints
 from services.store.events import add_event
 from services.store.leases import claim_job, finish_job, hand_back_job, renew_lease
-from services.store.metrics import delete_metrics_after
 from services.store.queue_order import PRIORITIES, held_by_running_cap, next_in_line
+from services.store.sessions import session_factory
+from services.store.status import JobStatus
 from services.worker import shutdown
-from services.worker.checkpoints import remove_orphans
-from services.worker.db import session_factory
+from services.worker.attempt import Attempt, Outcome
 from services.worker.db_retry import retry_while_unreachable
-from services.worker.enqueue import enqueue_job
 from services.worker.heartbeat import Heartbeat
+from services.worker.training import train_local
 
 log = logging.getLogger(__name__)
 
 TRACEBACK_LIMIT = 20_000  # characters kept in the traceback event
-# What ``train`` returns when the worker is shutting down and the job, checkpointed where it
-# stopped, goes back to the queue; ``run_job`` then returns "queued".
-HANDED_BACK = "handed_back"
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """The claimed attempt: who runs it and where it starts."""
-
-    job_id: str
-    attempt: int
-    worker_id: str
-    resume_step: int | None
-    spec: dict[str, Any]
 
 
 def describe_gpu() -> str:
-    """``cpu``, or the visible GPUs' names, e.g. ``2x NVIDIA H100 (CUDA_VISIBLE_DEVICES=0,1)``."""
-    import torch
+    """``cpu``, or the visible GPUs' names, e.g. ``2x NVIDIA H100 (CUDA_VISIBLE_DEVICES=0,1)``.
 
-    if not torch.cuda.is_available():
-        return "cpu"
-    count = torch.cuda.device_count()
+    Read through NVML (nvidia-ml-py), never through torch.cuda's device queries: those create
+    a CUDA context in this Celery process, which then holds memory on GPU 0 for as long as it
+    lives, while rank 0 of a job trains there (and ``micro_batch_size: "auto"`` sizes m on
+    what is free). Without NVML the count comes from ``torch.cuda.device_count()``, which
+    creates no context, and the name is left out."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    label = f"{count}x {torch.cuda.get_device_name(0)}"
+    names = _nvml_names(visible)
+    if names is None:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        names = ["GPU"] * count
+    if not names:
+        return "cpu"
+    label = f"{len(names)}x {names[0]}"
     return f"{label} (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else label
 
 
-def claim(settings: Any, job_id: str, worker_name: str) -> Attempt | None:
+def _nvml_names(visible: str | None) -> list[str] | None:
+    """The visible GPUs' names through NVML, in CUDA's order; None when NVML is unavailable."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None  # no driver: no GPU this process could use either
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        handles = []
+        entries = [str(i) for i in range(count)] if visible is None else [e.strip() for e in visible.split(",")]
+        for entry in entries:
+            # CUDA stops at the first entry it cannot parse or find; so does this.
+            if entry.isdigit():
+                if int(entry) >= count:
+                    break
+                handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(entry)))
+            elif entry.startswith(("GPU-", "MIG-")):
+                handles.append(pynvml.nvmlDeviceGetHandleByUUID(entry))
+            else:
+                break
+        names = [pynvml.nvmlDeviceGetName(handle) for handle in handles]
+        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
     """Claim the job atomically; None means: drop the message."""
     # Unique per attempt: a heartbeat left over from an earlier attempt in this process can
     # never renew (or finish) the lease of this one.
@@ -79,22 +105,24 @@ def claim(settings: Any, job_id: str, worker_name: str) -> Attempt | None:
                      "queue already", job_id)
             return None
         job = claim_job(
-            session, job_id, worker_id, socket.gethostname(), describe_gpu(), settings.lease_timeout_s,
-            worker_name=worker_name or None,
+            session, job_id, worker_id, socket.gethostname(), describe_gpu(),
+            settings.lease_timeout_s, worker_name=worker_name or None,
+            poison_after=settings.poison_after_lost_attempts,
         )
         if job is None:
             return None
         return Attempt(job.id, job.attempts, worker_id, job.resume_step, dict(job.spec))
 
 
-def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
-    """Run the job if it can be claimed; returns the final status, "queued" when the worker
-    is shutting down and handed the job back, or None when the message was dropped (not
-    claimable) or the lease was lost mid-run (someone else owns the job)."""
+def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
+    """Run the job if it can be claimed. Returns the status recorded (``SUCCEEDED``,
+    ``FAILED``, ``CANCELLED``), ``HANDED_BACK`` (the worker is shutting down: the job is queued
+    again), ``SKIPPED`` (not claimable: the message is dropped) or ``LEASE_LOST`` (someone
+    else owns the job now)."""
     attempt = claim(settings, job_id, worker_name)
     if attempt is None:
         log.info("job %s is not claimable (cancelled, finished or running elsewhere): skipped", job_id)
-        return None
+        return Outcome.SKIPPED
     sessions = session_factory(settings)
     heartbeat = Heartbeat(
         lambda: _renew(sessions, attempt, settings.lease_timeout_s),
@@ -102,45 +130,50 @@ def run_job(settings: Any, job_id: str, worker_name: str = "") -> str | None:
         settings.lease_timeout_s,
         shutdown=shutdown.requested,
     )
-    status: str | None
     error: dict[str, Any] | None = None
     with heartbeat:
         try:
             spec = parse_spec(attempt.spec)
-            status = train(settings, spec, attempt, heartbeat)
+            # A spec stored before timeouts existed runs under the service's maximum.
+            timeout_s = int(spec.timeout or settings.max_job_seconds)
+            heartbeat.set_timeout(timeout_s)
+            outcome = train(settings, spec, attempt, heartbeat)
+            if outcome == Outcome.TIMED_OUT:
+                outcome, error = Outcome.FAILED, timeout_error(attempt, timeout_s, spec.gpus <= 1)
         except Exception as exc:
-            status, error = "failed", {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
+            outcome, error = Outcome.FAILED, {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             log.exception("job %s failed", job_id)
             if not heartbeat.lease_lost:
                 with sessions.begin() as session:
                     add_event(session, job_id, "traceback", f"{error['type']}: {error['message']}",
                               {"traceback": traceback.format_exc()[-TRACEBACK_LIMIT:]},
                               attempt=attempt.attempt)
-    if heartbeat.lease_lost or status is None:
+    if heartbeat.lease_lost or outcome == Outcome.LEASE_LOST:
         log.error("job %s: lease lost; leaving the job to its new owner", job_id)
-        return None
-    if status == HANDED_BACK:
+        return Outcome.LEASE_LOST
+    if outcome == Outcome.HANDED_BACK:
         queue = retry_while_unreachable(lambda: _hand_back(sessions, attempt),
                                         what=f"job {job_id}: handing back", for_s=settings.lease_timeout_s)
         if queue is not None:
             # after the commit, as the reaper does
             enqueue_job(settings, job_id, queue, PRIORITIES.get(attempt.spec.get("priority", "")))
             log.warning("job %s handed back to queue %s: this worker process was asked to stop (SIGTERM)", job_id, queue)
-            return "queued"
-        status = "cancelled"  # a cancel came first (or the lease is gone: finishing fails too)
+            return Outcome.HANDED_BACK
+        outcome = Outcome.CANCELLED  # a cancel came first (or the lease is gone: finishing fails too)
+    final = outcome
     # The outcome survives a database outage at the very end (retried for a lease timeout).
     if not retry_while_unreachable(
-        lambda: _finish(sessions, attempt, status, error),
-        what=f"job {job_id}: recording {status}", for_s=settings.lease_timeout_s,
+        lambda: _finish(sessions, attempt, final, error),
+        what=f"job {job_id}: recording {final}", for_s=settings.lease_timeout_s,
     ):
-        log.error("job %s: lease lost before recording %s", job_id, status)
-        return None
+        log.error("job %s: lease lost before recording %s", job_id, final)
+        return Outcome.LEASE_LOST
     if settings.max_running_jobs_per_owner:
         nudge_next_in_line(settings, job_id)
-    return status
+    return final
 
 
-def nudge_next_in_line(settings: Any, job_id: str) -> None:
+def nudge_next_in_line(settings: Settings, job_id: str) -> None:
     """The owner's next queued job on this queue may start now that this one ended (a worker
     may have dropped its message while the running cap held it)."""
     try:
@@ -152,10 +185,29 @@ def nudge_next_in_line(settings: Any, job_id: str) -> None:
         log.warning("job %s: could not nudge its owner's next job", job_id, exc_info=True)
 
 
-def _finish(sessions: sessionmaker[Session], attempt: Attempt, status: str,
+def timeout_error(attempt: Attempt, timeout_s: int, checkpointed: bool) -> dict[str, Any]:
+    # A DDP job's ranks are stopped without a checkpoint of their own (services.worker.
+    # distributed): it resumes from its latest periodic one.
+    where = (
+        "stopped and checkpointed at its last finished window"
+        if checkpointed
+        else "stopped (a multi-GPU job keeps its latest periodic checkpoint)"
+    )
+    return {
+        "type": "JobTimeout",
+        "reason": "timeout",
+        "message": (
+            f"the job ran for its timeout of {timeout_s} s (spec timeout; at most "
+            f"ACCUM_MAX_JOB_SECONDS) and was {where}; `accum resume {attempt.job_id}` "
+            "continues from there with a new timeout"
+        ),
+    }
+
+
+def _finish(sessions: sessionmaker[Session], attempt: Attempt, outcome: Outcome,
             error: dict[str, Any] | None) -> bool:
     with sessions.begin() as session:
-        return finish_job(session, attempt.job_id, attempt.worker_id, status, error=error)
+        return finish_job(session, attempt.job_id, attempt.worker_id, JobStatus(outcome), error=error)
 
 
 def _hand_back(sessions: sessionmaker[Session], attempt: Attempt) -> str | None:
@@ -168,32 +220,16 @@ def _renew(sessions: sessionmaker[Session], attempt: Attempt, lease_timeout_s: f
         return renew_lease(session, attempt.job_id, attempt.worker_id, lease_timeout_s)
 
 
-def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, checkpoint_dir: Path) -> str | None:
-    """Drop the metrics a predecessor logged after the checkpoint this attempt resumes from
-    (all of them when it starts over) and the checkpoint files no row lists (a predecessor
-    killed mid-write left them in ``checkpoint_dir``); returns the checkpoint file to load,
-    if any."""
-    with sessions.begin() as session:
-        delete_metrics_after(session, attempt.job_id, attempt.resume_step)
-        remove_orphans(checkpoint_dir, [c.step for c in list_checkpoints(session, attempt.job_id)])
-        if attempt.resume_step is None:
-            return None
-        checkpoint = get_checkpoint(session, attempt.job_id, attempt.resume_step)
-        if checkpoint is None:
-            raise FileNotFoundError(
-                f"job {attempt.job_id} should resume from step {attempt.resume_step} but that "
-                "checkpoint has no record; POST /resume again to restart from the latest one"
-            )
-        return checkpoint.uri
-
-
-def train(settings: Any, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> str | None:
-    """Train on this process (or on ``spec.gpus`` DDP processes); returns the outcome."""
-    require_allowed_data_root(spec.dataset.data_root, settings)  # the API checked it too
+def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> Outcome:
+    """Train on this process (or on ``spec.gpus`` DDP processes); returns ``SUCCEEDED``,
+    ``CANCELLED``, ``HANDED_BACK``, ``TIMED_OUT`` or ``LEASE_LOST``."""
+    for _, path in spec.local_paths():  # the API checked them too
+        require_allowed_data_root(path, settings)
     if spec.gpus > 1:
+        # Lazy: torch.distributed must stay out of a prefork worker's parent (the runner is
+        # preloaded there); with it imported, the forked child hung before its first job on
+        # Redis (tests/integration/test_worker_prefork.py).
         from services.worker.distributed import train_distributed
 
         return train_distributed(settings, spec, attempt, heartbeat)
-    from services.worker.training import train_local
-
     return train_local(settings, spec, attempt, heartbeat)

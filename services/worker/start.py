@@ -17,10 +17,13 @@ from typing import Any, Literal
 from celery import signals
 from celery.utils.nodenames import default_nodename, host_format
 
-from services.worker import shutdown, sqlite_transport
-from services.worker.app import DEFAULT_QUEUE, broker_url, is_embedded_broker, make_celery
-from services.worker.reaper import LeaseReaper
+from services.dispatch import sqlite_transport
+from services.dispatch.broker import DEFAULT_QUEUE, is_embedded_broker, make_celery
+from services.dispatch.reaper import LeaseReaper
+from services.settings import Settings
+from services.worker import shutdown
 from services.worker.registry import Registration
+from services.worker.tasks import register_tasks
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ def default_hostname() -> str:
 
 
 def start_worker(
-    settings: Any,
+    settings: Settings,
     queues: Sequence[str] | None = None,
     hostname: str | None = None,
     pool: Literal["solo", "prefork"] = "solo",
@@ -59,13 +62,14 @@ def start_worker(
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     names = list(queues or [DEFAULT_QUEUE])
     app = make_celery(settings, queues=names)
-    embedded = is_embedded_broker(broker_url(settings))
+    register_tasks(app, settings)
+    embedded = is_embedded_broker(settings.broker_url)
     if preload:
         # Import torch and the runner now, in this idle parent, so the first job does not pay
         # for it (queue-to-running latency). Importing torch does not initialise CUDA, so a
         # prefork pool still forks a CUDA-free parent.
-        import services.worker.runner  # noqa: F401
-        import services.worker.training  # noqa: F401
+        # Lazy, not at the top: torch stays out until --gpus has pinned CUDA_VISIBLE_DEVICES.
+        import services.worker.runner  # noqa: F401  (and training)
     # SIGTERM/SIGINT: an idle embedded-broker consumer stops polling at once (Redis's event
     # loop already wakes within a second).
     sqlite_transport.resume_polling()
@@ -83,7 +87,7 @@ def start_worker(
         registration.start()
 
     signals.worker_ready.connect(register, weak=False)
-    log.info("accum worker %s consuming %s from %s", nodename, ",".join(names), broker_url(settings))
+    log.info("accum worker %s consuming %s from %s", nodename, ",".join(names), settings.broker_url)
     try:
         worker = app.Worker(
             hostname=nodename,

@@ -1,19 +1,21 @@
 """The one Celery task: ``accum.run_job(job_id)``. It hands the id to the runner, nothing else.
 
-The runner (and with it torch) is imported inside the task, so importing the app, which the
-API does to enqueue, stays torch-free, and a prefork parent never initialises CUDA before fork.
+    register_tasks(app, settings)   # on an app from services.dispatch.broker.make_celery
+
+The runner (and with it torch) is imported inside the task: ``start_worker`` imports this
+module before it pins the worker's GPUs (``--gpus`` sets CUDA_VISIBLE_DEVICES), and
+``accum worker``'s CLI process imports it too.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from celery import Celery, Task
 from celery.exceptions import Reject
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from services.dispatch.broker import TASK_NAME
+from services.settings import Settings
 from services.worker import shutdown
-from services.worker.app import TASK_NAME
 
 # The database being unreachable is the one transient error: the runner records every other
 # failure on the job itself. Retrying is safe: the claim drops the message if the job has
@@ -22,11 +24,12 @@ DB_RETRY_COUNTDOWN_S = 5
 DB_MAX_RETRIES = 120
 
 
-def register_tasks(app: Celery, settings: Any) -> None:
+def register_tasks(app: Celery, settings: Settings) -> None:
     """Bind ``accum.run_job`` to ``app``; the task runs jobs with these ``settings``."""
 
     @app.task(name=TASK_NAME, bind=True, ignore_result=True, max_retries=DB_MAX_RETRIES)
     def run_job(task: Task, job_id: str) -> None:
+        # Lazy: keeps torch out of the worker process until a job runs (see the docstring).
         from services.worker.runner import run_job as run
 
         if shutdown.requested.is_set():

@@ -10,8 +10,9 @@ The trainer library only: it imports torch, and nothing of the service (`service
 from accumcore.callbacks import Callback, CheckpointInfo
 from accumcore.checkpoint import load_checkpoint, save_checkpoint
 from accumcore.trainer import FitHistory, NonFiniteError, Trainer
+from accumcore.verify_window import ExactnessError
 
 __all__ = [
-    "Callback", "CheckpointInfo", "FitHistory", "NonFiniteError", "Trainer", "load_checkpoint",
+    "Callback", "CheckpointInfo", "ExactnessError", "FitHistory", "NonFiniteError", "Trainer", "load_checkpoint",
     "save_checkpoint",
 ]

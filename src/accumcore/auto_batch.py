@@ -33,7 +33,7 @@ from torch.utils.data import TensorDataset
 from accumcore import distributed, items
 from accumcore.callbacks import Callback
 from accumcore.data import make_loader
-from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, release_memory
+from accumcore.oom import MicroBatchTooSmall, is_oom, release_memory
 from accumcore.peak_memory import cpu_peak_added, tensor_bytes
 from accumcore.rng import capture_rng_state, restore_rng_state
 from accumcore.trainer import Trainer
@@ -199,8 +199,10 @@ def measure_footprint(
             if read_ahead:
                 per_micro_batch += loader.inputs_bytes
             used = alive + peak + (accumulation_steps - probed) * per_micro_batch
-    except _NOT_FITTING:
-        used = None
+    except (RuntimeError, _ProbeOutOfMemory) as exc:
+        if not (is_oom(exc) or isinstance(exc, _ProbeOutOfMemory | MicroBatchTooSmall)):
+            raise
+        used = None  # does not fit (the cache is emptied below, after the finally)
     finally:
         model.zero_grad(set_to_none=True)
         probe_optimizer = None
@@ -232,8 +234,6 @@ class _NoBackOff(Callback):
         if kind == "oom_backoff":
             raise _ProbeOutOfMemory(message)
 
-
-_NOT_FITTING: tuple[type[BaseException], ...] = (*OOM_ERRORS, _ProbeOutOfMemory, MicroBatchTooSmall)
 
 # What a window keeps per micro-batch besides its targets (a detached loss, a count), rounded up.
 _BOOKKEEPING_BYTES = 64

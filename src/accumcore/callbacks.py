@@ -45,7 +45,8 @@ class Callback:
 
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
         """Called for notable events: ``oom_backoff``, ``fp16_step_skipped``,
-        ``nonfinite_step_skipped``, ``empty_window``, ``batchnorm_warning``, ``resume_inexact``."""
+        ``nonfinite_step_skipped``, ``empty_window``, ``batchnorm_warning``, ``resume_inexact``,
+        ``exactness_check`` (``Trainer(verify_window=...)``)."""
 
     def should_stop(self) -> bool:
         """Polled before every micro-batch (under DDP: once per window, and every rank stops
@@ -91,6 +92,12 @@ class CallbackList:
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
         for callback in self.callbacks:
             callback.on_event(trainer, kind, message, data)
+
+    @property
+    def can_stop(self) -> bool:
+        """Whether any callback overrides ``should_stop`` (else the trainer never polls it and
+        keeps no stop bookkeeping)."""
+        return bool(self._stoppers)
 
     def should_stop(self) -> bool:
         return any(c.should_stop() for c in self._stoppers)

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from accumcore import items
+from accumcore.device_feed import record_stream
 
 log = logging.getLogger(__name__)
 
@@ -137,18 +138,6 @@ def loader_kwargs(device: str | torch.device, num_workers: int = 0) -> dict[str,
     return kwargs
 
 
-def _record_stream(batch: Any, stream: torch.cuda.Stream) -> None:
-    """Tell the caching allocator the tensors are used on `stream` (so it will not reuse them)."""
-    if isinstance(batch, torch.Tensor):
-        batch.record_stream(stream)
-    elif isinstance(batch, tuple | list):
-        for item in batch:
-            _record_stream(item, stream)
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            _record_stream(value, stream)
-
-
 class CudaPrefetcher:
     """Iterate a loader, copying batch k+1 to the GPU on a side stream while batch k computes.
 
@@ -189,7 +178,7 @@ class CudaPrefetcher:
         while upcoming is not _END:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             current = upcoming
-            _record_stream(current, torch.cuda.current_stream(self.device))
+            record_stream(current, torch.cuda.current_stream(self.device))
             upcoming = load_next()
             yield current
 
@@ -273,3 +262,9 @@ def prepare(
         cfg["betas"] = tuple(cfg["betas"])
     optimizer = make_optimizer(name, model.parameters(), lr, device=device, **cfg)
     return model, optimizer
+
+
+def host_loader(loader: Any) -> Any:
+    """The loader whose batches stay on the host: a ``CudaPrefetcher``'s own loader, else
+    ``loader`` itself (the feed copies each micro-batch just before its forward instead)."""
+    return loader.loader if isinstance(loader, CudaPrefetcher) else loader

@@ -30,6 +30,16 @@ def peak_memory_bytes(device: torch.device) -> float | None:
     return None
 
 
+def take_peak_memory(device: torch.device) -> float | None:
+    """The peak since the last take (or ``reset_peak_memory``), then start a new one: each
+    optimizer step reports its own peak, and an evaluation its own (``val_peak_memory_bytes``),
+    instead of a running maximum since ``fit`` started. None off CUDA."""
+    peak = peak_memory_bytes(device)
+    if peak is not None:
+        reset_peak_memory(device)
+    return peak
+
+
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

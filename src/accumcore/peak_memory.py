@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from accumcore import items
 
 
 def memory_events(run: Callable[[], None]) -> list[dict[str, Any]]:
@@ -70,3 +73,59 @@ def tensor_bytes(tensors: object) -> int:
 
     visit(tensors)
     return sum(seen.values())
+
+
+class ResidentBytes:
+    """A CPU stand-in for device memory: the bytes of the copies ``copy`` made that are alive.
+
+    Pass ``copy`` as ``DeviceFeed(copy=...)`` (or as any loader's device copy): each tensor it
+    copies is cloned, and counted until the clone is freed, so ``peak`` is the most bytes the
+    trainer held "on the device" at once, and ``samples`` the samples among them now.
+    """
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.peak = 0
+        self.samples = 0
+        self.peak_samples = 0
+
+    def copy(self, batch: Any) -> Any:
+        """Clone ``batch`` (tensors in nested tuples, lists, dicts); an (inputs, targets) pair
+        also counts its rows as samples while its inputs are alive."""
+        copied = self._clone(batch)
+        if isinstance(copied, tuple | list) and len(copied) == 2:
+            first = items.first_dim(copied[0]) if copied[0] is not None else 0
+            anchor = next(_tensors(copied[0]), None)
+            if first and anchor is not None:
+                self._add(0, first)
+                weakref.finalize(anchor, self._add, 0, -first)
+        return copied
+
+    def _clone(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            clone = value.clone()
+            self._add(clone.nbytes, 0)
+            weakref.finalize(clone, self._add, -clone.nbytes, 0)
+            return clone
+        if isinstance(value, dict):
+            return {key: self._clone(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self._clone(item) for item in value)
+        return value
+
+    def _add(self, nbytes: int, samples: int) -> None:
+        self.bytes += nbytes
+        self.samples += samples
+        self.peak = max(self.peak, self.bytes)
+        self.peak_samples = max(self.peak_samples, self.samples)
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)

@@ -28,10 +28,37 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.get_total_norm(grads, 2.0)
 
 
+# bfloat16 tensor cores arrived with Ampere; torch.cuda.is_bf16_supported() also counts the
+# emulation older GPUs run many times slower, so the capability is what is checked.
+NATIVE_BF16_CAPABILITY = (8, 0)
+
+
+class UnsupportedPrecision(ValueError):
+    """The device cannot run this precision natively."""
+
+
+def check_native_bf16(device: torch.device) -> None:
+    """Refuse bf16 on a CUDA device without native bfloat16 (compute capability < 8.0: V100,
+    T4, ...), naming fp16, which those GPUs run natively. CPUs run bf16 autocast as is."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if tuple(capability) < NATIVE_BF16_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        raise UnsupportedPrecision(
+            f"precision='bf16' needs a GPU with native bfloat16 (compute capability >= 8.0, "
+            f"e.g. A100, L4, H100); {name} is {capability[0]}.{capability[1]} and would emulate "
+            "it slowly. Use precision='fp16' (loss scaling is automatic) or 'fp32', or send the "
+            "job to a queue of newer GPUs"
+        )
+
+
 class Precision:
     def __init__(self, name: str, device: torch.device) -> None:
         if name not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {name!r}")
+        if name == "bf16":
+            check_native_bf16(device)
         self.name = name
         self.device_type = device.type
         self.scaler: torch.amp.GradScaler | None = (

@@ -3,6 +3,13 @@
 ``capture_rng_state`` is cheap (it runs at every window boundary); ``serialise_rng_state``
 turns a capture into tensors and plain Python values so checkpoints load with
 ``torch.load(weights_only=True)``.
+
+Under DDP each rank draws from its own generators (dropout on its own GPU), and rank 0 alone
+writes the checkpoint: ``gather_by_rank`` collects every rank's states into it (``ranks``,
+one collective per checkpoint), and ``restore_rng_state`` gives each rank its own back.
+CUDA states are restored per device index for the devices both sides have (a worker that
+sees fewer GPUs than the one that saved resumes instead of failing), and the generator of
+the device the saving process trained on goes to the device this one trains on.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -24,10 +32,22 @@ def capture_rng_state() -> dict[str, Any]:
     # Only read CUDA states when CUDA is already in use: reading them would initialise it.
     if torch.cuda.is_initialized():  # cheap, unlike is_available()
         state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda_device"] = torch.cuda.current_device()
     return state
 
 
-def serialise_rng_state(state: dict[str, Any]) -> dict[str, Any]:
+def gather_by_rank(state: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Every rank's serialised states, in rank order (a collective: call it on every rank);
+    None outside DDP."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, serialise_rng_state(state))
+    return gathered
+
+
+def serialise_rng_state(state: dict[str, Any], ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``state`` as tensors and plain values; ``ranks``: every DDP rank's (``gather_by_rank``)."""
     np_state = state["numpy"]
     if isinstance(np_state, tuple):
         np_state = {
@@ -42,10 +62,17 @@ def serialise_rng_state(state: dict[str, Any]) -> dict[str, Any]:
         "numpy": np_state,
         "python": [state["python"][0], list(state["python"][1]), state["python"][2]],
         "cuda": list(state["cuda"]),
+        "cuda_device": state.get("cuda_device"),
+        **({"ranks": ranks} if ranks else {}),
     }
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
+    """Restore a capture; under DDP, this rank's own states when the checkpoint has them."""
+    ranks = state.get("ranks")
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if ranks and rank < len(ranks):
+        state = ranks[rank]
     torch.set_rng_state(state["torch"].cpu())
     np_state = state["numpy"]
     if isinstance(np_state, dict):
@@ -60,4 +87,13 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        restore_cuda(list(state["cuda"]), state.get("cuda_device"))
+
+
+def restore_cuda(saved: list[torch.Tensor], saved_device: int | None) -> None:
+    """Device i's generator from ``saved[i]`` for the devices both sides have; then the one
+    the saving process trained on (``saved_device``) onto the device this process uses."""
+    for index, device_state in enumerate(saved[: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(device_state.cpu(), index)
+    if saved_device is not None and saved_device < len(saved):
+        torch.cuda.set_rng_state(saved[saved_device].cpu(), torch.cuda.current_device())

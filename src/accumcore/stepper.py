@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from accumcore import distributed, metrics
+from accumcore.oom import OptimizerStepOutOfMemory, optimizer_step_or_oom
 from accumcore.precision import Precision
 from accumcore.window import WindowResult
 
@@ -114,7 +115,15 @@ class WindowStepper:
         if bad is not None and self.precision.scaler is None:
             self._abandon()
             return replace(outcome, nonfinite=bad)
-        self.precision.optimizer_step(self.optimizer)
+        if not optimizer_step_or_oom(self.optimizer, lambda: self.precision.optimizer_step(self.optimizer)):
+            # Out of memory allocating the optimizer's state (undone): back off like a window.
+            self._abandon()
+            if self.ddp:  # the other ranks have stepped: this rank cannot retry alone
+                raise OptimizerStepOutOfMemory(
+                    "out of memory allocating the optimizer's state on one DDP rank (the others "
+                    "stepped): lower micro_batch_size, use precision='bf16', or sgd"
+                )
+            return replace(outcome, oom=True)
         skipped = False
         if self.precision.scaler is not None:
             previous, self.loss_scale = self.loss_scale, self.precision.loss_scale()

@@ -9,6 +9,7 @@ What ``fit`` does, one screen (numbers: the rules of docs/accumulation.md; right
         batches = iter(loader) from the epoch's start RNG states       # loader_state (9)
         while window := next N batches:                                 # _train_epoch
             micro, n_i = split on OOM back-off, count items             # window, items (2, 10, 15)
+            first window, verify_window: accumulated == big batch?      # verify_window (16)
             W = sum(n_i)  [DDP: all-reduce with the stop/data flags]    # window.WindowRunner (7)
             for i, mb in enumerate(micro):
                 with no_sync unless i is last:                          # distributed (7)
@@ -44,13 +45,15 @@ from accumcore import distributed, items, loader_state, metrics
 from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
+from accumcore.fast_path import host_loader
 from accumcore.loss import ModelLossOrCrossEntropy, check_loss_fn, check_mean_over_items
-from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, next_split, release_memory
+from accumcore.oom import MicroBatchTooSmall, is_oom, next_split, release_memory
 from accumcore.precision import Precision
-from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
+from accumcore.rng import capture_rng_state, gather_by_rank, restore_rng_state, serialise_rng_state
 from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
 from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
+from accumcore.verify_window import check_first_window, check_option
 from accumcore.window import EXHAUSTED, STOPPED, WindowRunner, make_micro_batches
 from accumcore.window_source import PendingBatch, target_source
 
@@ -122,6 +125,13 @@ class Trainer:
             the GradScaler, which skips those steps itself.
         max_consecutive_skips: raise ``NonFiniteError`` after this many skipped steps in a
             row (``on_nonfinite="skip"`` or fp16 overflows): the run has diverged.
+        verify_window: before the first optimizer step of a fit from step 0, compare the
+            first window's accumulated gradient with its big batch's (eval mode, fp32;
+            ``accumcore.verify_window``) and report it as an ``exactness_check`` event.
+            ``True`` raises ``ExactnessError`` (naming the likely cause) above the tolerance,
+            ``"warn"`` reports and trains on, ``False`` (default) skips the check.
+        verify_memory_limit_bytes: cap on the check's big-batch peak memory; the check then
+            uses the first micro-batches that fit (a sub-window, said in the event).
 
     Raises:
         TypeError: no model or no optimizer.
@@ -148,6 +158,8 @@ class Trainer:
         shift_labels: bool | None = None,
         on_nonfinite: str = "fail",
         max_consecutive_skips: int = 25,
+        verify_window: bool | str = False,
+        verify_memory_limit_bytes: int | None = None,
     ) -> None:
         _check_model_and_optimizer(model, optimizer, loss_fn)
         if on_nonfinite not in NONFINITE_POLICIES:
@@ -156,6 +168,11 @@ class Trainer:
             raise ValueError(f"max_consecutive_skips must be >= 1, got {max_consecutive_skips}")
         self.on_nonfinite = on_nonfinite
         self.max_consecutive_skips = max_consecutive_skips
+        self.verify_window = check_option(verify_window)
+        if verify_memory_limit_bytes is not None and verify_memory_limit_bytes < 1:
+            raise ValueError(f"verify_memory_limit_bytes must be >= 1 or None, got {verify_memory_limit_bytes}")
+        self.verify_memory_limit_bytes = verify_memory_limit_bytes
+        self._verify_pending = False  # set by fit: the check runs on a fresh fit's first window
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
@@ -190,7 +207,7 @@ class Trainer:
         )
         self._runner = WindowRunner(
             self.model, self.loss_fn, self.precision, self.device,
-            self.callbacks.should_stop if self.callbacks._stoppers else None,
+            self.callbacks.should_stop if self.callbacks.can_stop else None,
         )
         # Progress, all of it at the last window boundary.
         self.epoch = 0
@@ -249,6 +266,7 @@ class Trainer:
                 "stepped after each epoch's evaluation, and every eval_every steps)"
             )
         history = self._history = FitHistory()
+        self._verify_pending = bool(self.verify_window) and self.global_step == 0
         self.callbacks.on_fit_start(self)
         if not self.model.training:
             # Only a model left in eval mode as a whole is switched: submodules the user put
@@ -291,7 +309,7 @@ class Trainer:
         eval_every: int | None,
     ) -> str:
         steps_per_window = self.schedule.at(self.epoch)
-        may_stop = bool(self.callbacks._stoppers)
+        may_stop = self.callbacks.can_stop
         stateful = self._stateful_dataset = loader_state.stateful_dataset(loader)
         batches = self._epoch_batches(loader, may_stop)
         batches_per_epoch = loader_state.batches_per_epoch(loader)
@@ -380,6 +398,7 @@ class Trainer:
 
     def _iterate(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
         """A new iterator over the loader, past its first ``skip`` batches (skipped now)."""
+        loader = host_loader(loader)  # not a CudaPrefetcher's: it would put the window on the device
         batch_sampler: Any = getattr(loader, "batch_sampler", None)
         source = target_source(loader, self._custom_counter, self.ignore_index, self.count_items)
         if source is not None:
@@ -407,9 +426,14 @@ class Trainer:
                 self._check_loss_scale = not check_mean_over_items(
                     distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
                 )
+            if self._verify_pending:  # before the first optimizer step (rule 16)
+                self._verify_pending = False
+                check_first_window(self, micro_batches)
             try:
                 result = self._runner.run(micro_batches, windows_left)
-            except OOM_ERRORS:
+            except RuntimeError as exc:
+                if not is_oom(exc):
+                    raise
                 result = None  # handled below, outside the except block, so the traceback is freed
             if isinstance(result, str):  # STOPPED, or EXHAUSTED (DDP: no rank has data left)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -494,7 +518,7 @@ class Trainer:
         }
         if outcome.grad_norm is not None:
             step_metrics["grad_norm"] = outcome.grad_norm
-        peak = metrics.peak_memory_bytes(self.device)
+        peak = metrics.take_peak_memory(self.device)  # this step's own peak
         if peak is not None:
             step_metrics["peak_memory_bytes"] = peak
         if outcome.loss_scale is not None:
@@ -533,6 +557,9 @@ class Trainer:
             assert self.scheduler is not None
             self.scheduler.step(values["val_loss"])
         eval_metrics = {"step": float(self.global_step), "epoch": float(self.epoch), **values}
+        peak = metrics.take_peak_memory(self.device)  # the evaluation's, apart from the steps'
+        if peak is not None:
+            eval_metrics["val_peak_memory_bytes"] = peak
         self._last_eval_step = self.global_step
         self._history.evals.append(eval_metrics)
         self.callbacks.on_eval(self, eval_metrics)
@@ -578,10 +605,15 @@ class Trainer:
     def _write_checkpoint(self) -> CheckpointInfo | None:
         assert self.checkpoint_dir is not None
         self._last_checkpoint_step = self.global_step
+        # DDP: every rank's RNG states into rank 0's file (a collective, on every rank).
+        ranks = gather_by_rank(self._rng_at_boundary or capture_rng_state())
         if not distributed.is_main_process():
             return None
+        state = self.state_dict()
+        if ranks:
+            state["rng"]["ranks"] = ranks
         info = save_checkpoint(
-            self.state_dict(), self.checkpoint_dir / f"{self.global_step}.pt",
+            state, self.checkpoint_dir / f"{self.global_step}.pt",
             metrics=self._last_metrics,
         )
         self._history.checkpoints.append(info)

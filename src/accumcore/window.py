@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from accumcore import distributed, items
-from accumcore.oom import OOM_ERRORS, MicroBatchTooSmall, release_memory
+from accumcore.device_feed import DeviceFeed
+from accumcore.oom import MicroBatchTooSmall, is_oom, release_memory
 from accumcore.precision import Precision
 from accumcore.window_source import PendingBatch, split_indices
 
@@ -134,6 +135,7 @@ class WindowRunner:
         self.device = device
         self.should_stop = should_stop
         self.ddp = distributed.ddp_wrapped(model)
+        self.feed = DeviceFeed(device)
 
     def run(self, micro_batches: list[MicroBatch], windows_left: int | None = None) -> WindowResult | str:
         """Forward+backward every micro-batch; ``STOPPED`` when ``should_stop`` asked to stop,
@@ -190,6 +192,7 @@ class WindowRunner:
         loss: Any = None
         loaded: Any = None  # the current micro-batch's inputs on the host (OOM template)
         in_sync_backward = False
+        feed = self.feed.window(micro_batches)  # inputs on the device one micro-batch at a time
         for index, mb in enumerate(micro_batches):
             # Drop the previous micro-batch's tensors before loading the next, so that only
             # the current micro-batch's inputs are alive (on the device, on CUDA).
@@ -197,9 +200,7 @@ class WindowRunner:
             if index and not self.ddp and self.should_stop is not None and self.should_stop():
                 return STOPPED
             try:
-                loaded, targets = mb.load()
-                inputs = items.to_device(loaded, self.device)
-                targets = items.to_device(targets, self.device)
+                loaded, inputs, targets = next(feed)
                 with distributed.no_sync(self.model, synced and index < last):
                     with self.precision.autocast():
                         outputs = items.forward(module, inputs)
@@ -207,9 +208,9 @@ class WindowRunner:
                     _check_scalar(loss)
                     in_sync_backward = synced and index == last
                     self._backward(mb, loss, outputs, weight_factor, divisor, losses, counts)
-            except OOM_ERRORS:
-                if not self.ddp:
-                    raise  # the trainer backs off and restarts the window
+            except RuntimeError as exc:
+                if not self.ddp or not is_oom(exc):
+                    raise  # single process: the trainer backs off and restarts the window
                 if in_sync_backward:
                     raise MicroBatchTooSmall(
                         "out of memory inside DDP's gradient all-reduce (the window's last "

@@ -127,6 +127,15 @@ def test_should_stop_takes_effect_before_the_next_micro_batch(tmp_path) -> None:
     assert all(torch.equal(a, p) and p.grad is None for a, p in zip(before, model.parameters(), strict=True))
 
 
+def test_only_callbacks_that_override_should_stop_make_the_trainer_poll() -> None:
+    model = class_model(torch.float32)
+    quiet = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                    callbacks=[Recorder()])
+    polled = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                     callbacks=[Recorder(), StopAt(model, k=3)])
+    assert not quiet.callbacks.can_stop and polled.callbacks.can_stop
+
+
 def test_batchnorm_in_train_mode_is_reported_as_an_event() -> None:
     recorder = Recorder()
     model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))

@@ -40,3 +40,89 @@ def test_at_most_one_device_sync_per_window_and_peak_memory_reported() -> None:
     assert len(history.steps) == 4
     assert len(syncs) <= len(history.steps), [str(w.message) for w in syncs]
     assert all(s["peak_memory_bytes"] > 0 for s in history.steps)
+
+
+def _peak_with_prefetcher(n_acc: int, m: int = 8) -> int:
+    """Peak CUDA memory of one epoch fed by the fast path's streaming loader (pinned memory,
+    CudaPrefetcher) with a tiny model, so that the inputs are most of the memory."""
+    from accumcore.device_data import fast_loader
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 64 * 64, 3))
+    dataset = torch.utils.data.TensorDataset(torch.randn(m * 16, 3, 64, 64), torch.randint(0, 3, (m * 16,)))
+    loader = fast_loader(dataset, m, seed=0, device="cuda", name="not-small")
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                      accumulation_steps=n_acc, device="cuda")
+    trainer.fit(loader, epochs=1)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    trainer.fit(loader, epochs=2)
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated())
+
+
+def test_a_window_read_ahead_through_the_prefetcher_stays_on_the_host() -> None:
+    # Issue 19 item 1: the prefetcher used to copy every batch of a window read ahead.
+    micro_batch = 8 * 3 * 64 * 64 * 4
+    one, sixteen = _peak_with_prefetcher(1), _peak_with_prefetcher(16)
+    assert sixteen - one < micro_batch  # not 15 more micro-batches: at most one in flight
+
+
+def test_a_real_cuda_out_of_memory_is_classified_and_its_cache_released() -> None:
+    from accumcore.oom import is_oom, release_memory
+
+    held = torch.empty(64 * 2**20, device="cuda")
+    del held  # a cached block the release must give back
+    try:
+        torch.empty(2**50, dtype=torch.uint8, device="cuda")
+    except RuntimeError as exc:
+        assert is_oom(exc)
+    else:  # pragma: no cover - no device has a petabyte
+        raise AssertionError("a petabyte was allocated")
+    release_memory()
+    assert torch.cuda.memory_reserved() == 0
+
+
+def test_cuda_generator_states_round_trip_through_a_checkpoint_state() -> None:
+    from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
+
+    torch.cuda.manual_seed_all(3)
+    torch.rand(1, device="cuda")  # CUDA in use: its states are captured
+    state = serialise_rng_state(capture_rng_state())
+    assert state["cuda_device"] == torch.cuda.current_device()
+    first = torch.rand(4, device="cuda")
+    restore_rng_state(state)
+    assert torch.equal(torch.rand(4, device="cuda"), first)
+
+
+def test_bf16_is_accepted_exactly_where_the_gpu_has_it_natively() -> None:
+    from accumcore.precision import Precision, UnsupportedPrecision
+
+    if torch.cuda.get_device_capability() >= (8, 0):
+        assert Precision("bf16", torch.device("cuda")).name == "bf16"
+    else:
+        with pytest.raises(UnsupportedPrecision, match="fp16"):
+            Precision("bf16", torch.device("cuda"))
+
+
+def test_peak_memory_is_per_step_and_the_evaluation_has_its_own() -> None:
+    model = class_model(torch.float32)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                      device="cuda")
+    small = make_loader(class_dataset(8, torch.float32), 2)
+    big_val = make_loader(class_dataset(4096, torch.float32), 4096, shuffle=False)
+    history = trainer.fit(small, epochs=2, val_loader=big_val)
+    eval_peak = history.evals[0]["val_peak_memory_bytes"]
+    # A running maximum would carry the first evaluation's batch into the next epoch's steps.
+    assert all(s["peak_memory_bytes"] < eval_peak for s in history.steps[4:])
+
+
+def test_the_worker_names_its_gpus_without_a_cuda_context() -> None:
+    import subprocess
+    import sys
+
+    code = ("import torch; from services.worker.runner import describe_gpu; name = describe_gpu(); "
+            "assert not torch.cuda.is_initialized(), 'a CUDA context'; print(name)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert torch.cuda.get_device_name(0) in done.stdout

@@ -45,7 +45,7 @@ def test_addresses_are_counted_apart() -> None:
 def test_memory_is_bounded_by_forgetting_the_least_recent_addresses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(auth_failures, "MAX_ADDRESSES", 3)
+    monkeypatch.setattr(auth_failures, "MAX_KEYS", 3)
     limiter = AuthFailureLimiter(1, 60.0, Clock())
     for address in "abcd":
         limiter.record_failure(address)

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from job_specs import MINIMAL_SPEC
 
-from services.catalog import DATASETS, MODELS
+from services.catalog import DATASETS, MODELS, served_names
 
 from .helpers import PROBLEM_JSON, field_error
 
@@ -35,6 +35,21 @@ BAD_SPECS = [
     ("lr<0", with_changes(optimizer={"name": "sgd", "lr": -0.1}), "body.optimizer.lr", "greater than 0"),
     ("unknown-field", with_changes(surprise=1), "body.surprise", "not permitted"),
     ("unknown-nested-field", with_changes(optimizer={"name": "sgd", "lr": 0.1, "nesterov": True}), "body.optimizer.nesterov", ""),
+    # Issue 15: every size has a maximum, named in the error.
+    ("lr=1e308", with_changes(optimizer={"name": "sgd", "lr": 1e308}), "body.optimizer.lr", "less than or equal to 10"),
+    ("fake-size=1e30", with_changes(dataset={"name": "fake", "size": 10**30}), "body.dataset", "from 1 to 10000000"),
+    ("fake-image=1e6", with_changes(dataset={"name": "fake", "image_size": 10**6}), "body.dataset", "from 1 to 1024"),
+    ("text-max_len=1e9", with_changes(model="tiny_transformer", dataset={"name": "text", "max_len": 10**9}), "body.dataset", "from 2 to 4096"),
+    ("mlp-1e12x1e6", with_changes(model={"name": "mlp", "hidden": 10**12, "depth": 10**6}), "body.model", "from 1 to 65536"),
+    ("epochs=1e6", with_changes(epochs=10**6), "body.epochs", "less than or equal to 10000"),
+    ("max_steps=1e9", with_changes(epochs=DROP, max_steps=10**9), "body.max_steps", "less than or equal to 100000000"),
+    ("keep=101", with_changes(keep_checkpoints=101), "body.keep_checkpoints", "less than or equal to 100"),
+    ("restarts=11", with_changes(max_restarts=11), "body.max_restarts", "at most 10 on this service"),
+    ("gpus=9", with_changes(gpus=9), "body.gpus", "at most 8 on this service"),
+    ("gpus=65", with_changes(gpus=65), "body.gpus", "less than or equal to 64"),
+    ("too-many-steps", with_changes(dataset={"name": "fake", "size": 10**7}, micro_batch_size=1, accumulation_steps=1, epochs=100), "body.epochs", "at most 100,000,000"),
+    ("model-too-large", with_changes(model={"name": "mlp", "hidden": 65536, "depth": 64}), "body.model", "cannot fit on one device"),
+    ("batch-too-large", with_changes(model="vit_l_16", dataset={"name": "fake", "image_size": 1024}, micro_batch_size=1024), "body.micro_batch_size", "cannot fit on one device"),
 ]
 
 
@@ -47,10 +62,19 @@ def test_invalid_spec_is_422_at_its_field(client: TestClient, alice: dict[str, s
         assert loc in response.json()["detail"], case
 
 
+def test_nothing_is_stored_for_a_spec_over_a_limit(
+    client: TestClient, alice: dict[str, str]
+) -> None:
+    for case, spec, _loc, _ in BAD_SPECS[-4:]:
+        assert client.post("/v1/jobs", json=spec, headers=alice).status_code == 422, case
+    assert client.get("/v1/jobs", headers=alice).json()["items"] == []
+
+
 def test_unknown_names_list_the_allowed_values(client: TestClient, alice: dict[str, str]) -> None:
     cases = [
-        (with_changes(model="resnet9000"), "body.model", sorted(MODELS)),
-        (with_changes(dataset="imagenet22k"), "body.dataset", sorted(DATASETS)),
+        # The catalog's names, then the namespaces, your own data and the plugins served here.
+        (with_changes(model="resnet9000"), "body.model", served_names("model")),
+        (with_changes(dataset="imagenet22k"), "body.dataset", served_names("dataset")),
         (with_changes(optimizer={"name": "rmsprop", "lr": 0.1}), "body.optimizer.name", ["sgd", "adamw"]),
         (with_changes(precision="fp8"), "body.precision", ["fp32", "bf16", "fp16"]),
     ]

@@ -16,13 +16,13 @@ import pytest
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.testclient import TestClient
 from job_specs import MINIMAL_SPEC
-from ports import free_port
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from services.api.errors import PROBLEM_JSON, Problem, install_error_handlers, validation_problem
 from services.api.main import create_app
-from services.catalog import DATASETS, MODELS
+from services.catalog import served_names
+from services.ports import free_port
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
 
@@ -94,8 +94,8 @@ def test_422_names_the_dotted_field_path(client: TestClient) -> None:
 @pytest.mark.parametrize(
     ("change", "loc", "names"),
     [
-        ({"model": "nope"}, "body.model", sorted(MODELS)),
-        ({"dataset": {"name": "nope"}}, "body.dataset", sorted(DATASETS)),
+        ({"model": "nope"}, "body.model", served_names("model")),
+        ({"dataset": {"name": "nope"}}, "body.dataset", served_names("dataset")),
         ({"precision": "fp64"}, "body.precision", ["fp32", "bf16", "fp16"]),
         ({"optimizer": {"name": "lamb", "lr": 1}}, "body.optimizer.name", ["sgd", "adamw"]),
         ({"scheduler": "linear"}, "body.scheduler.name", ["none", "cosine", "step"]),

@@ -1,4 +1,4 @@
-"""The app as a whole: torch-free import, lazy module-level `app`, lifespan runs the lease
+"""The app as a whole: torch-free import with no worker code, lazy module-level `app`, lifespan runs the lease
 reaper, OpenAPI and docs served."""
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ start = time.perf_counter()
 from services.api.main import app
 seconds = time.perf_counter() - start
 catalog = "services.catalog" in sys.modules  # GET /v1/catalog and spec validation read it
+worker = sorted(m for m in sys.modules if m == "services.worker" or m.startswith("services.worker."))
 print(json.dumps({"torch": "torch" in sys.modules, "catalog": catalog, "seconds": seconds,
-                  "title": app.title}))
+                  "title": app.title, "worker": worker}))
 """
 
 
-def test_importing_and_building_the_app_never_imports_torch(accum_home: Path) -> None:
+def test_importing_and_building_the_app_imports_neither_torch_nor_the_worker(accum_home: Path) -> None:
     env = {**os.environ, "ACCUM_HOME": str(accum_home)}
     env.pop("ACCUM_DATABASE_URL", None)
     result = subprocess.run(
@@ -46,6 +47,7 @@ def test_importing_and_building_the_app_never_imports_torch(accum_home: Path) ->
     assert result.returncode == 0, result.stderr
     probe = json.loads(result.stdout.strip().splitlines()[-1])
     assert probe["catalog"] is True and probe["torch"] is False
+    assert probe["worker"] == []  # enqueue and reaper come from services.dispatch
     assert probe["title"] == "accum"  # `app` was built from the ACCUM_* environment on demand
 
 

@@ -46,7 +46,8 @@ def test_the_worker_and_the_error_take_their_documented_shape() -> None:
     job.owner = "alice"
 
     assert job.worker is not None and job.worker.model_dump() == {"name": None, "host": "node-1", "gpu": None}
-    assert job.error is not None and job.error.model_dump() == {"type": "Error", "message": "5"}
+    assert job.error is not None
+    assert job.error.model_dump() == {"type": "Error", "message": "5", "reason": None}
     assert job.model_dump()["owner"] == "alice"
 
 

@@ -3,6 +3,7 @@ SSE stream (an event and metrics written after the stream opened arrive, then `e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import subprocess
@@ -16,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 from job_specs import MINIMAL_SPEC
-from ports import free_port
 from sqlalchemy.orm import Session, sessionmaker
 
 from accum import parse_sse
+from services.ports import free_port
 from services.settings import Settings
 from services.store import events, leases, metrics, tokens
 
@@ -29,12 +30,21 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def server(api_settings: Settings) -> Iterator[str]:
     """`uvicorn services.api.main:app` with the test's store; yields its base URL."""
+    with serve(api_settings) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve(api_settings: Settings, **settings: str) -> Iterator[str]:
+    """A uvicorn process with the test's store and `settings` (`max_streams_per_owner="2"`
+    is ACCUM_MAX_STREAMS_PER_OWNER=2); yields its base URL."""
     port = free_port()
     env = {
         **os.environ,
         "ACCUM_HOME": str(api_settings.home),
         "ACCUM_DATABASE_URL": api_settings.database_url,
         "ACCUM_BROKER_URL": api_settings.broker_url,
+        **{f"ACCUM_{name.upper()}": value for name, value in settings.items()},
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "services.api.main:app", "--port", str(port), "--log-level", "warning"],
@@ -66,10 +76,13 @@ def server(api_settings: Settings) -> Iterator[str]:
 
 
 def read_stream(url: str, headers: dict[str, str], out: queue.Queue[tuple[str, dict[str, Any]]]) -> None:
-    with httpx.stream("GET", url, headers={**headers, "Accept": "text/event-stream"}, timeout=30) as response:
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for event, data in parse_sse(response.iter_lines()):
-            out.put((event, data))
+    try:
+        with httpx.stream("GET", url, headers={**headers, "Accept": "text/event-stream"}, timeout=30) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for event, data in parse_sse(response.iter_lines()):
+                out.put((event, data))
+    except httpx.RemoteProtocolError:  # the server stopped under an open stream (teardown)
+        out.put(("cut", {}))
     out.put(("closed", {}))
 
 

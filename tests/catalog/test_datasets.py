@@ -44,7 +44,7 @@ def test_fake_data_is_deterministic_per_seed_and_honours_options() -> None:
     small = build_dataset("fake", image_size=8, num_classes=3, size=2, val_size=1)
     assert small.train[0][0].shape == (3, 8, 8) and small.info.num_classes == 3
     assert build_model("mlp", small)(small.train[0][0][None]).shape == (1, 3)
-    with pytest.raises(ValueError, match="option size must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="option size must be an integer from 1 to 10000000; got 0"):
         build_dataset("fake", size=0)
 
 
@@ -121,6 +121,15 @@ def test_missing_data_root_dataset_names_the_root_and_the_fix(name: str, tmp_pat
     assert '"download": true' in message and "Put the files there" in message
     assert excinfo.value.data_root == tmp_path / "data"
     assert not (tmp_path / "data").exists()  # nothing was downloaded or created
+
+
+def test_a_failed_download_does_not_advise_downloading_again(tmp_path: Path) -> None:
+    # No network here (and none on an offline cluster): the download itself fails.
+    with pytest.raises(DatasetUnavailable) as excinfo:
+        build_dataset("mnist", data_root=tmp_path / "data", download=True)
+    message = str(excinfo.value)
+    assert "could not download" in message and "copy the files there" in message
+    assert '"download": true' not in message and str(tmp_path / "data") in message
 
 
 def test_default_data_root_is_under_accum_home(

@@ -23,7 +23,13 @@ from services.catalog import (
     require_dataset,
     require_model,
 )
-from services.catalog.names import BUILTIN_MODELS, DIGITS_TOTAL, TORCHVISION_MODELS
+from services.catalog.names import (
+    BUILTIN_MODELS,
+    DATASET_OPTION_RANGE,
+    DIGITS_TOTAL,
+    MODEL_OPTION_RANGE,
+    TORCHVISION_MODELS,
+)
 
 
 def test_importing_the_catalog_does_not_import_torch_or_numpy() -> None:
@@ -82,7 +88,7 @@ def test_incompatible_reason_names_what_would_work() -> None:
 def test_the_demo_and_token_pairs_are_compatible() -> None:
     assert check_compatible("small_cnn", "digits") is None
     assert check_compatible("tiny_transformer", "text") is None
-    assert compatible_datasets("tiny_transformer") == ["text"]
+    assert compatible_datasets("tiny_transformer") == ["files", "hf_disk", "text"]  # + your own text
     assert compatible_models("text") == ["tiny_transformer"]
 
 
@@ -121,9 +127,15 @@ def test_configured_model_checks_option_names_and_ranges_without_torch() -> None
         ("mlp", {"hidden": True}),
         ("mlp", {"depth": -1}),
         ("small_cnn", {"width": "8"}),
+        ("mlp", {"hidden": 10**12}),
+        ("mlp", {"depth": 10**6}),
+        ("tiny_transformer", {"n_layers": 129}),
     ):
         key = next(iter(bad))
-        with pytest.raises(ValueError, match=rf"model '{name}' option {key} must be an integer >="):
+        low, high = MODEL_OPTION_RANGE[key]
+        with pytest.raises(
+            ValueError, match=rf"model '{name}' option {key} must be an integer from {low} to {high}"
+        ):
             configured_model(name, bad)
     with pytest.raises(ValueError, match="accepted options: hidden, depth"):
         configured_model("mlp", {"width": 3})
@@ -140,9 +152,21 @@ def test_configured_dataset_applies_options_without_torch() -> None:
     )
     short = configured_dataset("text", {"max_len": 16})
     assert short.max_seq_len == 16 and short.train_size > DATASETS["text"].train_size
-    for bad in ({"size": 0}, {"size": "10"}, {"size": True}, {"num_classes": 1}):
-        with pytest.raises(ValueError, match="must be an integer >="):
+    for bad in (
+        {"size": 0},
+        {"size": "10"},
+        {"size": True},
+        {"num_classes": 1},
+        {"size": 10**30},
+        {"image_size": 10**6},
+        {"val_size": 10**7},
+    ):
+        key = next(iter(bad))
+        low, high = DATASET_OPTION_RANGE[key]
+        with pytest.raises(ValueError, match=f"option {key} must be an integer from {low} to {high}"):
             configured_dataset("fake", bad)
+    with pytest.raises(ValueError, match="option max_len must be an integer from 2 to 4096"):
+        configured_dataset("text", {"max_len": 10**9})
     with pytest.raises(ValueError, match="accepted options: max_len"):
         configured_dataset("text", {"max_length": 16})
 
@@ -151,14 +175,16 @@ def test_listings_are_json_and_list_every_entry_with_compatibility() -> None:
     listing = json.loads(json.dumps({"models": models_listing(), "datasets": datasets_listing()}))
     models = {item["name"]: item for item in listing["models"]}
     datasets = {item["name"]: item for item in listing["datasets"]}
-    assert set(models) == set(MODELS) and set(datasets) == set(DATASETS)
-    assert models["tiny_transformer"]["compatible_datasets"] == ["text"]
+    # The catalog, then the namespaces and your own data (tests/catalog/test_served.py).
+    assert set(MODELS) | {"timm:", "hf:"} <= set(models)
+    assert set(DATASETS) | {"imagefolder", "files", "hf_disk"} <= set(datasets)
+    assert models["tiny_transformer"]["compatible_datasets"] == ["files", "hf_disk", "text"]
     assert "small_cnn" in datasets["digits"]["compatible_models"]
     assert (
         datasets["mnist"]["needs_data_root"] is True
         and datasets["digits"]["needs_data_root"] is False
     )
     assert datasets["text"]["vocab_size"] == DATASETS["text"].vocab_size
-    for name, item in models.items():
-        assert item["description"] == MODELS[name].description
+    for name in MODELS:
+        assert models[name]["description"] == MODELS[name].description
     assert list(models)[: len(BUILTIN_MODELS)] == list(BUILTIN_MODELS)

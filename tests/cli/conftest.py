@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from cli_helpers import ACCUM, Server, accum_env, run_accum, wait_until_ready
 from job_specs import MINIMAL_SPEC
-from ports import free_port
 
 from accum import AccumClient
+from services.ports import free_port
 
 START_TIMEOUT_S = 30.0
 
@@ -79,7 +79,7 @@ class Seeder:
 
     def __init__(self, home: Path) -> None:
         from services.settings import Settings
-        from services.store import make_engine, make_session_factory
+        from services.store.db import make_engine, make_session_factory
 
         self.settings = Settings(home=home)
         self.engine = make_engine(self.settings)

@@ -69,6 +69,26 @@ def test_status_shows_model_batch_queue_eta_and_nan_by_name(
     assert SECONDS.search(fields["started"])
 
 
+def test_status_prints_the_exactness_check_on_one_line(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    def line(job_id: str) -> list[str]:  # the value of the `exactness` line(s)
+        code, out, _ = accum(capsys, "status", job_id)
+        assert code == 0
+        assert_fits(out)
+        return [row.split("  ", 1)[1].strip() for row in out.splitlines() if row.startswith("exactness")]
+
+    job = client.submit(tiny_spec)
+    assert line(job["id"]) == ["not checked yet"]
+    seed.event(job["id"], "exactness_check", "first window = big batch: relative error 3.1e-08",
+               {"rel_error": 3.1e-8, "tolerance": 1e-6, "passed": True}, attempt=1)
+    assert line(job["id"]) == ["first window = big batch, rel. error 3.1e-08"]
+    seed.event(job["id"], "exactness_check", "first window != big batch: relative error 0.67",
+               {"rel_error": 0.67, "tolerance": 1e-6, "passed": False}, attempt=2)
+    assert line(job["id"]) == ["NOT exact, rel. error 0.67 > 1e-06 (cause: accum watch ID)"]
+
+
 def test_ids_are_taken_by_unique_prefix(
     cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient,
     tiny_spec: dict[str, Any],

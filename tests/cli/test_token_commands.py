@@ -35,6 +35,7 @@ def test_list_then_revoke_by_prefix_refuses_the_next_request(
 
     code, listing, _ = accum(capsys, "token", "list", "dora")
     assert code == 0 and listing.split("\t")[:2] == ["dora", token[:12]]
+    assert listing.split("\t")[3].startswith("used 20")  # the GET above used it
     assert token[12:] not in listing
     code, out, err = accum(capsys, "token", "revoke", token[:12])
     assert (code, out) == (0, "") and "401" in err
@@ -45,7 +46,7 @@ def test_list_then_revoke_by_prefix_refuses_the_next_request(
     assert accum(capsys, "token", "list", "dora")[1] == ""  # live tokens only
     code, trail, _ = accum(capsys, "token", "list", "dora", "--all")
     assert code == 0 and trail.split("\t")[:2] == ["dora", token[:12]]
-    assert trail.split("\t")[3].startswith("revoked 20")
+    assert trail.split("\t")[4].startswith("revoked 20")
 
 
 def test_revoke_by_whole_token_and_bad_arguments(

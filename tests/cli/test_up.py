@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 from cli_helpers import ACCUM, accum_env, run_accum
-from ports import free_port
+
+from services.ports import free_port
 
 UP_TIMEOUT_S = 90.0
 

@@ -1,7 +1,7 @@
 """The dashboard in headless Chromium over a real deployment (API + worker subprocesses):
-log in, the jobs list, a running job whose loss chart gains points live and is cancelled,
-two jobs compared on one chart, and a job submitted from the form. Each page is saved as a
-PNG under test-artifacts/dashboard/."""
+log in, the jobs list, a running job whose loss chart gains points live and is cancelled
+(with its exactness badge), two jobs compared on one chart (a badge each), and a job
+submitted from the form. Each page is saved as a PNG under test-artifacts/dashboard/."""
 
 from __future__ import annotations
 
@@ -110,6 +110,10 @@ def test_a_running_job_charts_live_and_is_cancelled(
     # New steps arrive over the stream, without a reload.
     plotted(page, "#chart-loss", more_than=first)
     expect(page.locator("#timeline [data-kind=started]")).to_be_visible()
+    # The worker checked the first window against the big batch before the first step.
+    expect(page.locator("#exactness.exact")).to_contain_text(
+        re.compile(r"^first window = big batch, rel\. error \d\.\de-\d+$"))
+    expect(page.locator("#timeline [data-kind=exactness_check]")).to_be_visible()
     shot(page, "job-running")
 
     page.once("dialog", lambda dialog: dialog.accept())  # "Cancel job long-run? ..."
@@ -134,6 +138,7 @@ def test_compare_two_jobs_on_one_chart(
     expect(chart).to_have_attribute("data-series", "2")
     expect(chart).to_have_attribute("data-points", str(2 * SHORT_STEPS))
     expect(page.locator("#compare-table tbody tr")).to_have_count(2)
+    expect(page.locator("#compare-table .exactness.exact")).to_have_count(2)  # a badge per job
     expect(chart.locator(".u-legend")).to_contain_text("batch-64")
     expect(chart.locator(".u-legend")).to_contain_text("batch-16x4")
     shot(page, "compare")
@@ -188,6 +193,8 @@ def test_make_a_token_and_revoke_it(logged_in: Any, deployment: Deployment, shot
     token = value.inner_text()
     made = page.locator(f"#tokens-table tr[data-prefix='{token[:12]}']")
     expect(made).to_be_visible()
+    expect(made.locator("td[data-label='Last used']")).to_have_text("never")
+    expect(in_use.locator("td[data-label='Last used']")).to_have_text(re.compile(r" ago$"))
     page.click("#copy-token")  # the clipboard, or (refused in a headless browser) a selection
     expect(page.locator("#copy-token")).to_have_text(re.compile(r"^(Copied|Selected: press Ctrl-C)$"))
     assert httpx.get(f"{deployment.url}/v1/me", headers={"Authorization": f"Bearer {token}"}).status_code == 200

@@ -7,13 +7,13 @@ ACCUM_REQUEUE_AFTER_S, and the job runs without anyone resubmitting it.
 
 from __future__ import annotations
 
-import socket
 import uuid
 from typing import Any
 
 from fastapi.testclient import TestClient
 
 from services.api.main import create_app
+from services.ports import free_port
 from services.store import tokens
 
 SPEC: dict[str, Any] = {
@@ -29,10 +29,7 @@ SPEC: dict[str, Any] = {
 
 def unreachable_broker_url() -> str:
     """A Redis URL on a local port where nothing listens (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"redis://127.0.0.1:{port}/0"
+    return f"redis://127.0.0.1:{free_port()}/0"
 
 
 def test_job_submitted_while_the_broker_is_down_runs_without_resubmitting(stack: Any) -> None:

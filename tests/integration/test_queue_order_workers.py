@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import select
 from worker_stack import BASE_SPEC, Stack, make_stack
 
+from services.dispatch.enqueue import enqueue_job
 from services.spec import parse_spec, total_optimizer_steps
 from services.store import jobs, tokens
 from services.store.models import JobAttempt, Owner
 from services.store.queue_order import PRIORITIES
-from services.worker.enqueue import enqueue_job
 
 LONG = {"max_steps": 150, "checkpoint_every": 1000}
 

@@ -1,6 +1,7 @@
 """A real worker process runs jobs end to end, on SQLite + embedded broker and on PostgreSQL +
 Redis: success with every metric step once and the retained checkpoints, cancel of a queued and
-of a running job, a duplicate message, and a failing spec that is not retried."""
+of a running job (checkpointed where it stopped, resumed from there), a duplicate message, and
+a failing spec that is not retried."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_job_succeeds_with_every_step_logged_and_checkpoints_retained(stack: Any
 def test_cancelled_queued_job_is_skipped_when_its_message_arrives(stack: Any) -> None:
     cancelled = stack.create(enqueue=False)
     assert stack.cancel(cancelled) == "cancelled"
-    from services.worker.enqueue import enqueue_job
+    from services.dispatch.enqueue import enqueue_job
 
     enqueue_job(stack.settings, cancelled, stack.queue)
     after = stack.create(max_steps=2)  # the single worker takes messages in order
@@ -61,24 +62,42 @@ def test_cancelled_queued_job_is_skipped_when_its_message_arrives(stack: Any) ->
     assert "started" not in stack.event_kinds(cancelled)
 
 
-def test_cancel_running_job_stops_it_without_a_partial_checkpoint(stack: Any) -> None:
+def test_cancel_keeps_the_work_and_resume_continues_from_the_cancel_step(stack: Any) -> None:
+    """Issue 15: a cancelled running job is checkpointed at the window it finished last (the
+    SIGTERM path), keeps its metrics, and `resume` continues from there, not from the start."""
     job_id = stack.create(max_steps=100_000, checkpoint_every=100_000)
     stack.wait(job_id, ("running",), check=lambda j: (j.progress or {}).get("optimizer_step", 0) > 0)
     assert stack.cancel(job_id) == "cancelling"
     job = stack.wait(job_id, timeout=30)
     assert job.status == "cancelled"
-    assert job.progress["optimizer_step"] < 100_000
-    assert checkpoint_steps(stack, job_id) == []
-    assert list((stack.settings.artifacts_path / job_id).glob("*.pt")) == []
+    stopped_at = job.progress["optimizer_step"]
+    assert 0 < stopped_at < 100_000
+    assert checkpoint_steps(stack, job_id) == [stopped_at]  # not a partial window: a boundary
+    assert stack.checkpoint_problems(job_id) == []
+    state = torch.load(stack.settings.artifacts_path / job_id / f"{stopped_at}.pt", weights_only=True)
+    assert state["progress"]["step"] == stopped_at
     kinds = stack.event_kinds(job_id)
-    assert kinds.index("cancel_requested") < kinds.index("cancelled")
-    # The metrics of every step it did finish are there, once each.
-    steps = metric_steps(stack, job_id, "loss")
-    assert steps == list(range(1, len(steps) + 1))
+    assert kinds.index("cancel_requested") < kinds.index("checkpoint") < kinds.index("cancelled")
+    # The metrics of every step it finished are there, once each.
+    assert metric_steps(stack, job_id, "loss") == list(range(1, stopped_at + 1))
+
+    stack.resume(job_id)
+    resumed = stack.wait(
+        job_id, ("running",),
+        check=lambda j: j.attempts == 2 and (j.progress or {}).get("optimizer_step", 0) > stopped_at,
+    )
+    assert resumed.resume_step == stopped_at
+    assert stack.cancel(job_id) == "cancelling"
+    again = stack.wait(job_id, timeout=30)
+    steps = stack.metric_steps(job_id)
+    # Attempt 1's steps kept, attempt 2 went on from the next one: every step once.
+    assert [s for s, _ in steps] == list(range(1, again.progress["optimizer_step"] + 1))
+    assert {a for s, a in steps if s <= stopped_at} == {1}
+    assert {a for s, a in steps if s > stopped_at} == {2}
 
 
 def test_message_delivered_twice_runs_the_job_once(stack: Any) -> None:
-    from services.worker.enqueue import enqueue_job
+    from services.dispatch.enqueue import enqueue_job
 
     job_id = stack.create(max_steps=6)
     enqueue_job(stack.settings, job_id, stack.queue)  # a duplicate of the nudge

@@ -27,8 +27,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from ports import free_port
 from skips import services_required
+
+from services.ports import free_port
 
 START_TIMEOUT_S = 30.0
 

@@ -14,6 +14,7 @@ import pytest
 from worker_stack import Stack, weight_differences
 
 from services.store import checkpoints
+from services.store.status import resume_hint
 
 from .mounts import fill, remount, tmpfs
 
@@ -86,7 +87,7 @@ def test_disk_full_at_checkpoint_keeps_the_previous_one(
     )
     assert failed.status == "failed", failed.status
     assert error.get("type") == "CheckpointWriteError", error
-    for words in ("No space left on device", f"{job_id}/20.pt", f"accum resume {job_id}"):
+    for words in ("No space left on device", f"{job_id}/20.pt", resume_hint(job_id)):
         assert words in error["message"], (words, error["message"])
     assert listed == [10] and not problems, (listed, problems)
     assert not after_fix, after_fix
@@ -125,7 +126,7 @@ def test_read_only_artifacts_dir_at_checkpoint_keeps_the_previous_one(
     assert failed.status == "failed", failed.status
     assert error.get("type") == "CheckpointWriteError", error
     for words in ("Read-only file system", f"{job_id}/{before[-1] + 10}.pt",
-                  f"accum resume {job_id}"):
+                  resume_hint(job_id)):
         assert words in error["message"], (words, error["message"])
     assert listed == before and not problems, (before, listed, problems)
     assert not after_fix, after_fix

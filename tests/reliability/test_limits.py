@@ -6,8 +6,9 @@
   the cap and the active count, and nothing of it is stored or enqueued; concurrent submits
   never overshoot (PostgreSQL: per-owner advisory lock; SQLite: its single writer).
 - body: a 10 MB body gets 413 from a real server before it is read, declared or chunked.
-- failed tokens: after ACCUM_AUTH_FAILURES_PER_WINDOW bad tokens an address gets 429 with
-  Retry-After, valid token or not; other addresses are unaffected.
+- failed tokens: after ACCUM_AUTH_FAILURES_PER_WINDOW bad tokens from an address, or for one
+  token prefix (from any address, forwarded or not), a bad token gets 429 with Retry-After;
+  a valid token never does.
 """
 
 from __future__ import annotations
@@ -208,46 +209,76 @@ def test_a_10_mb_body_is_refused_before_it_is_read(
     )
 
 
-def test_an_address_with_too_many_bad_tokens_waits_and_others_do_not(
+def test_bad_tokens_are_limited_per_address_and_per_prefix_and_valid_tokens_never_are(
     api_settings: Settings,  # noqa: F811
     alice: dict[str, str],  # noqa: F811
     record_figure: Any,
 ) -> None:
+    """Issue 15: one address sending bad tokens (a NAT, a proxy) must not lock out the valid
+    users behind it, and guesses at one token's prefix are limited from every address."""
     defaults = Settings(home=api_settings.home)  # the shipped limits, not the tests' relaxed ones
     limit, window = defaults.auth_failures_per_window, defaults.auth_failure_window_s
+    proxy = "192.0.2.10"  # trusted: its X-Forwarded-For names the client
     app = create_app(
         api_settings.model_copy(
-            update={"auth_failures_per_window": limit, "auth_failure_window_s": window}
+            update={
+                "auth_failures_per_window": limit,
+                "auth_failure_window_s": window,
+                "forwarded_allow_ips": proxy,
+            }
         ),
         run_reaper=False,
     )
-    bad = {"Authorization": "Bearer accum_guessed-wrong"}
+
+    def guess(i: int) -> dict[str, str]:  # a different prefix every time
+        return {"Authorization": f"Bearer accum_{i:06d}-wrong"}
+
+    alice_prefix = alice["Authorization"].removeprefix("Bearer ")[:12]
     with (
         TestClient(app, client=("203.0.113.7", 40000)) as guesser,
         TestClient(app, client=("198.51.100.2", 40000)) as neighbour,
+        TestClient(app, client=(proxy, 40000)) as behind_proxy,
     ):
         started = time.monotonic()
-        failures = [guesser.get("/v1/jobs", headers=bad).status_code for _ in range(limit)]
-        blocked = guesser.get("/v1/jobs", headers=bad)
-        blocked_valid = guesser.get("/v1/jobs", headers=alice)
+        failures = [guesser.get("/v1/jobs", headers=guess(i)).status_code for i in range(limit)]
+        blocked = guesser.get("/v1/jobs", headers=guess(limit))
         elapsed = time.monotonic() - started
-        other = neighbour.get("/v1/jobs", headers=alice)
-        other_bad = neighbour.get("/v1/jobs", headers=bad)
+        valid_same_address = guesser.get("/v1/jobs", headers=alice)
+        other_bad = neighbour.get("/v1/jobs", headers=guess(limit + 1))
+        # Guesses at alice's prefix, each from a new address (a changing X-Forwarded-For
+        # through the trusted proxy): the prefix's count stops them, not the addresses'.
+        targeted = [
+            behind_proxy.get(
+                "/v1/jobs",
+                headers={
+                    "Authorization": f"Bearer {alice_prefix}wrong{i}",
+                    "X-Forwarded-For": f"100.64.0.{i}",
+                },
+            ).status_code
+            for i in range(limit + 1)
+        ]
+        valid_targeted = neighbour.get("/v1/jobs", headers=alice)
 
     assert failures == [401] * limit
-    assert blocked.status_code == 429 and blocked_valid.status_code == 429
-    assert blocked.headers["content-type"].startswith(PROBLEM_JSON)
+    assert blocked.status_code == 429 and blocked.headers["content-type"].startswith(PROBLEM_JSON)
     retry_after = int(blocked.headers["Retry-After"])
     assert window - elapsed - 1 <= retry_after <= window
     assert blocked.json()["retry_after_s"] == retry_after
-    assert (other.status_code, other_bad.status_code) == (200, 401)
+    assert valid_same_address.status_code == 200  # never the bad-token 429
+    assert other_bad.status_code == 401
+    assert targeted == [401] * limit + [429]
+    assert valid_targeted.status_code == 200
     record_figure(
         "auth_rate_limit",
         area="limits",
-        check=f"{limit + 1} requests with a bad token from one address (defaults: {limit} "
-        f"failures per {window:g} s), then its valid token; another address meanwhile",
-        figure=f"first {failures.count(401)} -> 401, then 429 with Retry-After {retry_after} s "
-        f"for a bad and for a valid token; other address: {other.status_code} (valid), "
-        f"{other_bad.status_code} (bad)",
-        passed=blocked.status_code == blocked_valid.status_code == 429,
+        check=f"{limit + 1} bad tokens from one address (defaults: {limit} failures per "
+        f"{window:g} s), then a valid token from it; {limit + 1} guesses at one token's prefix "
+        "from as many forwarded addresses, then that valid token",
+        figure=f"first {failures.count(401)} -> 401, then 429 with Retry-After {retry_after} s; "
+        f"valid token from that address: {valid_same_address.status_code}; another address's "
+        f"bad token: {other_bad.status_code}; prefix guesses: {targeted.count(401)} x 401 then "
+        f"{targeted[-1]}; the valid token: {valid_targeted.status_code}",
+        passed=blocked.status_code == 429
+        and valid_same_address.status_code == valid_targeted.status_code == 200
+        and targeted[-1] == 429,
     )

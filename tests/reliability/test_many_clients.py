@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 from api_process import running_api
 
-from services.store import jobs, make_engine, make_session_factory, tokens
+from services.store import jobs, tokens
+from services.store.db import make_engine, make_session_factory
 
 CLIENTS = 60
 SECONDS = 3.0

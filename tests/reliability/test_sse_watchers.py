@@ -21,8 +21,8 @@ from api_process import running_api
 from worker_stack import Stack
 
 from accum import AccumClient
+from services.dispatch.enqueue import enqueue_job
 from services.store import tokens
-from services.worker.enqueue import enqueue_job
 
 STEPS = 300
 # Per-step metric names the trainer always reports (docs/architecture.md, on_step).

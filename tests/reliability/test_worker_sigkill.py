@@ -37,8 +37,11 @@ CATCH_TIMEOUT_S = 10.0  # to see a checkpoint write in progress before killing a
 SPEC = {"model": {"name": "mlp", "hidden": 512, "depth": 2}, "max_steps": 800,
         "checkpoint_every": 10, "keep_checkpoints": 2, "micro_batch_size": 32,
         "accumulation_steps": 2, "max_restarts": 2 * KILLS}
-# Short leases (the session stack's are 5 s) so ten takeovers fit in CI's time.
-LEASES = {"lease_timeout_s": 2.0, "heartbeat_interval_s": 0.5, "reaper_interval_s": 0.2}
+# Short leases (the session stack's are 5 s) so ten takeovers fit in CI's time. Kills come
+# faster than checkpoints here on purpose (two mid-write kills in a row make no progress), so
+# the poison rule (tests/reliability/test_poison_job.py) is off: this test is about resuming.
+LEASES = {"lease_timeout_s": 2.0, "heartbeat_interval_s": 0.5, "reaper_interval_s": 0.2,
+          "poison_after_lost_attempts": 0}
 
 
 def freeze(process: subprocess.Popen[bytes]) -> None:

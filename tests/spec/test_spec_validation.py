@@ -14,8 +14,12 @@ import pytest
 from job_specs import MINIMAL_SPEC
 from pydantic import ValidationError
 
-from services.catalog import DATASETS, MODELS, check_compatible
+from services.catalog import DATASETS, MODELS, OWN_DATASETS, check_compatible, served_names
+from services.catalog.names import DATASET_OPTION_RANGE, MODEL_OPTION_RANGE
 from services.spec import JobSpec, parse_spec
+from services.spec.fields import MAX_STEPS
+from services.spec.job import MAX_EPOCHS, MAX_GPUS, MAX_KEEP_CHECKPOINTS, MAX_RESTARTS
+from services.spec.parts import MAX_LR
 
 DROP = object()
 
@@ -68,7 +72,7 @@ def test_unknown_model_or_dataset_lists_the_catalog_names(field: str, shape: str
     value: Any = "no_such_thing" if shape == "string" else {"name": "no_such_thing"}
     error = only_error(spec_with(**{field: value}))
     assert error["loc"] == (field,)
-    names = sorted(MODELS if field == "model" else DATASETS)
+    names = served_names(field)  # the catalog's names, the namespaces, own data, plugins
     assert allowed(error) == names
     assert "no_such_thing" in error["msg"] and names[0] in error["msg"]
 
@@ -78,7 +82,7 @@ def test_incompatible_pair_fails_at_dataset_with_the_compatible_datasets() -> No
     error = only_error(spec_with(model=model, dataset=dataset))
     assert error["loc"] == ("dataset",)
     assert error["type"] == "incompatible"
-    compatible = [d for d in sorted(DATASETS) if check_compatible(model, d) is None]
+    compatible = [d for d in sorted([*DATASETS, *OWN_DATASETS]) if check_compatible(model, d) is None]
     assert allowed(error) == compatible
     assert check_compatible(model, dataset) in error["msg"]
 
@@ -203,6 +207,8 @@ def test_lr_overflowing_in_json_text_is_rejected() -> None:
         ({"optimizer": {"name": "adam", "lr": 0.1}}, ("optimizer", "name"), ["sgd", "adamw"]),
         ({"precision": "fp8"}, ("precision",), ["fp32", "bf16", "fp16"]),
         ({"on_nonfinite": "ignore"}, ("on_nonfinite",), ["fail", "skip"]),
+        ({"verify_window": "yes"}, ("verify_window",), [True, False, "warn"]),
+        ({"verify_window": 1}, ("verify_window",), [True, False, "warn"]),
         ({"scheduler": "linear"}, ("scheduler", "name"), ["none", "cosine", "step"]),
         ({"scheduler": {"name": "onecycle"}}, ("scheduler", "name"), ["none", "cosine", "step"]),
     ],
@@ -280,6 +286,50 @@ def test_step_scheduler_needs_step_size_and_others_refuse_it() -> None:
 )
 def test_other_fields_are_range_checked(changes: dict[str, Any], loc: tuple[str, ...]) -> None:
     assert only_error(spec_with(**changes))["loc"] == loc
+
+
+@pytest.mark.parametrize(
+    ("changes", "loc", "bound"),
+    [
+        ({"optimizer": {"name": "sgd", "lr": 1e308}}, ("optimizer", "lr"), MAX_LR),
+        ({"epochs": MAX_EPOCHS + 1}, ("epochs",), MAX_EPOCHS),
+        ({"epochs": DROP, "max_steps": MAX_STEPS + 1}, ("max_steps",), MAX_STEPS),
+        ({"keep_checkpoints": MAX_KEEP_CHECKPOINTS + 1}, ("keep_checkpoints",), MAX_KEEP_CHECKPOINTS),
+        ({"max_restarts": MAX_RESTARTS + 1}, ("max_restarts",), MAX_RESTARTS),
+        ({"gpus": MAX_GPUS + 1}, ("gpus",), MAX_GPUS),
+        (
+            {"scheduler": {"name": "cosine", "warmup_steps": MAX_STEPS + 1}},
+            ("scheduler", "warmup_steps"),
+            MAX_STEPS,
+        ),
+    ],
+)
+def test_every_size_has_a_maximum_named_in_the_error(
+    changes: dict[str, Any], loc: tuple[str, ...], bound: float
+) -> None:
+    error = only_error(spec_with(**changes))
+    assert error["loc"] == loc and error["ctx"] == {"le": bound}
+    assert f"less than or equal to {bound:.15g}" in error["msg"]
+
+
+@pytest.mark.parametrize(
+    ("model", "dataset", "loc", "key"),
+    [
+        ({"name": "mlp", "hidden": 10**12, "depth": 1}, "digits", ("model",), "hidden"),
+        ({"name": "mlp", "depth": 10**6}, "digits", ("model",), "depth"),
+        ({"name": "small_cnn", "width": 10**5}, "digits", ("model",), "width"),
+        ({"name": "tiny_transformer", "d_model": 10**6}, "text", ("model",), "d_model"),
+        ("mlp", {"name": "fake", "size": 10**30}, ("dataset",), "size"),
+        ("mlp", {"name": "fake", "image_size": 10**6}, ("dataset",), "image_size"),
+        ("tiny_transformer", {"name": "text", "max_len": 10**9}, ("dataset",), "max_len"),
+    ],
+)
+def test_model_and_dataset_options_have_maxima(
+    model: Any, dataset: Any, loc: tuple[str, ...], key: str
+) -> None:
+    error = only_error(spec_with(model=model, dataset=dataset))
+    low, high = {**MODEL_OPTION_RANGE, **DATASET_OPTION_RANGE}[key]
+    assert error["loc"] == loc and f"option {key} must be an integer from {low} to {high}" in error["msg"]
 
 
 def test_several_errors_are_reported_together() -> None:

@@ -9,7 +9,8 @@ import pytest
 from job_specs import MINIMAL_SPEC
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import Job, Owner, jobs, tokens
+from services.store import jobs, tokens
+from services.store.models import Job, Owner
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import Job, checkpoints
+from services.store import checkpoints
+from services.store.models import Job
 
 
 def add(

@@ -11,16 +11,10 @@ from datetime import timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.settings import Settings
-from services.store import (
-    Job,
-    events,
-    jobs,
-    leases,
-    make_engine,
-    make_session_factory,
-    metrics,
-    utcnow,
-)
+from services.store import events, jobs, leases, metrics
+from services.store.db import make_engine, make_session_factory
+from services.store.models import Job
+from services.store.types import utcnow
 
 ROUNDS = 30
 

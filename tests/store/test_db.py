@@ -11,7 +11,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from services.settings import Settings
-from services.store import make_engine, make_session_factory
+from services.store.db import make_engine, make_session_factory
 from services.store.migrate import current_revision, head_revision
 
 ROOT = Path(__file__).resolve().parents[2]

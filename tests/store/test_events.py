@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import Job, events
+from services.store import events
+from services.store.models import Job
 
 
 def test_events_are_read_in_order_after_an_id(

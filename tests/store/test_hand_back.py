@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import Job, checkpoints, events, jobs, leases
+from services.store import checkpoints, events, jobs, leases
+from services.store.models import Job
 
 LEASE_S = 60
 

@@ -9,18 +9,9 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import (
-    IdempotencyConflict,
-    InvalidCursor,
-    Job,
-    JobStateError,
-    Owner,
-    checkpoints,
-    events,
-    jobs,
-    leases,
-    tokens,
-)
+from services.store import checkpoints, events, jobs, leases, tokens
+from services.store.errors import IdempotencyConflict, InvalidCursor, JobStateError
+from services.store.models import Job, Owner
 
 
 def row(session: Session, job_id: str) -> Job:

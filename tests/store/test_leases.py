@@ -10,7 +10,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import Job, checkpoints, events, jobs, leases, utcnow
+from services.store import checkpoints, events, jobs, leases
+from services.store.models import Job
+from services.store.types import utcnow
 
 LEASE_S = 60
 
@@ -294,3 +296,60 @@ def test_stale_queued_jobs_are_handed_out_once_per_staleness_period(
         assert leases.stale_queued_jobs(session, older_than=soon) == []
         later = soon + timedelta(seconds=1)
         assert leases.stale_queued_jobs(session, older_than=later) == [(job.id, "gpu")]
+
+
+def test_two_attempts_lost_without_a_checkpoint_end_as_poison_with_the_cause(
+    session_factory: sessionmaker[Session], make_job: Callable[..., Job]
+) -> None:
+    """Issue 15: lost, lost again without a new checkpoint -> failed, reason poison, whatever
+    restarts are left; an attempt that wrote a checkpoint resets the count."""
+    job = make_job(max_restarts=10)
+    now = utcnow()
+
+    def lose(worker: str, checkpoint_step: int | None = None) -> tuple[list[str], list[str]]:
+        nonlocal now
+        assert claim(session_factory, job.id, worker, now=now) is not None
+        with session_factory.begin() as session:
+            if checkpoint_step is not None:
+                checkpoints.add_checkpoint(session, job.id, checkpoint_step, "/x", 1, "0" * 64)
+            leases.update_progress(session, job.id, {"optimizer_step": 37}, worker_id=worker)
+            events.add_event(session, job.id, "oom_backoff", "micro_batch_size 64 -> 32",
+                             attempt=row(session, job.id).attempts)
+        now += timedelta(seconds=LEASE_S + 1)
+        with session_factory.begin() as session:
+            return leases.reap_expired_leases(session, now=now)
+
+    assert lose("w1") == ([job.id], [])  # lost once: restarted
+    assert lose("w2", checkpoint_step=30) == ([job.id], [])  # lost, but it had progressed
+    assert lose("w3") == ([job.id], [])  # lost without progress: the first in a row
+    assert lose("w4") == ([], [job.id])  # the second in a row: poison
+    stored = load(session_factory, job.id)
+    assert stored.status == "failed" and stored.restarts == 3 < stored.max_restarts
+    assert stored.error["type"] == "PoisonJob" and stored.error["reason"] == "poison"
+    message = stored.error["message"]
+    assert "2 attempts in a row died without writing a checkpoint" in message
+    assert "at optimizer step 37" in message and "host-w4" in message
+    assert "oom_backoff: micro_batch_size 64 -> 32" in message
+    assert stored.error["last_event"] == "oom_backoff: micro_batch_size 64 -> 32"
+
+
+def test_poison_rule_off_and_takeover_refused_for_a_poison_job(
+    session_factory: sessionmaker[Session], make_job: Callable[..., Job]
+) -> None:
+    off, taken = make_job(max_restarts=5), make_job(seed=3, max_restarts=5)
+    now = utcnow()
+    for attempt in (1, 2, 3):  # poison_after=0: restarts as before
+        assert claim(session_factory, off.id, f"w{attempt}", now=now) is not None
+        now += timedelta(seconds=LEASE_S + 1)
+        with session_factory.begin() as session:
+            assert leases.reap_expired_leases(session, now=now, poison_after=0)[0] == [off.id]
+    # A worker that finds a job's lease expired takes it over (no reaper involved) once; a
+    # second lost attempt without a checkpoint is not taken over again: the reaper fails it.
+    assert claim(session_factory, taken.id, "t1", now=now) is not None
+    now += timedelta(seconds=LEASE_S + 1)
+    assert claim(session_factory, taken.id, "t2", now=now) is not None
+    now += timedelta(seconds=LEASE_S + 1)
+    assert claim(session_factory, taken.id, "t3", now=now) is None
+    with session_factory.begin() as session:
+        assert leases.reap_expired_leases(session, now=now)[1] == [taken.id]
+    assert load(session_factory, taken.id).error["reason"] == "poison"

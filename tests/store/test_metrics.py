@@ -11,8 +11,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import InvalidCursor, Job, MetricBlock, downsample, metrics
+from services.store import downsample, metrics
+from services.store.errors import InvalidCursor
 from services.store.metric_blocks import BLOCK_STEPS
+from services.store.models import Job, MetricBlock
 from services.store.nonfinite import label
 
 

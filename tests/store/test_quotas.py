@@ -9,8 +9,9 @@ import pytest
 from job_specs import MINIMAL_SPEC
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import Job, Owner, jobs, quotas
+from services.store import jobs, quotas
 from services.store.errors import ActiveJobCapReached
+from services.store.models import Job, Owner
 
 
 def submit(

@@ -6,7 +6,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import ApiToken, tokens
+from services.store import tokens
+from services.store.models import ApiToken
 
 
 def test_token_authenticates_its_owner_and_is_stored_hashed(
@@ -78,8 +79,8 @@ def test_revoke_by_prefix_or_whole_token_and_list_shows_prefixes_only(
         assert [row[0] for row in tokens.list_tokens(session)] == ["eve"]
         # Revoked, not deleted: the audit trail keeps who had which token and until when.
         trail = tokens.list_tokens(session, "dora", include_revoked=True)
-        assert [(name, prefix) for name, prefix, _, _ in trail] == [("dora", first[:12]), ("dora", second[:12])]
-        assert all(revoked is not None and revoked >= created for _, _, created, revoked in trail)
+        assert [(name, prefix) for name, prefix, _, _, _ in trail] == [("dora", first[:12]), ("dora", second[:12])]
+        assert all(revoked is not None and revoked >= created for _, _, created, revoked, _ in trail)
 
 
 def test_a_revoked_token_with_the_same_prefix_does_not_block_revoking_the_live_one(
@@ -106,3 +107,41 @@ def test_a_prefix_shared_by_two_tokens_is_refused(session_factory: sessionmaker[
         assert tokens.revoke_token(session, token) == 1
     with session_factory.begin() as session, pytest.raises(ValueError, match="12-character prefix"):
         tokens.revoke_token(session, "accum_")
+
+
+def test_authenticating_records_when_the_token_was_last_used_at_most_once_a_minute(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_factory.begin() as session:
+        tokens.create_owner_with_token(session, "alice")
+        _, unused = tokens.create_owner_with_token(session, "bob")
+    with session_factory.begin() as session:
+        _, token = tokens.create_owner_with_token(session, "alice")
+
+    def last_used() -> dict[str, object]:
+        with session_factory() as session:
+            return {prefix: used for _, prefix, _, _, used in tokens.list_tokens(session)}
+
+    assert set(last_used().values()) == {None}  # never presented
+    with session_factory() as session:
+        assert tokens.authenticate(session, token) is not None
+        assert session.info.pop(tokens.TOUCHED) is True  # the caller commits it
+        session.commit()
+    first = last_used()[token[:12]]
+    assert first is not None and last_used()[unused[:12]] is None
+
+    with session_factory() as session:  # again within the minute: nothing to write
+        assert tokens.authenticate(session, token) is not None
+        assert tokens.TOUCHED not in session.info
+    assert last_used()[token[:12]] == first
+
+
+def test_owner_names_are_letters_digits_dot_underscore_dash(
+    session_factory: sessionmaker[Session],
+) -> None:
+    for bad in ("a\nb", "two words", "x" * 65, "semi;colon", "ünï"):
+        with session_factory() as session, pytest.raises(ValueError, match="1 to 64 letters"):
+            tokens.create_owner_with_token(session, bad)
+    with session_factory.begin() as session:
+        owner, _ = tokens.create_owner_with_token(session, "ok.name_1-" + "x" * 54)
+        assert len(owner.name) == 64

@@ -2,37 +2,4 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
-
-import pytest
-from job_specs import TINY_SPEC
-
-from services.settings import Settings
-from services.store import jobs, tokens
-from services.store.migrate import upgrade
-from services.worker.db import session_factory
-from services.worker.enqueue import reset_enqueue_cache
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Iterator[Settings]:
-    settings = Settings(home=tmp_path / "home", lease_timeout_s=2, heartbeat_interval_s=1)
-    upgrade(settings.database_url)
-    yield settings
-    reset_enqueue_cache()
-
-
-@pytest.fixture
-def make_job(settings: Settings) -> Callable[..., str]:
-    """Insert a queued job with this (raw, unvalidated) spec; returns its id."""
-
-    def make(spec: dict[str, Any] | None = None, queue: str = "default") -> str:
-        with session_factory(settings).begin() as session:
-            owner, _ = tokens.create_owner_with_token(session, f"u-{uuid.uuid4().hex[:8]}")
-            job, _ = jobs.create_job(session, owner=owner, spec=spec or TINY_SPEC, queue=queue)
-            return job.id
-
-    return make
+from job_store import make_job, settings  # noqa: F401  (the fixtures)

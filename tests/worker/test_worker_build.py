@@ -72,3 +72,60 @@ def test_data_on_device_trains_in_the_same_order_as_the_loader() -> None:
     loader, on_device = _final_weights({}), _final_weights({"data_on_device": True})
     assert loader.keys() == on_device.keys()
     assert all(torch.equal(loader[k], on_device[k]) for k in loader)  # type: ignore[arg-type]
+
+
+def test_a_bf16_job_on_a_gpu_without_native_bf16_fails_at_its_start_naming_fp16(monkeypatch) -> None:
+    import torch
+
+    from accumcore.precision import UnsupportedPrecision
+    from services.worker.build import build_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    spec = parse_spec({"model": "mlp", "dataset": "digits", "micro_batch_size": 8, "accumulation_steps": 2,
+                       "epochs": 1, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": "bf16"})
+    with pytest.raises(UnsupportedPrecision, match="Tesla T4 is 7.5.*precision='fp16'"):
+        build_run(spec, callbacks=[], checkpoint_dir=None, device="cuda:0")
+
+
+def _notes_and_loader(spec_update: dict):
+    from services.worker.build import build_run
+
+    spec = parse_spec({"model": "mlp", "dataset": "digits", "micro_batch_size": 8, "accumulation_steps": 2,
+                       "epochs": 1, "optimizer": {"name": "sgd", "lr": 0.1}, "data_on_device": True,
+                       **spec_update})
+    run = build_run(spec, callbacks=[], checkpoint_dir=None, device="cpu")
+    return run.notes, run.train_loader
+
+
+def test_data_on_device_that_does_not_fit_falls_back_to_the_loader_with_an_event(monkeypatch) -> None:
+    from torch.utils.data import DataLoader
+
+    from accumcore import device_data
+
+    # The device's free memory, stood in for: the dataset does not fit.
+    monkeypatch.setattr(device_data, "fits_on_device", lambda nbytes, device, fraction=0.25: False)
+    notes, loader = _notes_and_loader({})
+    assert isinstance(loader, DataLoader)
+    assert [(kind, data["reason"]) for kind, _message, data in notes] == [("data_on_device_ignored", "does_not_fit")]
+    assert "loading it with the DataLoader instead" in notes[0][1]
+
+
+def test_data_on_device_is_said_to_be_ignored_for_text() -> None:
+    notes, _loader = _notes_and_loader({"model": "tiny_transformer", "dataset": "text"})
+    assert [(kind, data["reason"]) for kind, _message, data in notes] == [("data_on_device_ignored", "collate_fn")]
+    assert "ignored for text" in notes[0][1]
+
+
+def test_ddp_ranks_evaluate_disjoint_shares_of_the_validation_set() -> None:
+    from services.worker.build import build_run
+
+    spec = parse_spec({"model": "mlp", "dataset": "digits", "micro_batch_size": 8, "accumulation_steps": 2,
+                       "epochs": 1, "optimizer": {"name": "sgd", "lr": 0.1}, "gpus": 2})
+    shares = [build_run(spec, callbacks=[], checkpoint_dir=None, device="cpu", rank=r, world=2).val_loader.dataset
+              for r in range(2)]
+    single = parse_spec({**spec.model_dump(mode="json"), "gpus": 1})
+    full = build_run(single, callbacks=[], checkpoint_dir=None, device="cpu").val_loader.dataset
+    assert abs(len(shares[0]) - len(shares[1])) <= 1 and len(shares[0]) + len(shares[1]) == len(full)
+    assert set(shares[0].indices).isdisjoint(shares[1].indices)

@@ -10,8 +10,8 @@ from pathlib import Path
 from accumcore import CheckpointInfo
 from services.settings import Settings
 from services.store import checkpoints, jobs, leases, metrics
+from services.store.sessions import session_factory
 from services.worker.callbacks import StoreCallback
-from services.worker.db import session_factory
 
 
 def claimed_job(settings: Settings, make_job: Callable[..., str]) -> str:

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from services.dispatch import reaper as reaper_module
+from services.dispatch.reaper import LeaseReaper
 from services.settings import Settings
-from services.worker import reaper as reaper_module
 from services.worker import shutdown
-from services.worker.reaper import LeaseReaper
 
 PASS_S = 0.3  # how long the fake pass holds its lock: the fork lands well inside it
 
@@ -38,7 +38,7 @@ def test_a_fork_waits_for_the_reapers_pass_and_the_child_inherits_no_held_lock(
     held = threading.Lock()  # stands for any lock a pass takes (a cache's, a pool's)
     in_pass = threading.Event()
 
-    def slow_pass(_settings: Any) -> list[str]:
+    def slow_pass(_settings: Any, _clock: Any) -> list[str]:
         with held:
             in_pass.set()
             time.sleep(PASS_S)

@@ -1,8 +1,9 @@
-"""The heartbeat turns lease renewals into the cheap flags that the trainer polls."""
+"""The heartbeat turns lease renewals into the cheap flags that the trainer polls (a fake
+clock stands for the time between renewals: no test sleeps)."""
 
 from __future__ import annotations
 
-import time
+import threading
 
 from services.worker.heartbeat import Heartbeat
 
@@ -26,24 +27,49 @@ def test_failed_renewals_stop_the_job_only_after_the_lease_timeout() -> None:
     def broken() -> str | None:
         raise ConnectionError("database unreachable")
 
-    beat = Heartbeat(broken, interval_s=60, lease_timeout_s=0.2)
+    now = [100.0]
+    beat = Heartbeat(broken, interval_s=60, lease_timeout_s=120, clock=lambda: now[0])
     beat.beat()
     assert not beat.should_stop()  # one blip: keep training, the lease has slack
-    time.sleep(0.25)
+    now[0] += 120
     beat.beat()
-    assert beat.lease_lost
+    assert not beat.should_stop()  # failing for exactly the lease timeout: not yet
+    now[0] += 1
+    beat.beat()
+    assert beat.lease_lost and beat.should_stop()
+
+
+def test_a_good_renewal_restarts_the_timeout() -> None:
+    results: list[str | Exception] = [ConnectionError("blip"), "running", ConnectionError("blip")]
+
+    def renew() -> str | None:
+        result = results.pop(0)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    now = [0.0]
+    beat = Heartbeat(renew, interval_s=60, lease_timeout_s=10, clock=lambda: now[0])
+    beat.beat()
+    now[0] = 9.0
+    beat.beat()  # renewed at 9
+    now[0] = 18.0
+    beat.beat()  # failing for 9 s since the last good renewal, not 18
+    assert not beat.lease_lost
 
 
 def test_the_thread_renews_periodically_until_stopped() -> None:
-    calls: list[float] = []
+    calls: list[int] = []
+    three = threading.Event()
 
     def renew() -> str:
-        calls.append(time.monotonic())
+        calls.append(1)
+        if len(calls) == 3:
+            three.set()
         return "running"
 
-    with Heartbeat(renew, interval_s=0.02, lease_timeout_s=1):
-        time.sleep(0.2)
-    count = len(calls)
-    assert count >= 3
-    time.sleep(0.06)
-    assert len(calls) == count  # stopped
+    beat = Heartbeat(renew, interval_s=0.01, lease_timeout_s=1)
+    with beat:
+        assert three.wait(timeout=30), "the thread did not renew three times"
+    assert not beat._thread.is_alive()  # stop() joined it: no renewal after the job
+    assert not beat.should_stop()

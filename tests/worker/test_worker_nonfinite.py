@@ -1,6 +1,8 @@
 """A diverged job does not end ``succeeded``: ``on_nonfinite`` in the spec picks the policy.
 
-With ``lr: 1e30`` the first step blows the weights up and the loss is inf/NaN from step 2 on.
+With a learning rate of 1e30 the first step blows the weights up and the loss is inf/NaN from
+step 2 on. The spec refuses such a rate (``lr`` is at most 10), so the test sets it on the
+built optimizer, as a diverging model of the user's own would behave.
 ``"fail"`` (the default) fails the job with accumcore's NonFiniteError message (the step, the
 metric, the last checkpoint with finite values); ``"skip"`` skips those steps with a
 ``nonfinite_step_skipped`` event each, and the job ends once they are too many in a row.
@@ -11,15 +13,34 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from job_specs import TINY_SPEC
 
 from services.settings import Settings
 from services.store import events, jobs
-from services.worker.db import session_factory
+from services.store.sessions import session_factory
+from services.worker import training
 from services.worker.runner import run_job
 
-DIVERGING: dict[str, Any] = {**TINY_SPEC, "max_steps": 6, "checkpoint_every": 1,
-                             "optimizer": {"name": "sgd", "lr": 1e30}}
+DIVERGING: dict[str, Any] = {**TINY_SPEC, "max_steps": 6, "checkpoint_every": 1}
+BLOW_UP_LR = 1e30
+
+
+@pytest.fixture(autouse=True)
+def diverging_learning_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run as the worker builds it, its learning rate then raised to 1e30 (the scheduler's
+    base rate too, or its first step would restore the spec's)."""
+    build = training.build_run
+
+    def build_then_raise_lr(*args: Any, **kwargs: Any) -> Any:
+        run = build(*args, **kwargs)
+        for group in run.trainer.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] = BLOW_UP_LR
+        if run.trainer.scheduler is not None:
+            run.trainer.scheduler.base_lrs = [BLOW_UP_LR] * len(run.trainer.optimizer.param_groups)
+        return run
+
+    monkeypatch.setattr(training, "build_run", build_then_raise_lr)
 
 
 def _job_and_kinds(settings: Settings, job_id: str) -> tuple[Any, list[str]]:

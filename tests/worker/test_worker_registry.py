@@ -14,8 +14,8 @@ from sqlalchemy import delete
 from services.settings import Settings
 from services.store import workers as store_workers
 from services.store.models import Worker
+from services.store.sessions import session_factory
 from services.worker import registry
-from services.worker.db import session_factory
 
 SMI = """0, GPU-aaaa1111, NVIDIA H100 80GB HBM3, 81559
 1, GPU-bbbb2222, NVIDIA H100 80GB HBM3, 81559

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
-from services.api.auth import CurrentOwner
+from services.api.auth import CurrentOwner, bearer_token
 from services.api.deps import SessionDep
-from services.api.errors import problem_responses
+from services.api.errors import Problem, problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404, owner_names
 from services.api.schemas import MAX_INT32, EventList, EventPublic
 from services.api.sse import job_stream, open_stream
+from services.api.streams import StreamSlots, released, token_is_live
 from services.store import events as store_events
 
 router = APIRouter(
@@ -51,11 +53,36 @@ def read_events(
     """Lifecycle events oldest first; streams them live, with metrics, for an SSE client."""
     job = job_or_404(session, job_id, owner)
     if accept and "text/event-stream" in accept:
-        state = open_stream(session, job, owner_names(session, owner, [job]).get(job.owner_id))
+        slots: StreamSlots = request.app.state.stream_slots
+        if not slots.try_open(owner.id):
+            raise Problem(
+                429,
+                "Too many streams",
+                f"you have {slots.per_owner} event streams open (ACCUM_MAX_STREAMS_PER_OWNER); "
+                "close one, or poll GET /v1/jobs/{id} instead",
+                headers={"Retry-After": "5"},
+                max_streams=slots.per_owner,
+                open_streams=slots.open_for(owner.id),
+            )
+        try:
+            state = open_stream(session, job, owner_names(session, owner, [job]).get(job.owner_id))
+        except BaseException:
+            slots.close(owner.id)
+            raise
         # A reconnecting EventSource sends the id of the last event it saw.
         state.last_event_id = last_event_id if last_event_id is not None else after_id
         session.close()  # return the connection now: the stream polls with its own sessions
-        stream = job_stream(request.app.state.session_factory, job_id, state)
-        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+        session_factory, settings = request.app.state.session_factory, request.app.state.settings
+        token = bearer_token(request.headers.get("authorization"))
+        stream = job_stream(
+            session_factory,
+            job_id,
+            state,
+            token_live=functools.partial(token_is_live, session_factory, token),
+            recheck_s=settings.stream_token_recheck_s,
+        )
+        return StreamingResponse(
+            released(stream, slots, owner.id), media_type="text/event-stream", headers=SSE_HEADERS
+        )
     rows = store_events.list_events(session, job_id, after_id=after_id, limit=limit)
     return EventList(items=[EventPublic.model_validate(e) for e in rows])

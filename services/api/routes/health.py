@@ -9,7 +9,6 @@ from fastapi import APIRouter, Request, status
 
 from services.api.errors import Problem, problem_responses
 from services.api.readiness import ping_broker, ping_database, probe
-from services.worker.app import broker_url
 
 router = APIRouter(tags=["health"])
 
@@ -26,7 +25,7 @@ async def readyz(request: Request) -> dict[str, Any]:
     state = request.app.state
     database, broker = await asyncio.gather(
         probe(lambda: ping_database(state.engine)),
-        probe(lambda: ping_broker(broker_url(state.settings))),
+        probe(lambda: ping_broker(state.settings.broker_url)),
     )
     down = {name: reason for name, reason in (("database", database), ("broker", broker)) if reason}
     if down:

@@ -7,17 +7,20 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
 from services.api.auth import CurrentOwner
 from services.api.deps import SessionDep, SettingsDep
 from services.api.errors import Problem, invalid_field, invalid_fields, problem_responses
 from services.api.job_view import job_view
-from services.api.schemas import JobPage, JobPublic, JobStatus
+from services.api.schemas import JobPage, JobPublic, JobStatus, exactness
 from services.data_roots import allowed_data_roots, data_root_refusal
+from services.dispatch.enqueue import enqueue_job
 from services.fleet import FleetView, fleet_refusals
 from services.settings import Settings
 from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
+from services.spec.limits import SpecLimits, limit_errors, with_defaults
 from services.store import jobs as store_jobs
 from services.store import tokens as store_tokens
 from services.store.errors import (
@@ -26,9 +29,9 @@ from services.store.errors import (
     InvalidCursor,
     JobStateError,
 )
+from services.store.events import latest_event
 from services.store.models import Job, Owner
 from services.store.queue_order import PRIORITIES
-from services.worker.enqueue import enqueue_job
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +74,16 @@ def with_owner(job: Job, names: dict[int, str]) -> JobPublic:
 
 
 def job_public(session: Session, owner: Owner, job: Job, *, position: bool = True) -> JobPublic:
-    """The job as answered (`job_view`: the stream's `status` carries the same object).
-    `position=False` leaves out a queued job's place in line: a count over its queue that
-    the submit's hot path does not pay for (`GET /v1/jobs/{id}` has it)."""
+    """The job as answered (`job_view`: the stream's `status` carries the same object: owner,
+    attempts, exactness check, place in line). `position=False` leaves out a queued job's place
+    in line: a count over its queue that the submit's hot path does not pay for
+    (`GET /v1/jobs/{id}` has it)."""
     names = owner_names(session, owner, [job])
-    return job_view(session, job, names.get(job.owner_id)) if position else with_owner(job, names)
+    if position:
+        return job_view(session, job, names.get(job.owner_id))
+    public = with_owner(job, names)
+    public.exactness = exactness(job.spec or {}, latest_event(session, job.id, "exactness_check"))
+    return public
 
 
 def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
@@ -90,14 +98,43 @@ def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
     )
 
 
-def check_data_root(spec: JobSpec, settings: Settings) -> None:
-    """422 at `dataset.data_root` when it is outside the allowed roots (listed in `allowed`)."""
-    if spec.dataset.data_root is None:
+def check_data_root(spec: JobSpec, settings: Settings, owner: Owner) -> None:
+    """422 at `dataset.data_root` (or `model.name` of an `hf:/dir`, `model.weights`,
+    `init_from.uri`) when the path is outside the allowed roots; the roots are the servers'
+    paths, so only an admin is told them (in the message and in `allowed`)."""
+    paths = spec.local_paths()
+    if not paths:
         return
     roots = allowed_data_roots(settings)
-    if (reason := data_root_refusal(spec.dataset.data_root, roots)) is not None:
+    for where, path in paths:
+        reason = data_root_refusal(path, roots, show_roots=owner.is_admin)
+        if reason is not None:
+            allowed = [str(r) for r in roots] if owner.is_admin else None
+            raise invalid_field(("body", *where), reason, path, allowed)
+
+
+def within_limits(spec: JobSpec, settings: Settings) -> JobSpec:
+    """The spec with this service's defaults, or 422 at each field that exceeds its limits
+    (services.spec.limits)."""
+    limits = SpecLimits.from_settings(settings)
+    if errors := limit_errors(spec, limits):
+        raise RequestValidationError(errors)
+    return with_defaults(spec, limits)
+
+
+def check_init_from(session: Session, spec: JobSpec, owner: Owner) -> None:
+    """422 at `init_from.job` unless it is one of the owner's jobs; another owner's job gets
+    the same answer as a job that does not exist, so nothing about it leaks."""
+    ref = spec.init_from
+    if ref is None or ref.job is None:
+        return
+    job = session.get(Job, ref.job) if JOB_ID.fullmatch(ref.job) else None
+    if job is None or job.owner_id != owner.id:
         raise invalid_field(
-            ("body", "dataset", "data_root"), reason, spec.dataset.data_root, [str(r) for r in roots]
+            ("body", "init_from", "job"),
+            f"no job {ref.job[:100]!r} of yours to start from; init_from.job takes the id of one "
+            "of your jobs (GET /v1/jobs lists them)",
+            ref.job,
         )
 
 
@@ -159,7 +196,9 @@ def submit_job(
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobPublic:
     """Submit a training job; it is queued and a worker picks it up."""
-    check_data_root(spec, settings)
+    check_data_root(spec, settings, owner)
+    check_init_from(session, spec, owner)
+    spec = within_limits(spec, settings)
     check_fleet(session, spec, settings, request.app.state.fleet)
     check_priority(spec, owner)
     try:

@@ -1,5 +1,6 @@
 """`GET /metrics`: Prometheus text for scrapers (jobs by status, queue depth, workers by queue
-and state, worker heartbeat age, request latency)."""
+and state, worker heartbeat age, request latency, lifecycle counters from the event log, failed
+token checks, open streams; docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from sqlalchemy.orm import Session
 
 from services.api.deps import SessionDep, SettingsDep
 from services.api.telemetry import Telemetry
+from services.dispatch.broker import DEFAULT_QUEUE
 from services.store import workers as store_workers
-from services.store.models import JOB_STATUSES, Job
-from services.worker.app import DEFAULT_QUEUE
+from services.store.events import lifecycle_counts
+from services.store.models import Job
+from services.store.status import JobStatus
 
 router = APIRouter(tags=["monitoring"])
 
@@ -26,11 +29,11 @@ def prometheus_metrics(
     counts = session.execute(
         select(Job.status, Job.queue, func.count()).group_by(Job.status, Job.queue)
     ).all()
-    by_status = dict.fromkeys(JOB_STATUSES, 0)
+    by_status: dict[str, int] = dict.fromkeys(JobStatus, 0)
     queued = {DEFAULT_QUEUE: 0}
     for job_status, queue, count in counts:
         by_status[job_status] = by_status.get(job_status, 0) + count
-        if job_status == "queued":
+        if job_status == JobStatus.QUEUED:
             queued[queue] = count
     for job_status, count in by_status.items():
         telemetry.jobs.labels(status=job_status).set(count)
@@ -38,6 +41,8 @@ def prometheus_metrics(
     for queue, count in queued.items():
         telemetry.queue_depth.labels(queue=queue).set(count)
     worker_gauges(session, telemetry, settings.lease_timeout_s)
+    telemetry.lifecycle.counts = lifecycle_counts(session)
+    telemetry.event_streams.set(request.app.state.stream_slots.total)
     return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
 
 

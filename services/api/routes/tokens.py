@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Response, status
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from services.api.auth import CurrentOwner
 from services.api.deps import SessionDep
@@ -37,11 +37,15 @@ Prefix = Annotated[
 
 
 class TokenRequest(BaseModel):
+    # An unknown field is a mistake to report, not to drop: `{"admin": true}` was once
+    # answered 201 with a plain owner's token.
+    model_config = ConfigDict(extra="forbid")
+
     owner: str | None = Field(
         None,
-        max_length=200,
-        pattern=r"\S",  # not blank
-        description="Whose token (created if new); default: yours",
+        pattern=rf"^{store_tokens.OWNER_NAME_PATTERN}$",
+        description="Whose token (created if new): 1 to 64 letters, digits, '.', '_' or '-'; "
+        "default: yours",
     )
 
 
@@ -58,8 +62,10 @@ def list_tokens(
     )
     return TokenList(
         items=[
-            TokenPublic(owner=name, prefix=prefix, created_at=created, revoked_at=revoked)
-            for name, prefix, created, revoked in rows
+            TokenPublic(
+                owner=name, prefix=prefix, created_at=created, revoked_at=revoked, last_used_at=used
+            )
+            for name, prefix, created, revoked, used in rows
         ]
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from services.catalog import DATASETS, MODELS, check_compatible
+from services.catalog import DATASETS, MODELS, OWN_DATASETS, check_compatible, compatible_datasets
 
 
 def test_models_list_every_catalog_model_with_its_compatible_datasets(
@@ -12,16 +12,31 @@ def test_models_list_every_catalog_model_with_its_compatible_datasets(
 ) -> None:
     items = client.get("/v1/catalog/models", headers=alice).json()["items"]
 
-    assert [m["name"] for m in items] == list(MODELS)
+    # The catalog, then the timm: and hf: namespaces, then installed plugins.
+    assert [m["name"] for m in items][: len(MODELS) + 2] == [*MODELS, "timm:", "hf:"]
+    assert {m["source"] for m in items[len(MODELS) + 2:]} <= {"plugin"}
     mlp = next(m for m in items if m["name"] == "mlp")
     assert mlp["description"] == MODELS["mlp"].description
-    assert mlp["compatible_datasets"] == sorted(d for d in DATASETS if check_compatible("mlp", d) is None)
+    assert mlp["compatible_datasets"] == sorted(
+        d for d in [*DATASETS, *OWN_DATASETS] if check_compatible("mlp", d) is None)
+    assert mlp["compatible_datasets"] == compatible_datasets("mlp")
 
 
 def test_datasets_list_sizes_and_compatible_models(client: TestClient, alice: dict[str, str]) -> None:
     items = client.get("/v1/catalog/datasets", headers=alice).json()["items"]
 
-    assert [d["name"] for d in items] == list(DATASETS)
+    assert [d["name"] for d in items][: len(DATASETS) + len(OWN_DATASETS)] == [*DATASETS, *OWN_DATASETS]
     digits = next(d for d in items if d["name"] == "digits")
     assert digits["train_size"] == DATASETS["digits"].train_size
     assert "mlp" in digits["compatible_models"]
+
+
+def test_installed_plugins_are_listed_with_their_entry_points(client: TestClient, alice: dict[str, str]) -> None:
+    from tests.own_data_files import ensure_example_plugin
+
+    ensure_example_plugin()
+    models = {m["name"]: m for m in client.get("/v1/catalog/models", headers=alice).json()["items"]}
+    assert models["example_mlp"]["source"] == "plugin"
+    assert models["example_mlp"]["entry_point"] == "accum_plugin_example.models:example_mlp"
+    datasets = {d["name"]: d for d in client.get("/v1/catalog/datasets", headers=alice).json()["items"]}
+    assert datasets["example_blobs"]["source"] == "plugin"

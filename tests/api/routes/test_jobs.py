@@ -215,7 +215,9 @@ def test_a_failed_job_shows_its_error_and_resume_clears_it(
     resumed = client.post(f"/v1/jobs/{job_id}/resume", headers=alice)
 
     assert failed["status"] == "failed" and failed["finished_at"] is not None
-    assert failed["error"] == {"type": "DatasetUnavailable", "message": "no data under /data/cifar10"}
+    assert failed["error"] == {
+        "type": "DatasetUnavailable", "message": "no data under /data/cifar10", "reason": None
+    }
     assert resumed.status_code == 202
     assert resumed.json()["status"] == "queued" and resumed.json()["error"] is None
 
@@ -233,3 +235,85 @@ def test_a_broker_outage_does_not_lose_the_submitted_job(
 
     assert created.status_code == 201, created.text
     assert [(j["id"], j["status"]) for j in listed] == [(created.json()["id"], "queued")]
+
+
+def test_read_one_job_carries_its_exactness_check(
+    client: TestClient, alice: dict[str, str], submitted: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    job_id = submitted["id"]
+    assert submitted["exactness"] == {"checked": False, "rel_error": None, "tolerance": None,
+                                      "passed": None, "note": "not checked yet"}
+    # What the worker's store callback writes for accumcore's exactness_check event.
+    message = "first window = big batch: relative error 3.1e-08 (tolerance 1e-06; W = 64 items)"
+    with session_factory.begin() as session:
+        events.add_event(session, job_id, "exactness_check", message,
+                         {"rel_error": 3.1e-8, "tolerance": 1e-6, "passed": True, "items": 64.0})
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert job["exactness"] == {"checked": True, "rel_error": 3.1e-8, "tolerance": 1e-6,
+                                "passed": True, "note": message}
+    # A later attempt's check is the one shown; an infinite error is answered as null.
+    with session_factory.begin() as session:
+        events.add_event(session, job_id, "exactness_check", "first window != big batch",
+                         {"rel_error": "inf", "tolerance": 1e-6, "passed": False})
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert job["exactness"]["passed"] is False and job["exactness"]["rel_error"] is None
+    assert job["exactness"]["note"] == "first window != big batch"
+    # Listings leave it out (one query per page, not per job).
+    listed = client.get("/v1/jobs", headers=alice).json()["items"]
+    assert [j["exactness"] for j in listed] == [None]
+
+
+def test_a_skipped_check_and_verify_window_false_say_so(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    off = client.post("/v1/jobs", json={**spec, "verify_window": False}, headers=alice).json()
+    assert off["spec"]["verify_window"] is False
+    assert off["exactness"]["checked"] is False
+    assert off["exactness"]["note"] == "verify_window is false: not checked"
+    on = client.post("/v1/jobs", json={**spec, "verify_window": "warn"}, headers=alice).json()
+    skipped = "exactness check not run: skipped: the micro-batches cannot be concatenated"
+    with session_factory.begin() as session:
+        events.add_event(session, on["id"], "exactness_check", skipped,
+                         {"rel_error": None, "tolerance": 1e-6, "passed": None})
+    job = client.get(f"/v1/jobs/{on['id']}", headers=alice).json()
+    assert job["exactness"] == {"checked": False, "rel_error": None, "tolerance": 1e-6,
+                                "passed": None, "note": skipped}
+
+
+def test_a_bad_verify_window_is_422_with_the_allowed_values(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any]
+) -> None:
+    response = client.post("/v1/jobs", json={**spec, "verify_window": "sometimes"}, headers=alice)
+    assert response.status_code == 422
+    assert response.headers["content-type"].startswith(PROBLEM_JSON)
+    [error] = response.json()["errors"]
+    assert error["loc"] == "body.verify_window" and error["allowed"] == [True, False, "warn"]
+
+
+def test_data_root_refusal_names_the_roots_to_admins_only(
+    api_settings: Settings,
+    session_factory: sessionmaker[Session],
+    alice: dict[str, str],
+    admin: dict[str, str],
+    spec: dict[str, Any],
+    tmp_path: Any,
+) -> None:
+    """ACCUM_DATA_ROOTS is the one allow-list; its paths are the servers', shown to admins."""
+    roots = [tmp_path / "datasets", tmp_path / "shared"]
+    app = create_app(api_settings.model_copy(update={"data_roots": roots}), run_reaper=False)
+    outside = {**spec, "dataset": {"name": "mnist", "data_root": str(tmp_path / "etc")}}
+    inside = {**spec, "dataset": {"name": "mnist", "data_root": str(roots[1] / "mnist")}}
+    with TestClient(app) as client:
+        owner_error = client.post("/v1/jobs", json=outside, headers=alice).json()["errors"][0]
+        admin_error = client.post("/v1/jobs", json=outside, headers=admin).json()["errors"][0]
+        accepted = client.post("/v1/jobs", json=inside, headers=alice)
+    assert owner_error["loc"] == admin_error["loc"] == "body.dataset.data_root"
+    assert "allowed" not in owner_error and str(tmp_path) not in owner_error["msg"].replace(
+        str(tmp_path / "etc"), ""
+    )
+    assert "ACCUM_DATA_ROOTS" in owner_error["msg"]
+    assert admin_error["allowed"] == [str(r.resolve()) for r in roots]
+    assert all(str(r.resolve()) in admin_error["msg"] for r in roots)
+    assert accepted.status_code == 201, accepted.text

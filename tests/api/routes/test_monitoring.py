@@ -1,12 +1,20 @@
-"""`GET /metrics`: Prometheus text with jobs by status, queue depth per queue, and a request
-latency histogram labelled by route template (never by raw path)."""
+"""`GET /metrics`: Prometheus text with jobs by status, queue depth per queue, a request
+latency histogram labelled by route template (never by raw path), lifecycle counters by
+cause, failed token checks and open streams."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.store import leases
+from services.store.types import utcnow
+
+from ..helpers import claim
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -41,3 +49,42 @@ def test_prometheus_text_has_jobs_queue_depth_and_latency(
     submit = (("method", "POST"), ("route", "/v1/jobs"), ("status", "201"))
     assert values[("accum_http_request_duration_seconds_count", submit)] == 4
     assert not any(jobs[1]["id"] in label for (_, labels) in values for _, label in labels)
+
+
+def test_lifecycle_counters_come_from_the_event_log_with_their_causes(
+    client: TestClient,
+    alice: dict[str, str],
+    spec: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    """What workers and reapers did (restarts, expiries, failures by reason), read from the
+    event log at scrape time; failed token checks and open streams of this process."""
+    ids = [client.post("/v1/jobs", json={**spec, "seed": i}, headers=alice).json()["id"] for i in range(3)]
+    later = utcnow() + timedelta(hours=1)
+    for job_id in ids[:2]:  # two attempts of each lost without a checkpoint: the 2nd is poison
+        for worker in ("w1", "w2"):
+            claim(session_factory, job_id, worker_id=worker)
+            with session_factory.begin() as session:
+                leases.reap_expired_leases(session, now=later)
+    claim(session_factory, ids[2], worker_id="w3")
+    with session_factory.begin() as session:
+        error = {"type": "JobTimeout", "reason": "timeout", "message": "ran past its timeout"}
+        assert leases.finish_job(session, ids[2], "w3", "failed", error=error)
+    for _ in range(2):
+        client.get("/v1/jobs", headers={"Authorization": "Bearer accum_nope"})
+    client.app.state.stream_slots.try_open(1)  # type: ignore[attr-defined]
+
+    values = samples(client.get("/metrics").text)
+
+    def counter(name: str, label: str, value: str) -> float:
+        return values[(f"accum_{name}_total", ((label, value),))]
+
+    assert counter("job_transitions", "kind", "created") == 3
+    assert counter("job_transitions", "kind", "started") == 5
+    assert counter("job_restarts", "cause", "lease_expired") == 2
+    assert counter("job_restarts", "cause", "worker_shutdown") == 0
+    assert counter("lease_expiries", "cause", "no_progress") == 4
+    assert counter("job_failures", "reason", "poison") == 2
+    assert counter("job_failures", "reason", "timeout") == 1
+    assert counter("auth_failures", "answer", "401") == 2
+    assert values[("accum_event_streams", ())] == 1

@@ -115,3 +115,36 @@ def test_a_whole_token_or_a_malformed_prefix_in_the_path_is_refused(
         assert response.status_code == 422, response.text
         assert response.json()["errors"][0]["loc"] == "path.prefix"
     assert client.get("/v1/me", headers=bearer(token)).status_code == 200
+
+
+def test_a_listing_says_when_each_token_was_last_used(
+    client: TestClient, alice: dict[str, str], admin: dict[str, str]
+) -> None:
+    fresh = make_token(client, admin, "alice")
+
+    def last_used(prefix: str) -> str | None:
+        items = client.get("/v1/tokens", headers=alice).json()["items"]
+        return next(t["last_used_at"] for t in items if t["prefix"] == prefix)
+
+    assert last_used(fresh[:12]) is None  # made, never presented
+    assert client.get("/v1/me", headers=bearer(fresh)).status_code == 200
+    used = last_used(fresh[:12])
+    assert used is not None and used.startswith("20")
+    # The token listing itself was a use of alice's token, and it was committed.
+    assert last_used(alice["Authorization"].split()[1][:12]) is not None
+
+
+def test_token_creation_refuses_unknown_fields_and_odd_owner_names(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    before = client.get("/v1/tokens", headers=admin).json()["items"]
+    escalation = client.post("/v1/tokens", headers=admin, json={"owner": "mallory", "admin": True})
+    assert escalation.status_code == 422
+    assert escalation.json()["errors"][0]["loc"] == "body.admin"
+    for name in ("a\nb", "with space", "x" * 65, "", "tab\there", "ünï"):
+        refused = client.post("/v1/tokens", headers=admin, json={"owner": name})
+        assert refused.status_code == 422, name
+        error = refused.json()["errors"][0]
+        assert error["loc"] == "body.owner" and "[A-Za-z0-9._-]{1,64}" in error["msg"], name
+    assert client.get("/v1/tokens", headers=admin).json()["items"] == before
+    assert make_token(client, admin, "ok.name_1-x" + "y" * 53)  # 64 characters

@@ -133,7 +133,18 @@ export function uniqueLabel(job) {
 export function exactnessBadge(job) {
   const check = job.exactness;
   if (!check || !check.checked) return null;
-  const error = typeof check.rel_error === "number" ? `, rel. error ${check.rel_error.toExponential(1)}` : "";
+  const value = check.rel_error;
+  const error = typeof value === "number" ? `, rel. error ${value === 0 ? "0" : value.toExponential(1)}` : "";
   const text = check.passed ? `first window = big batch${error}` : `accumulation NOT exact${error}`;
   return el("span", { class: `exactness ${check.passed ? "exact" : "inexact"}`, id: "exactness", title: check.note || "" }, text);
+}
+
+// The same shape from a live `exactness_check` event (as services/api/schemas.py `exactness`).
+export function exactnessOfEvent(event) {
+  const data = event.data || {};
+  const checked = data.passed === true || data.passed === false;
+  return {
+    checked, passed: checked ? data.passed : null, tolerance: data.tolerance ?? null, note: event.message || "",
+    rel_error: typeof data.rel_error === "number" && Number.isFinite(data.rel_error) ? data.rel_error : null,
+  };
 }

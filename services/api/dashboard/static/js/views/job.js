@@ -7,7 +7,7 @@ import { chartControls, chartSettings } from "../chart_controls.js";
 import { LineChart, Series, xContext } from "../charts.js";
 import { clear, el, errorBox, richText } from "../dom.js";
 import {
-  ACTIVE, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, formatBytes,
+  ACTIVE, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, exactnessOfEvent, formatBytes,
   formatNumber, grouped, hasMetric, isNonFinite, jobLabel, latestMetric, progressBar, runTime, statusBadge,
 } from "../format.js";
 
@@ -117,7 +117,10 @@ class JobPage {
   }
 
   show(job) {
-    this.job = job; // GET /v1/jobs/ID and the stream's `status` messages: the same object
+    // GET /v1/jobs/ID and the stream's `status` messages are the same object; the exactness
+    // check may also come as the exactness_check event, so a status message without it keeps it.
+    this.job = { ...job, owner: job.owner ?? this.job?.owner, exactness: job.exactness ?? this.job?.exactness };
+    job = this.job;
     this.title.textContent = jobLabel(job);
     clear(this.badge, statusBadge(job.status));
     clear(this.exactness, exactnessBadge(job));
@@ -214,8 +217,13 @@ class JobPage {
   onMessage({ event, data }) {
     if (event === "metric") this.addPoint(data);
     else if (event === "status") this.show(data);
-    else if (event === "job_event") this.addEvent(data);
-    else if (event === "end") {
+    else if (event === "job_event") {
+      this.addEvent(data);
+      if (data.kind === "exactness_check" && this.job) {
+        this.job.exactness = exactnessOfEvent(data);
+        clear(this.exactness, exactnessBadge(this.job));
+      }
+    } else if (event === "end") {
       this.streamState.textContent = "";
       this.loadCheckpoints();
       api(`v1/jobs/${this.id}`, { signal: this.signal }).then((job) => { this.show(job); this.draw(); }).catch(() => {});

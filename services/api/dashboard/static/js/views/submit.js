@@ -18,7 +18,8 @@ function fieldsFor(models, priorities) {
   const real = (min) => ({ type: "number", min, step: "any" });
   return [
     { section: "Job", path: "name", label: "Name", attrs: { placeholder: "model-dataset" } },
-    { section: "Job", path: "model", label: "Model", choices: models.map((m) => [m.name, m.description]), value: "mlp" },
+    // Namespace entries ("timm:", "hf:") are patterns, not models: write those in the YAML/JSON tab.
+    { section: "Job", path: "model", label: "Model", choices: models.filter((m) => !m.name.endsWith(":")).map((m) => [m.name, m.description]), value: "mlp" },
     { section: "Job", path: "dataset", label: "Dataset", choices: [], value: "digits" },
     { section: "Batch", path: "micro_batch_size", label: "Micro-batch m", attrs: int(1, 1048576), value: 16, hint: "samples per forward/backward" },
     { section: "Batch", path: "accumulation_steps", label: "Accumulation N", attrs: int(1, 65536), value: 4, hint: "micro-batches per optimizer step" },

@@ -1,0 +1,151 @@
+"""The lease reaper: re-queues jobs whose worker stopped renewing its lease, and re-sends
+the broker message of queued jobs whose message may be lost.
+
+It runs as a thread in every worker and in the API process, so a job whose worker died
+(kill -9, lost node) is recovered as long as any accum process is up. Reaping is one atomic
+UPDATE per job in the store (``reap_expired_leases``), so several reapers at once are safe;
+each re-queued job gets a fresh broker message (the old one died with its worker).
+A job still ``queued`` whose last message is older than ``ACCUM_REQUEUE_AFTER_S``
+(``stale_queued_jobs``: the broker was down when the API submitted it, or a worker died
+between taking its message and claiming it) is enqueued again, at most once per period.
+
+    reaper = LeaseReaper(settings).start()
+    ...
+    reaper.stop()
+
+A ``--pool prefork`` worker forks its pool's children from the process this thread runs in.
+A fork taken mid-pass copied the locks the pass held (the session-factory cache's, and as
+well SQLAlchemy's, psycopg's, redis-py's) into the child, locked for good there: the child
+hung on its first database call and never claimed its job. So a fork waits for the pass in
+progress to end (``os.register_at_fork``), and the next pass waits for the fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.dispatch.broker import DEFAULT_QUEUE
+from services.dispatch.enqueue import enqueue_job
+from services.settings import Settings
+from services.store.leases import reap_expired_leases, stale_queued_jobs
+from services.store.models import Job
+from services.store.sessions import session_factory
+
+log = logging.getLogger(__name__)
+
+# A pass is a few queries and sends, each bounded by a connect or socket timeout; past this a
+# fork goes ahead rather than block the worker (and the child may hang, as before the guard).
+FORK_WAIT_S = 30.0
+
+
+# Seconds since the epoch, as time.time; tests pass one that runs ahead instead of sleeping.
+Clock = Callable[[], float]
+
+
+def _now(clock: Clock) -> datetime:
+    return datetime.fromtimestamp(clock(), UTC)
+
+
+def queue_of(session: Session, job_id: str) -> str:
+    return str(session.scalar(select(Job.queue).where(Job.id == job_id)) or DEFAULT_QUEUE)
+
+
+def reap_once(settings: Settings, clock: Clock = time.time) -> list[str]:
+    """Re-queue (or fail, past ``max_restarts``) every job whose lease expired before
+    ``clock()``; returns the ids of the jobs that were re-queued and enqueued again."""
+    with session_factory(settings).begin() as session:
+        requeued_ids, _failed = reap_expired_leases(
+            session, now=_now(clock), poison_after=settings.poison_after_lost_attempts
+        )
+        requeued = [(job_id, queue_of(session, job_id)) for job_id in requeued_ids]
+    # Enqueue after the commit: a worker that takes the message must see the job queued.
+    for job_id, queue in requeued:
+        enqueue_job(settings, job_id, queue)
+        log.warning("job %s lost its worker; re-queued on %s", job_id, queue)
+    return [job_id for job_id, _ in requeued]
+
+
+def resend_stale_once(settings: Settings, clock: Clock = time.time) -> list[str]:
+    """Enqueue again every queued job whose last message is older than
+    ``settings.requeue_after_s`` at ``clock()``; returns their ids. A failed send leaves
+    ``enqueued_at`` set, so it is retried one period later, not on every pass."""
+    now = _now(clock)
+    older_than = now - timedelta(seconds=float(settings.requeue_after_s))
+    with session_factory(settings).begin() as session:
+        stale = stale_queued_jobs(session, older_than=older_than, now=now)
+    for job_id, queue in stale:
+        enqueue_job(settings, job_id, queue)
+        log.warning("job %s was queued with no recent message; enqueued again on %s", job_id, queue)
+    return [job_id for job_id, _ in stale]
+
+
+class LeaseReaper:
+    """A daemon thread calling ``reap_once`` and ``resend_stale_once`` every ``interval_s``
+    (``ACCUM_REAPER_INTERVAL_S``), with ``clock`` as their time."""
+
+    def __init__(
+        self, settings: Settings, interval_s: float | None = None, clock: Clock = time.time
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.interval_s = float(interval_s or settings.reaper_interval_s)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="accum-lease-reaper", daemon=True)
+        # Held for a whole pass, and by a fork of this process (see the module docstring).
+        self.pass_lock = threading.Lock()
+
+    def start(self) -> LeaseReaper:
+        _running.add(self)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        _running.discard(self)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            with self.pass_lock:
+                for step in (reap_once, resend_stale_once):
+                    try:
+                        step(self.settings, self.clock)
+                    except Exception:  # keep reaping after a database or broker blip
+                        log.exception("reaper step %s failed; retrying in %.1fs", step.__name__,
+                                      self.interval_s)
+
+
+_running: weakref.WeakSet[LeaseReaper] = weakref.WeakSet()
+_held_over_fork: list[threading.Lock] = []
+
+
+def _wait_for_passes() -> None:
+    for reaper in list(_running):
+        if reaper.pass_lock.acquire(timeout=FORK_WAIT_S):
+            _held_over_fork.append(reaper.pass_lock)
+        else:
+            log.warning("forking while the lease reaper is mid-pass (over %.0fs)", FORK_WAIT_S)
+
+
+def _release_passes() -> None:
+    while _held_over_fork:
+        _held_over_fork.pop().release()
+
+
+def _forget_parent_reapers() -> None:
+    _release_passes()
+    _running.clear()  # their threads stay in the parent; the child runs none of them
+
+
+os.register_at_fork(before=_wait_for_passes, after_in_parent=_release_passes,
+                    after_in_child=_forget_parent_reapers)

@@ -1,0 +1,148 @@
+"""The service's own limits on a valid spec: what this deployment allows and can hold.
+
+    from services.spec.limits import SpecLimits, limit_errors
+    errors = limit_errors(spec, SpecLimits.from_settings(settings))
+    if errors: raise RequestValidationError(errors)   # 422, each at its field
+
+`JobSpec` holds the bounds that are the same everywhere (its field maxima); these depend on
+settings (`ACCUM_MAX_RESTARTS`, `ACCUM_MAX_GPUS`, `ACCUM_MAX_DEVICE_MEMORY_BYTES`) or need the
+catalog's sizes: the run's optimizer steps, and the floor of one device's memory for a step
+(`services.catalog.sizes`), so a job that cannot fit is refused with the numbers instead of
+taking a worker down. Errors are pydantic-shaped dicts with `loc` under `body`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from services.catalog import DatasetInfo, configured_dataset, require_model
+from services.catalog.sizes import MemoryEstimate, estimate_memory, gib
+from services.spec.batching import micro_batch_size, steps_per_epoch, total_optimizer_steps
+from services.spec.fields import MAX_STEPS
+from services.spec.job import JobSpec
+
+DEFAULT_MAX_DEVICE_MEMORY_BYTES = 80 * 2**30  # an 80 GB H100/A100
+
+
+@dataclass(frozen=True)
+class SpecLimits:
+    """This deployment's maxima (the settings of the same names)."""
+
+    max_restarts: int = 10
+    max_gpus: int = 8
+    max_device_memory_bytes: int = DEFAULT_MAX_DEVICE_MEMORY_BYTES
+    max_job_seconds: int = 7 * 86400
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SpecLimits:
+        return cls(
+            max_restarts=settings.max_restarts,
+            max_gpus=settings.max_gpus,
+            max_device_memory_bytes=settings.max_device_memory_bytes,
+            max_job_seconds=settings.max_job_seconds,
+        )
+
+
+def with_defaults(spec: JobSpec, limits: SpecLimits) -> JobSpec:
+    """`spec` with the service's defaults filled in (a `timeout` of ACCUM_MAX_JOB_SECONDS),
+    so the stored spec says how long the job may run."""
+    if spec.timeout is None:
+        return spec.model_copy(update={"timeout": limits.max_job_seconds})
+    return spec
+
+
+def _error(field: str, message: str, value: Any, kind: str = "limit") -> dict[str, Any]:
+    return {"type": kind, "loc": ("body", field), "msg": message, "input": value}
+
+
+def step_memory(spec: JobSpec, data: DatasetInfo | None = None) -> MemoryEstimate:
+    """The floor of one device's memory for a step of `spec` ("auto": one sample); `data` is
+    its configured dataset, when the caller has it already."""
+    data = data or configured_dataset(spec.dataset.name, spec.dataset.options)
+    return estimate_memory(
+        spec.model.name,
+        spec.model.options,
+        data,
+        micro_batch=micro_batch_size(spec) or 1,
+        precision=spec.precision,
+        optimizer=spec.optimizer.name,
+        momentum=spec.optimizer.momentum or 0.0,
+    )
+
+
+def sized_by_catalog(spec: JobSpec, data: DatasetInfo) -> bool:
+    """Whether the torch-free size formulas cover this job: a built-in or torchvision model on
+    a dataset whose shape is known at submit (own data is sized when the worker reads it;
+    `timm:`, `hf:` and plugin models have no formula here)."""
+    model = require_model(spec.model.name)
+    return model.source in ("builtin", "torchvision") and data.train_size is not None and (
+        model.source != "torchvision" or (data.image_size is not None and data.num_classes is not None)
+    )
+
+
+def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
+    """Every way `spec` exceeds `limits` or the run-length bound, as 422 field errors."""
+    errors = []
+    if spec.max_restarts > limits.max_restarts:
+        errors.append(
+            _error(
+                "max_restarts",
+                f"max_restarts must be at most {limits.max_restarts} on this service "
+                f"(ACCUM_MAX_RESTARTS); got {spec.max_restarts}",
+                spec.max_restarts,
+            )
+        )
+    if spec.gpus > limits.max_gpus:
+        errors.append(
+            _error(
+                "gpus",
+                f"gpus must be at most {limits.max_gpus} on this service (ACCUM_MAX_GPUS); "
+                f"got {spec.gpus}",
+                spec.gpus,
+            )
+        )
+    if spec.timeout is not None and int(spec.timeout) > limits.max_job_seconds:
+        errors.append(
+            _error(
+                "timeout",
+                f"timeout must be at most {limits.max_job_seconds} s on this service "
+                f"(ACCUM_MAX_JOB_SECONDS); got {spec.timeout} s",
+                spec.timeout,
+            )
+        )
+    data = configured_dataset(spec.dataset.name, spec.dataset.options)  # once: ~45 us
+    steps = total_optimizer_steps(spec, data.train_size) if spec.epochs is not None else None
+    if steps is not None and steps > MAX_STEPS:
+        errors.append(
+            _error(
+                "epochs",
+                f"{spec.epochs} epochs of {steps_per_epoch(spec, 0, data.train_size):,} "
+                "optimizer steps are "
+                f"{steps:,} steps; at most {MAX_STEPS:,} are allowed: lower epochs or raise "
+                "the batch",
+                spec.epochs,
+            )
+        )
+    if not sized_by_catalog(spec, data):
+        return errors  # own models and data: the worker checks them at the job's start
+    estimate = step_memory(spec, data)
+    if estimate.total_bytes > limits.max_device_memory_bytes:
+        # The model alone too large: its options are the fix; else the micro-batch is.
+        weights_alone = estimate.weights_bytes > limits.max_device_memory_bytes
+        field = "model" if weights_alone else "micro_batch_size"
+        fix = (
+            "choose a smaller model or smaller model options"
+            if weights_alone
+            else 'lower micro_batch_size (or use "auto"), or precision bf16'
+        )
+        errors.append(
+            _error(
+                field,
+                f"this job cannot fit on one device: {estimate.describe()}, above the "
+                f"{gib(limits.max_device_memory_bytes)} of the largest device "
+                f"(ACCUM_MAX_DEVICE_MEMORY_BYTES = {limits.max_device_memory_bytes}); {fix}",
+                spec.model.name if weights_alone else spec.micro_batch_size,
+            )
+        )
+    return errors

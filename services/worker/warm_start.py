@@ -1,0 +1,113 @@
+"""Warm starts (`init_from`): which file a job starts from, and loading it into the model.
+
+    path = initial_weights_path(session, spec, owner_id)     # None without init_from
+    report = load_initial_weights(model, path, strict=True)  # -> the `warm_start` event's data
+
+A job may start from one of its owner's own jobs (`{"job": ID, "step": K}`, the latest kept
+checkpoint by default) or from a file under a data root (`{"uri": ...}`: an accum checkpoint,
+a plain state dict, or a `.safetensors` file). Another owner's job reads as a job that does
+not exist, so nothing about it leaks. Tensors whose shape differs (a classifier head for
+another number of classes) keep the new model's initialisation and are listed; missing and
+unexpected keys fail a strict load and are listed by a non-strict one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.spec import JobSpec
+from services.store.checkpoints import get_checkpoint, list_checkpoints
+from services.store.jobs import load_job
+from services.store.models import Job
+
+
+class InitFromRefused(ValueError):
+    """init_from names a job or checkpoint this job may not start from; the message says why."""
+
+
+def job_initial_weights(sessions: sessionmaker[Session], spec: JobSpec, job_id: str) -> Path | None:
+    """`initial_weights_path` for job `job_id` (read by its owner's rights)."""
+    if spec.init_from is None:
+        return None
+    with sessions() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return initial_weights_path(session, spec, job.owner_id)
+
+
+def initial_weights_path(session: Session, spec: JobSpec, owner_id: Any) -> Path | None:
+    """The file `spec.init_from` names, checked: the job is the owner's, the step is kept."""
+    ref = spec.init_from
+    if ref is None:
+        return None
+    if ref.uri is not None:
+        return Path(ref.uri)
+    assert ref.job is not None
+    job = load_job(session, ref.job)
+    if job is None or job.owner_id != owner_id:
+        raise InitFromRefused(
+            f"init_from.job {ref.job!r}: no such job of yours; give the id of one of your jobs "
+            "(accum jobs lists them)"
+        )
+    kept = list_checkpoints(session, job.id)
+    if not kept:
+        raise InitFromRefused(f"init_from.job {ref.job!r} has no checkpoint to start from")
+    if ref.step is None:
+        return Path(kept[-1].uri)
+    checkpoint = get_checkpoint(session, job.id, ref.step)
+    if checkpoint is None:
+        steps = ", ".join(str(c.step) for c in kept)
+        raise InitFromRefused(f"init_from.job {ref.job!r} keeps no checkpoint at step {ref.step}; kept steps: {steps}")
+    return Path(checkpoint.uri)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """Model tensors from an accum checkpoint (its `model`), a state dict, or safetensors."""
+    import torch
+
+    if not path.is_file():
+        raise InitFromRefused(f"init_from: no file at {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return dict(load_file(str(path)))
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]
+    if not isinstance(state, dict):
+        raise InitFromRefused(f"init_from: {path} holds a {type(state).__name__}, not a state dict")
+    return state
+
+
+def load_initial_weights(model: Any, path: Path, strict: bool) -> dict[str, Any]:
+    """Load `path` into `model`; returns what was loaded, re-initialised, missing, unexpected."""
+    state = read_state(path)
+    own = model.state_dict()
+    reinitialised = sorted(k for k, v in state.items() if k in own and tuple(own[k].shape) != tuple(v.shape))
+    for key in reinitialised:
+        del state[key]
+    result = model.load_state_dict(state, strict=False)
+    missing = sorted(set(result.missing_keys) - set(reinitialised))
+    unexpected = sorted(result.unexpected_keys)
+    if strict and (missing or unexpected):
+        raise InitFromRefused(
+            f"init_from {path} does not match the model: missing keys {missing[:20]}, unexpected "
+            f"keys {unexpected[:20]}; set init_from.strict to false to load what matches"
+        )
+    return {"path": str(path), "loaded": len(state) - len(unexpected), "missing_keys": missing,
+            "unexpected_keys": unexpected, "reinitialised": reinitialised}
+
+
+def describe(report: dict[str, Any]) -> str:
+    """The `warm_start` event's message."""
+    parts = [f"loaded {report['loaded']} tensors from {report['path']}"]
+    if report["reinitialised"]:
+        parts.append(f"re-initialised (shape differs): {', '.join(report['reinitialised'])}")
+    if report["missing_keys"]:
+        parts.append(f"missing (kept as initialised): {', '.join(report['missing_keys'][:20])}")
+    if report["unexpected_keys"]:
+        parts.append(f"unexpected (ignored): {', '.join(report['unexpected_keys'][:20])}")
+    return "; ".join(parts)

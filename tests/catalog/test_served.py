@@ -1,0 +1,138 @@
+"""What a job may name, torch-free: namespaces, own data, plugins; the spec's field errors for
+unknown names and bad options, and the `GET /v1/catalog` listings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from services.catalog import (
+    check_compatible,
+    configured_dataset,
+    configured_model,
+    datasets_listing,
+    models_listing,
+    require_model,
+    served_names,
+)
+from services.spec import parse_spec
+from tests.job_specs import MINIMAL_SPEC
+
+
+def errors_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    with pytest.raises(ValidationError) as info:
+        parse_spec(spec)
+    return info.value.errors()
+
+
+def test_namespaces_resolve_without_torch() -> None:
+    code = (
+        "import sys, services.catalog as c; c.require_model('timm:resnet18'); c.require_model('hf:gpt2');"
+        "c.configured_dataset('files', {'data_files': 'a.jsonl', 'tokenizer': 'bytes'}); c.models_listing();"
+        "heavy = [m for m in ('torch', 'timm', 'transformers', 'datasets') if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_namespace_models_and_their_tasks() -> None:
+    timm = require_model("timm:resnet18")
+    assert (timm.source, timm.task, timm.free_options) == ("timm", "classification", True)
+    hf = require_model("hf:gpt2")
+    assert (hf.source, hf.task) == ("hf", None)  # the task follows from the dataset
+    saved = require_model("hf:/data/models/tiny")
+    assert saved.source == "hf" and not saved.free_options
+
+
+@pytest.mark.parametrize("name", ["torchhub:resnet18", "timm:", "timm:a b", "hf:GPT 2", "nosuchmodel"])
+def test_unknown_models_list_what_is_served(name: str) -> None:
+    with pytest.raises(ValueError) as info:
+        require_model(name)
+    assert "timm:<name>" in str(info.value) and "hf:<model_type>" in str(info.value)
+
+
+def test_unknown_namespace_is_a_field_error_listing_the_served_names() -> None:
+    [error] = errors_of({**MINIMAL_SPEC, "model": "torchhub:resnet18"})
+    assert error["loc"] == ("model",)
+    assert "namespace 'torchhub' is not one of: timm, hf" in error["msg"]
+    assert error["ctx"]["allowed"] == served_names("model")
+
+
+def test_model_options() -> None:
+    assert configured_model("timm:resnet18", {"pretrained": False, "drop_rate": 0.1}).source == "timm"
+    with pytest.raises(ValueError, match="pretrained must be true or false"):
+        configured_model("timm:resnet18", {"pretrained": "yes"})
+    with pytest.raises(ValueError, match="weights needs pretrained: true"):
+        configured_model("timm:resnet18", {"weights": "/data/w.pt"})
+    with pytest.raises(ValueError, match="absolute path"):
+        configured_model("timm:resnet18", {"pretrained": True, "weights": "w.pt"})
+    with pytest.raises(ValueError, match="does not accept option"):
+        configured_model("hf:/data/models/tiny", {"n_layer": 2})
+
+
+def test_own_datasets_need_a_data_root_and_checked_options() -> None:
+    spec = {**MINIMAL_SPEC, "model": "small_cnn", "dataset": {"name": "imagefolder"}}
+    [error] = errors_of(spec)
+    assert error["loc"] == ("dataset",) and "give data_root" in error["msg"]
+    bad = {"name": "imagefolder", "data_root": "/data/x", "image_size": 0}
+    [error] = errors_of({**spec, "dataset": bad})
+    assert "image_size must be an integer from 1 to 4096; got 0" in error["msg"]
+    files = {"name": "files", "data_root": "/data/x", "data_files": "../etc/passwd", "tokenizer": "bytes"}
+    [error] = errors_of({**MINIMAL_SPEC, "model": "tiny_transformer", "dataset": files})
+    assert "relative to data_root, without '..'" in error["msg"]
+
+
+def test_files_task_follows_the_columns() -> None:
+    text = configured_dataset("files", {"data_files": "a.jsonl", "tokenizer": "bytes"})
+    assert text.task == "language_modeling"
+    table = configured_dataset("files", {"data_files": "a.csv", "columns": {"features": ["x", "y"], "label": "t"}})
+    assert table.task == "classification"
+    with pytest.raises(ValueError, match="needs tokenizer"):
+        configured_dataset("files", {"data_files": "a.jsonl"})
+    with pytest.raises(ValueError, match="exactly one input role"):
+        configured_dataset("files", {"data_files": "a.csv", "columns": {"label": "t"}})
+    with pytest.raises(ValueError, match="unknown role"):
+        configured_dataset("files", {"data_files": "a.csv", "columns": {"txt": "t"}})
+    assert check_compatible("timm:resnet18", "files", {"data_files": "a.jsonl", "tokenizer": "bytes"})
+    assert check_compatible("hf:gpt2", "files", {"data_files": "a.jsonl", "tokenizer": "bytes"}) is None
+    assert check_compatible("small_cnn", "imagefolder") is None
+
+
+def test_own_data_has_no_size_at_submit() -> None:
+    from services.spec import total_optimizer_steps
+
+    spec = parse_spec({**MINIMAL_SPEC, "model": "small_cnn",
+                       "dataset": {"name": "imagefolder", "data_root": "/data/pets"}})
+    assert total_optimizer_steps(spec) is None  # the worker counts it when it reads the folder
+    assert total_optimizer_steps(parse_spec({**spec.normalised(), "epochs": None, "max_steps": 7})) == 7
+
+
+def test_listings_show_namespaces_and_own_data() -> None:
+    models = {item["name"]: item for item in models_listing()}
+    assert models["timm:"]["source"] == "timm" and models["hf:"]["source"] == "hf"
+    assert "imagefolder" in models["timm:"]["compatible_datasets"]
+    datasets = {item["name"]: item for item in datasets_listing()}
+    assert datasets["imagefolder"]["needs_data_root"] and datasets["imagefolder"]["train_size"] is None
+    assert datasets["files"]["source"] == "own" and "data_files" in datasets["files"]["options"]
+
+
+def test_init_from_needs_exactly_one_source() -> None:
+    [error] = errors_of({**MINIMAL_SPEC, "init_from": {"strict": False}})
+    assert error["loc"] == ("init_from",) and "exactly one of job" in error["msg"]
+    [error] = errors_of({**MINIMAL_SPEC, "init_from": {"uri": "weights.pt"}})
+    assert "absolute path" in error["msg"]
+    spec = parse_spec({**MINIMAL_SPEC, "init_from": {"job": "01abc", "strict": False}})
+    assert spec.normalised()["init_from"] == {"job": "01abc", "strict": False}
+    assert "init_from" not in parse_spec(MINIMAL_SPEC).normalised()  # old specs hash the same
+
+
+def test_local_paths_are_every_file_a_job_reads() -> None:
+    spec = parse_spec({**MINIMAL_SPEC, "model": {"name": "timm:resnet18", "pretrained": True, "weights": "/w/r.pt"},
+                       "dataset": {"name": "imagefolder", "data_root": "/data/pets"},
+                       "init_from": {"uri": "/w/start.pt"}})
+    assert spec.local_paths() == [(("dataset", "data_root"), "/data/pets"), (("model", "weights"), "/w/r.pt"),
+                                  (("init_from", "uri"), "/w/start.pt")]

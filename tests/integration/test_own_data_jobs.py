@@ -1,0 +1,136 @@
+"""Your own model and data through a real worker (PostgreSQL + Redis): an image folder trains
+timm:resnet18 and small_cnn above chance, jsonl and parquet text train hf:gpt2 (bytes and a
+trained tokenizer) with falling validation loss, the example plugin trains, a warm start
+loads its source job's checkpoint, and bad names, columns and init_from jobs fail before any
+step saying what is allowed."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from services.spec import parse_spec
+from services.store import events, jobs, metrics, tokens
+from tests.own_data_files import (
+    CLASSES,
+    ensure_example_plugin,
+    make_image_folder,
+    train_tokenizer,
+    write_text,
+)
+from tests.worker_stack import Stack, make_stack
+
+GPT2 = {"name": "hf:gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 64}
+
+
+@pytest.fixture(scope="module")
+def own(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    ensure_example_plugin()  # before the worker starts, so it sees the entry points
+    stack = make_stack("postgres_redis", tmp_path_factory.mktemp("own"), request)
+    data = stack.settings.home / "data"
+    make_image_folder(data / "colours", per_class=12, size=16)
+    write_text(data / "text", "jsonl", repeat=4)
+    write_text(data / "text", "parquet", repeat=4)
+    train_tokenizer(data / "text" / "tok")
+    stack.start_worker()
+    try:
+        yield stack
+    finally:
+        stack.stop_workers()
+
+
+def values(stack: Stack, job_id: str, name: str) -> list[float]:
+    with stack.sessions() as session:
+        rows, _ = metrics.read_metrics(session, job_id, name=name, limit=10_000)
+    return [row.value for row in rows]
+
+
+def event(stack: Stack, job_id: str, kind: str) -> Any:
+    with stack.sessions() as session:
+        return next((e for e in events.list_events(session, job_id, limit=1000) if e.kind == kind), None)
+
+
+def images(stack: Stack) -> dict[str, Any]:
+    return {"name": "imagefolder", "data_root": str(stack.settings.home / "data" / "colours"),
+            "image_size": 32, "val_fraction": 0.25}
+
+
+def text(stack: Stack, kind: str, tokenizer: str) -> dict[str, Any]:
+    return {"name": "files", "data_root": str(stack.settings.home / "data" / "text"), "data_files": f"text.{kind}",
+            "columns": {"text": "body"}, "tokenizer": tokenizer, "max_len": 32}
+
+
+@pytest.mark.parametrize("model", ["timm:resnet18", "small_cnn"])
+def test_an_image_folder_trains_above_chance(own: Stack, model: str) -> None:
+    job_id = own.create(model=model, dataset=images(own), micro_batch_size=9, accumulation_steps=1,
+                        max_steps=None, epochs=6, optimizer={"name": "adamw", "lr": 0.003}, checkpoint_every=100)
+    job = own.wait(job_id, timeout=240)
+    assert job.status == "succeeded", (job.error, own.worker_logs())
+    assert job.progress["total_optimizer_steps"] == 6 * 3  # 27 training images, 9 per step
+    accuracy = values(own, job_id, "val_accuracy")
+    assert accuracy[-1] > 2 / len(CLASSES), accuracy  # chance is 1/3
+
+
+@pytest.mark.parametrize(("kind", "tokenizer"), [("jsonl", "bytes"), ("parquet", "tok")])
+def test_text_files_train_a_tiny_gpt2(own: Stack, kind: str, tokenizer: str) -> None:
+    job_id = own.create(model=GPT2, dataset=text(own, kind, tokenizer), micro_batch_size=4, accumulation_steps=2,
+                        max_steps=24, eval_every=8, optimizer={"name": "adamw", "lr": 0.003}, checkpoint_every=100)
+    job = own.wait(job_id, timeout=240)
+    assert job.status == "succeeded", (job.error, own.worker_logs())
+    losses = values(own, job_id, "val_loss")
+    assert len(losses) >= 3 and losses[-1] < losses[0], losses  # every 8 steps and each epoch end
+
+
+def test_the_example_plugin_trains(own: Stack) -> None:
+    job_id = own.create(model={"name": "example_mlp", "hidden": 16}, dataset={"name": "example_blobs", "size": 96},
+                        micro_batch_size=8, accumulation_steps=2, max_steps=12, eval_every=12,
+                        optimizer={"name": "adamw", "lr": 0.01})
+    job = own.wait(job_id, timeout=120)
+    assert job.status == "succeeded", (job.error, own.worker_logs())
+    assert values(own, job_id, "val_accuracy")[-1] > 0.6
+
+
+def test_a_warm_start_loads_its_source_job(own: Stack) -> None:
+    source = own.create(model="small_cnn", dataset=images(own), micro_batch_size=9, accumulation_steps=1,
+                        max_steps=3, optimizer={"name": "sgd", "lr": 0.05})
+    assert own.wait(source, timeout=120).status == "succeeded"
+    weights = own.final_weights(source)
+    job_id = own.create(model="small_cnn", dataset=images(own), micro_batch_size=9, accumulation_steps=1,
+                        max_steps=1, optimizer={"name": "sgd", "lr": 0.05}, init_from={"job": source})
+    job = own.wait(job_id, timeout=120)
+    assert job.status == "succeeded", (job.error, own.worker_logs())
+    warm = event(own, job_id, "warm_start")
+    assert warm is not None and warm.data["loaded"] == len(weights) and warm.data["path"].endswith("/3.pt")
+    kinds = own.event_kinds(job_id)
+    assert kinds.index("warm_start") < kinds.index("checkpoint")  # before the first step's results
+
+
+def fails_before_any_step(stack: Stack, job_id: str) -> str:
+    job = stack.wait(job_id, timeout=120)
+    assert job.status == "failed" and job.progress["optimizer_step"] == 0, (job.status, job.error)
+    assert values(stack, job_id, "loss") == []
+    return str(job.error["message"])
+
+
+def test_bad_names_and_columns_fail_at_start_naming_what_would_work(own: Stack) -> None:
+    unknown = own.create(model="timm:resnet181", dataset=images(own))
+    assert "timm has no model 'resnet181'" in fails_before_any_step(own, unknown)
+    assert "close names: " in fails_before_any_step(own, unknown)
+    column = own.create(model=GPT2, dataset={**text(own, "jsonl", "bytes"), "columns": {"text": "content"}})
+    assert "column(s) content not in the data; its columns: body, id" in fails_before_any_step(own, column)
+
+
+def test_another_owners_job_is_refused_by_the_worker_too(own: Stack) -> None:
+    with own.sessions.begin() as session:
+        other, _ = tokens.create_owner_with_token(session, f"other-{uuid.uuid4().hex[:6]}")
+        theirs, _ = jobs.create_job(session, owner=other, spec=parse_spec({"model": "mlp", "dataset": "digits",
+                                    "micro_batch_size": 4, "accumulation_steps": 1, "max_steps": 1,
+                                    "optimizer": {"name": "sgd", "lr": 0.1}}).normalised(), queue="nowhere",
+                                    max_restarts=0, total_optimizer_steps=1)
+        theirs_id = theirs.id
+    job_id = own.create(init_from={"job": theirs_id})  # stored directly: the API would refuse it
+    message = fails_before_any_step(own, job_id)
+    assert f"init_from.job {theirs_id!r}: no such job of yours" in message and "other-" not in message

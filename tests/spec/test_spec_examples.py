@@ -1,0 +1,23 @@
+"""Every example job spec in examples/ is valid as shipped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.spec import parse_spec
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_parses(path: Path) -> None:
+    spec = parse_spec(yaml.safe_load(path.read_text()))
+    assert spec.normalised()["model"]["name"] == spec.model.name
+
+
+def test_the_own_data_examples_are_shipped() -> None:
+    names = {p.name for p in EXAMPLES}
+    assert {"imagefolder_timm.yaml", "causal_lm_hf.yaml", "finetune_warm_start.yaml"} <= names

@@ -1,0 +1,134 @@
+"""A causal-LM job (`hf:gpt2` on padded jsonl text) updates exactly as the big batch.
+
+Items are the labels a causal LM scores: `labels[..., 1:]` that are not -100, summed over the
+window and the ranks (transformers #46204 counted the unshifted first label too). 13 training
+rows of different lengths, padded per micro-batch, m = 2 and N = 3: windows of 3, 3 and a short
+1 micro-batch. In float64 on the CPU the worker's run (`build_run`: the model, the keyword
+batches, `CausalLMLoss`, the Trainer) equals one big-batch step per window within 1e-12, on
+one process and on 2 gloo ranks whose shards hold different token counts; counting the
+unshifted labels moves it off by far more.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from accumcore import Trainer
+from accumcore.data import make_loader
+from services.catalog.build import build_model
+from services.catalog.own_models import CausalLMLoss
+from services.spec import parse_spec
+from services.worker.build import build_data, build_run, rank_shard
+from tests.own_data_files import write_text
+
+WORLD = 2
+M, N, LR = 2, 3, 0.5
+GPT2 = {"name": "hf:gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 64,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+
+
+def spec_for(root: Path, gpus: int) -> dict[str, Any]:
+    return {
+        "model": GPT2, "micro_batch_size": M, "accumulation_steps": N, "epochs": 1, "gpus": gpus,
+        "dataset": {"name": "files", "data_root": str(root), "data_files": "text.jsonl",
+                    "columns": {"text": "body"}, "tokenizer": "bytes", "packing": False, "max_len": 64},
+        "optimizer": {"name": "sgd", "lr": LR},
+    }
+
+
+def reference(spec: dict[str, Any], world: int) -> tuple[list[torch.Tensor], int]:
+    """Initial weights as the job draws them; per window, the mean over every scored token of
+    every rank's micro-batches, one SGD step."""
+    parsed = parse_spec(spec)
+    bundle = build_data(parsed, None)
+    torch.manual_seed(parsed.seed)
+    model = build_model(parsed.model.name, bundle, **parsed.model.options).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    per_rank = []
+    for rank in range(world):
+        loader = make_loader(rank_shard(bundle.train, rank, world), M, shuffle=True, seed=parsed.seed,
+                             collate_fn=bundle.keyword_collate_fn)
+        loader.batch_sampler.set_epoch(0)
+        per_rank.append(list(loader))
+    windows = max(math.ceil(len(b) / N) for b in per_rank)
+    for w in range(windows):
+        batches = [b for rank in per_rank for b in rank[N * w: N * w + N]]
+        total = sum(int((b["targets"][:, 1:] != -100).sum()) for b in batches)
+        loss = sum(
+            torch.nn.functional.cross_entropy(
+                model(**b["inputs"]).logits[:, :-1].reshape(-1, 256), b["targets"][:, 1:].reshape(-1),
+                ignore_index=-100, reduction="sum")
+            for b in batches
+        ) / total
+        loss.backward()  # type: ignore[union-attr]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return [p.detach() for p in model.parameters()], windows
+
+
+def largest_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((p - q).abs().max()) for p, q in zip(a, b, strict=True))
+
+
+def direct_run(spec: dict[str, Any], shift_labels: bool) -> list[torch.Tensor]:
+    parsed = parse_spec(spec)
+    bundle = build_data(parsed, None)
+    torch.manual_seed(parsed.seed)
+    model = build_model(parsed.model.name, bundle, **parsed.model.options).double()
+    loader = make_loader(bundle.train, M, shuffle=True, seed=parsed.seed, collate_fn=bundle.keyword_collate_fn)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=LR), loss_fn=CausalLMLoss(),
+                      accumulation_steps=N, shift_labels=shift_labels)
+    trainer.fit(loader, epochs=1)
+    return [p.detach() for p in model.parameters()]
+
+
+def test_the_window_update_is_the_big_batch_and_unshifted_counts_are_not(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    write_text(tmp_path, "jsonl")
+    spec = spec_for(tmp_path, gpus=0)
+    run = build_run(parse_spec(spec), callbacks=[], checkpoint_dir=None, device="cpu",
+                    wrap_model=lambda m: m.double())
+    assert run.trainer.shift_labels is True
+    history = run.trainer.fit(run.train_loader, **{**run.fit_kwargs, "val_loader": None})
+    expected, windows = reference(spec, 1)
+    assert windows == len(history.steps) == run.total_steps == 3  # 7 micro-batches: 3, 3, 1
+    assert largest_difference([p.detach() for p in run.trainer.model.parameters()], expected) <= 1e-12
+    assert largest_difference(direct_run(spec, shift_labels=True), expected) <= 1e-12
+    # Counting labels[..., :] (one more item per row) weighs rows wrongly: far off.
+    assert largest_difference(direct_run(spec, shift_labels=False), expected) > 1e-6
+
+
+def _rank(rank: int, init_file: str, out_dir: str, root: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        run = build_run(parse_spec(spec_for(Path(root), WORLD)), callbacks=[], checkpoint_dir=None,
+                        device="cpu", rank=rank, world=WORLD,
+                        wrap_model=lambda m: DistributedDataParallel(m.double()))
+        tokens = sum(int((b["targets"][:, 1:] != -100).sum()) for b in run.train_loader)
+        run.trainer.fit(run.train_loader, **{**run.fit_kwargs, "val_loader": None})
+        torch.save({"params": [p.detach() for p in run.trainer.model.module.parameters()],
+                    "steps": run.trainer.global_step, "tokens": tokens}, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_with_different_token_counts_equal_the_big_batch(tmp_path: Path) -> None:
+    import torch._dynamo  # noqa: F401  # imported before forking, as tests/accumcore/test_trainer_ddp.py does
+
+    write_text(tmp_path / "data", "jsonl")
+    mp.start_processes(_rank, args=(str(tmp_path / "init"), str(tmp_path), str(tmp_path / "data")),
+                       nprocs=WORLD, join=True, start_method="fork")
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert results[0]["tokens"] != results[1]["tokens"]
+    expected, windows = reference(spec_for(tmp_path / "data", WORLD), WORLD)
+    for result in results:
+        assert result["steps"] == windows == 2  # rank 0: 4 micro-batches, rank 1: 3
+        assert largest_difference(result["params"], expected) <= 1e-12

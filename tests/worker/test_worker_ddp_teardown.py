@@ -1,0 +1,85 @@
+"""The parent of DDP ranks (``services.worker.distributed.watch_ranks``) with real spawned
+processes: a rank that dies in teardown after every rank finished (the gloo/NCCL abort at
+exit) does not fail the job and no finishing rank is signalled; a rank that dies before it
+finished fails the job with the reason. Then a real ``gpus: 2`` job, 20 times in a row."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+import torch.multiprocessing as mp
+from services.worker.db import session_factory
+
+from services.settings import Settings
+from services.store import jobs
+from services.worker.distributed import watch_ranks
+from services.worker.runner import run_job
+
+
+class Running:
+    """A heartbeat that never asks to stop (the lease is held, nobody cancels)."""
+
+    lease_lost = cancel_requested = shutting_down = False
+
+    def should_stop(self) -> bool:
+        return False
+
+
+def _finish_then_abort(rank: int, finished, exits) -> None:
+    if rank == 1:
+        finished[rank] = 1
+        os.abort()  # what gloo's teardown did: SIGABRT after the rank's work was done
+    time.sleep(1.0)  # rank 0 still writing its final checkpoint
+    finished[rank] = 1
+    exits[rank] = 1  # reached the end: it was not signalled
+
+
+def _abort_before_finishing(rank: int, finished, exits) -> None:
+    if rank == 1:
+        os.abort()
+    time.sleep(30)  # would train on; the parent must stop it
+    exits[rank] = 1
+
+
+def _start(target: Callable[..., None]):
+    spawn = mp.get_context("spawn")
+    finished = spawn.Array("b", 2, lock=False)
+    exits = spawn.Array("b", 2, lock=False)
+    context = mp.start_processes(target, args=(finished, exits), nprocs=2, join=False, start_method="spawn")
+    return context, finished, exits
+
+
+def test_a_rank_dying_in_teardown_after_every_rank_finished_is_not_a_failure() -> None:
+    context, finished, exits = _start(_finish_then_abort)
+    assert watch_ranks(context, finished, Running(), grace_s=30) == "succeeded"
+    assert list(finished) == [1, 1]
+    assert exits[0] == 1 and context.processes[0].exitcode == 0  # rank 0 ran to its end
+    assert context.processes[1].exitcode == -signal.SIGABRT
+
+
+def test_a_rank_dying_before_it_finished_fails_the_job_and_stops_the_others() -> None:
+    context, finished, exits = _start(_abort_before_finishing)
+    with pytest.raises(RuntimeError, match="a DDP rank died: .*SIGABRT"):
+        watch_ranks(context, finished, Running(), grace_s=30)
+    assert not any(p.is_alive() for p in context.processes)
+    assert exits[0] == 0  # stopped, not left training
+
+
+@pytest.mark.reliability_slow
+@pytest.mark.timeout(2400)  # 20 jobs of two spawned ranks each: minutes on a loaded 2-core machine
+def test_a_gpus_2_job_succeeds_20_times_in_a_row(settings: Settings, make_job: Callable[..., str]) -> None:
+    spec = {"model": "mlp", "dataset": "digits", "micro_batch_size": 64, "accumulation_steps": 2,
+            "max_steps": 4, "eval_every": 4, "optimizer": {"name": "sgd", "lr": 0.1}, "gpus": 2,
+            "checkpoint_every": 4, "keep_checkpoints": 1}
+    outcomes = []
+    for _ in range(20):
+        job_id = make_job(spec)
+        outcomes.append(run_job(settings, job_id, "ddp-worker"))
+        with session_factory(settings)() as session:
+            job = jobs.load_job(session, job_id)
+            assert job is not None and job.status == "succeeded", job.error if job else None
+    assert outcomes == ["succeeded"] * 20
