@@ -21,6 +21,7 @@ from accumcore import Callback, Trainer, fast_path
 from accumcore.auto_batch import accumulation_for, find_micro_batch_size
 from accumcore.data import make_loader
 from accumcore.device_data import DeviceBatches
+from accumcore.items import unpack
 from accumcore.precision import check_native_bf16
 from services.catalog.build import (
     DatasetBundle,
@@ -144,7 +145,8 @@ def make_train_loader(
         # Batches padded per batch (text) do not concatenate: with their targets by index the
         # trainer counts a window from its targets and the exactness check (verify_window)
         # collates the window's samples as one batch (accumcore.window_source).
-        loader.targets_for = lambda indices: collate([train[i] for i in indices])[1]
+        # Any batch shape the trainer takes (a tuple, or a dict of keyword inputs): items.unpack.
+        loader.targets_for = lambda indices: unpack(collate([train[i] for i in indices]))[1]
     return loader
 
 

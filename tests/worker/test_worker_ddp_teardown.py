@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import pytest
 import torch.multiprocessing as mp
-from services.worker.db import session_factory
 
 from services.settings import Settings
 from services.store import jobs
+from services.store.sessions import session_factory
 from services.worker.distributed import watch_ranks
 from services.worker.runner import run_job
 

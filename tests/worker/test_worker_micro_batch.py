@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.worker.db import session_factory
-
 from accumcore import load_checkpoint
 from services.settings import Settings
 from services.store import events, jobs
+from services.store.sessions import session_factory
 from services.worker.micro_batch import CHOSEN, record_choice
 from services.worker.runner import run_job
 
