@@ -19,7 +19,7 @@ from services.store import jobs, tokens
 from services.store.models import JobAttempt, Owner
 from services.store.queue_order import PRIORITIES
 
-LONG = {"max_steps": 150, "checkpoint_every": 1000}
+LONG = {"max_steps": 1000, "checkpoint_every": 10000}
 
 
 def submit(stack: Stack, owner: Owner, priority: str = "normal", **spec: Any) -> str:
