@@ -92,6 +92,15 @@ class Settings(BaseSettings):
     # An open stream looks its token up again this often and closes once it is revoked.
     stream_token_recheck_s: float = Field(default=10.0, gt=0, le=10.0)
     sqlite_busy_timeout_s: float = Field(default=30.0, gt=0)
+    # The fleet (services/fleet.py): a queue no registered worker has served for this long is
+    # refused at submit (422 naming the queues that exist), unless empty queues are allowed
+    # (an autoscaled fleet that starts workers for queued jobs). No worker registered at all
+    # (a fresh deployment, tests of the API alone) means no check.
+    queue_grace_s: float = Field(default=86400.0, gt=0)
+    allow_empty_queues: bool = False
+    # Jobs one owner may have running at once on one queue (0 = no cap): a claim past it
+    # leaves the job queued for the owner's next free place (services/store/queue_order.py).
+    max_running_jobs_per_owner: int = Field(default=0, ge=0)
     # Submit-time maxima (services.spec.limits): a spec above them is a 422 at its field.
     max_restarts: int = Field(default=10, ge=0, le=100, description="Most max_restarts a job may ask.")
     max_gpus: int = Field(default=8, ge=0, le=64, description="Most gpus a job may ask.")

@@ -127,7 +127,9 @@ STORE_TABLES = (
     "metric_blocks",
     "checkpoints",
     "job_events",
+    "job_attempts",
     "jobs",
+    "workers",
     "api_tokens",
     "owners",
 )

@@ -29,6 +29,7 @@ import redis
 
 from services.dispatch.broker import TASK_NAME, declare_queue
 from services.dispatch.enqueue import celery_app_for, enqueue_job, reset_enqueue_cache
+from services.dispatch.priority import NORMAL, redis_list, redis_step
 from services.settings import Settings
 
 
@@ -56,8 +57,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "send_task": lambda job_id: app.send_task(
             TASK_NAME, args=[job_id], queue=declare_queue(queue_a), routing_key=queue_a
         ),
-        "hand_built": lambda job_id: enqueue_job(settings, job_id, queue_b),
+        # At a normal job's priority, as the API sends it: kombu's priority-step list.
+        "hand_built": lambda job_id: enqueue_job(settings, job_id, queue_b, NORMAL),
     }
+    list_b = redis_list(queue_b, redis_step(NORMAL))
     client = redis.Redis.from_url(url)
     runs: list[dict[str, Any]] = []
     try:
@@ -70,9 +73,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 cpu, wall = timed(paths[name], messages)
                 row[f"{name}_cpu_us"], row[f"{name}_wall_us"] = cpu * 1e6, wall * 1e6
             runs.append(row)
-        published = client.llen(queue_a), client.llen(queue_b)
+        published = client.llen(queue_a), client.llen(list_b)
     finally:
-        client.delete(queue_a, queue_b)
+        client.delete(queue_a, queue_b, list_b)
         client.close()
         reset_enqueue_cache()
 

@@ -144,16 +144,27 @@ def validation_problem(
     return Problem(422, "Invalid request", f"{count}: {quoted}{more}", errors=items)
 
 
+FieldRefusal = tuple[tuple[str | int, ...], str, Any, Sequence[Any] | None]
+
+
 def invalid_field(
     loc: tuple[str | int, ...], message: str, value: Any, allowed: Sequence[Any] | None = None
 ) -> RequestValidationError:
     """A 422 about one field a route checks itself: its path, what was wrong and, for closed
     sets, the allowed values (the same shape as FastAPI's own validation errors)."""
-    error: dict[str, Any] = {"type": "value_error", "loc": loc, "msg": message, "input": value}
-    if allowed is not None:
-        error["type"] = "not_allowed"
-        error["ctx"] = {"allowed": list(allowed)}
-    return RequestValidationError([error])
+    return invalid_fields([(loc, message, value, allowed)])
+
+
+def invalid_fields(refusals: Iterable[FieldRefusal]) -> RequestValidationError:
+    """`invalid_field` for several fields at once: `(loc, message, value, allowed)` each."""
+    errors = []
+    for loc, message, value, allowed in refusals:
+        error: dict[str, Any] = {"type": "value_error", "loc": loc, "msg": message, "input": value}
+        if allowed is not None:
+            error["type"] = "not_allowed"
+            error["ctx"] = {"allowed": list(allowed)}
+        errors.append(error)
+    return RequestValidationError(errors)
 
 
 def _malformed_json(errors: Sequence[Mapping[str, Any]]) -> Problem | None:

@@ -34,12 +34,14 @@ from services.api.routes import (
     metrics,
     monitoring,
     tokens,
+    workers,
 )
 from services.api.streams import StreamSlots
 from services.api.telemetry import LatencyMiddleware, Telemetry
 from services.artifacts import open_store
 from services.artifacts.probe import CachedProbe
 from services.dispatch.reaper import LeaseReaper
+from services.fleet import FleetView
 from services.settings import Settings, get_settings
 from services.store.db import make_engine, make_session_factory
 
@@ -53,6 +55,7 @@ ROUTERS = (
     monitoring.router,
     me.router,
     tokens.router,
+    workers.router,
     dashboard.router,
     api_docs.router,
 )
@@ -119,6 +122,7 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.state.artifacts = open_store(settings.artifacts_url)
     app.state.store_probe = CachedProbe(app.state.artifacts, settings.store_probe_ttl_s)
     app.state.telemetry = telemetry = Telemetry()
+    app.state.fleet = FleetView()  # the registry's offers for the submit checks, kept 2 s
 
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)

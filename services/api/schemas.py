@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any, NotRequired, Self
+from typing import Any, Literal, NotRequired, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from typing_extensions import TypedDict
 
 from services.store.nonfinite import Label, label, split_latest
@@ -54,8 +61,39 @@ class JobError(BaseModel):
 
 
 class WorkerInfo(BaseModel):
+    name: str | None = Field(None, description="The worker's Celery node name (`--hostname`)")
     host: str | None
     gpu: str | None
+
+
+class AttemptPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    attempt: int = Field(description="1 for the first start of the job, 2 for the next, ...")
+    worker: str | None = Field(description="The worker's Celery node name")
+    host: str | None
+    gpu: str | None
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: Literal["running", "succeeded", "failed", "cancelled", "handed_back", "lost"] = Field(
+        description="running while it runs; handed_back: its worker shut down and gave the job "
+        "back; lost: its lease expired (the worker died or was cut off)"
+    )
+    resume_step: int | None = Field(description="The checkpoint step it started from; null: the start")
+    end_step: int | None = Field(description="The optimizer step it had reached when it ended")
+    steps_done: int | None = Field(
+        None, description="Optimizer steps this attempt trained (so far, while it runs)"
+    )
+
+    _running_if_open = field_validator("outcome", mode="before")(
+        lambda outcome: outcome or "running"
+    )
+
+    @model_validator(mode="after")
+    def _steps_done(self) -> Self:
+        if self.end_step is not None:
+            self.steps_done = max(self.end_step - (self.resume_step or 0), 0)
+        return self
 
 
 class Exactness(BaseModel):
@@ -86,8 +124,9 @@ def exactness(spec: dict[str, Any], event: Any | None) -> Exactness:
     )
 
 
-# `owner` is not an attribute of the row: the /v1/jobs routes set it on the model
-# (`routes/jobs.py`, `with_owner`); stream messages leave it out. (A docstring here
+# `owner`, `exactness` and `queue_position` are not attributes of the row:
+# `services/api/job_view.py` sets them, for the /v1/jobs routes and the stream's `status`
+# messages alike. (A docstring here
 # would become the schema's description in the OpenAPI document.)
 class JobPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
@@ -98,7 +137,10 @@ class JobPublic(BaseModel):
     spec: dict[str, Any]
     effective_batch_size: int | None
     progress: Progress
-    attempts: int
+    attempts: list[AttemptPublic] = Field(
+        validation_alias=AliasChoices("attempt_list", "attempts"),
+        description="Every start of the job by a worker, oldest first",
+    )
     error: JobError | None
     created_at: datetime
     started_at: datetime | None
@@ -112,13 +154,14 @@ class JobPublic(BaseModel):
         description="The latest_metrics that are NaN, inf or -inf, by name (a diverged run)",
     )
     queue: str
-    worker: WorkerInfo | None
-    owner: str | None = Field(
-        None, description="The owner's name (in the /v1/jobs answers; not in stream messages)"
+    queue_position: int | None = Field(
+        None, description="While queued: 1 = the next job its queue's workers take"
     )
+    worker: WorkerInfo | None
+    owner: str | None = Field(None, description="The owner's name")
     exactness: Exactness | None = Field(
         default=None, description="The first-window exactness check (spec verify_window), in the "
-        "answers about one job; not in listings or stream messages"
+        "answers about one job and the stream's status messages; not in listings"
     )
 
     _empty_if_null = field_validator("progress", "latest_metrics", mode="before")(empty_if_null)
@@ -142,6 +185,10 @@ class JobPublic(BaseModel):
         # answered as null, with the label in nonfinite_metrics.
         self.latest_metrics, labels = split_latest(self.latest_metrics)
         self.nonfinite_metrics = {**labels, **self.nonfinite_metrics}
+        # The attempt that runs now has trained as far as the job's progress.
+        for attempt in self.attempts:
+            if attempt.end_step is None and attempt.outcome == "running":
+                attempt.steps_done = max(self.progress.optimizer_step - (attempt.resume_step or 0), 0)
         return self
 
 
@@ -266,3 +313,37 @@ class CheckpointList(BaseModel):
 
 class CatalogList(BaseModel):
     items: list[dict[str, Any]]
+
+
+WorkerState = Literal["idle", "busy", "lost", "stopped"]
+
+
+# Owners see name, queues, devices and state; admins every field (`routes/workers.py`).
+class WorkerPublic(BaseModel):
+    name: str = Field(description="The worker's Celery node name (`--hostname`)")
+    queues: list[str]
+    devices: list[dict[str, Any]] = Field(
+        description='GPUs (`{"kind": "gpu", "index", "name", "memory_bytes"}`) or the CPU '
+        '(`{"kind": "cpu", "name", "cores"}`)'
+    )
+    state: WorkerState = Field(
+        description="busy or idle; lost when not heard from for the lease timeout; stopped "
+        "after a clean shutdown"
+    )
+    host: str | None = None
+    pid: int | None = None
+    gpus: int | None = None
+    models: list[str] | None = None
+    datasets: list[str] | None = None
+    plugins: list[str] | None = None
+    versions: dict[str, str] | None = None
+    accum_version: str | None = None
+    started_at: datetime | None = None
+    last_seen: datetime | None = None
+    stopped_at: datetime | None = None
+    current_job: str | None = None
+    heartbeat_age_s: float | None = None
+
+
+class WorkerList(BaseModel):
+    items: list[WorkerPublic]

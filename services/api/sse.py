@@ -1,7 +1,8 @@
 """The live job stream (`Accept: text/event-stream`): events, metrics and status until the end.
 
-Messages follow docs/architecture.md: `job_event`, `metric`, `status` (the job object, when
-its status or progress changes), then `end` with the final status, and the stream closes.
+Messages follow docs/architecture.md: `job_event`, `metric`, `status` (the job object as
+`GET /v1/jobs/{id}` answers it, `job_view`, when its status or progress changes), then `end`
+with the final status, and the stream closes.
 
 The stream polls the database every `POLL_INTERVAL_S` with short sessions (no connection is
 held between polls, so a thousand watchers do not pin the pool) and remembers what it has sent:
@@ -29,7 +30,8 @@ import anyio
 from pydantic_core import to_json
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.api.schemas import EventPublic, JobPublic, metric_point
+from services.api.job_view import job_view
+from services.api.schemas import EventPublic, metric_point
 from services.store import events as store_events
 from services.store import metrics as store_metrics
 from services.store.db import database_unreachable
@@ -73,16 +75,19 @@ class StreamState:
     names_checked_at: float = 0.0
     attempts: int | None = None
     job_snapshot: tuple[Any, ...] | None = None
+    # The job's owner, named in `status` messages as GET /v1/jobs/{id} names it.
+    owner_name: str | None = None
 
 
 def _job_snapshot(job: Job) -> tuple[Any, ...]:
     return (job.status, job.attempts, json.dumps(job.progress, sort_keys=True), job.finished_at)
 
 
-def open_stream(session: Session, job: Job) -> StreamState:
+def open_stream(session: Session, job: Job, owner_name: str | None = None) -> StreamState:
     """Start metrics at the present (history is `GET .../metrics`) and events at the beginning
     (a handful of lifecycle lines that a watcher wants to see)."""
-    return StreamState(metric_steps=store_metrics.latest_steps(session, job.id), attempts=job.attempts)
+    return StreamState(metric_steps=store_metrics.latest_steps(session, job.id),
+                       attempts=job.attempts, owner_name=owner_name)
 
 
 def poll(
@@ -105,7 +110,7 @@ def poll(
         if snapshot != state.job_snapshot:
             state.job_snapshot = snapshot
             state.names_checked_at = 0.0  # progress moved: new metric names may have appeared
-            out.append(sse_message("status", JobPublic.model_validate(job)))
+            out.append(sse_message("status", job_view(session, job, state.owner_name)))
         endings: list[bytes] = []
         for event in store_events.list_events(
             session, job_id, after_id=state.last_event_id, limit=EVENTS_PER_POLL

@@ -1,5 +1,6 @@
 """Prometheus instruments of one app: request latency by route template, jobs by status, queue
-depth, lifecycle counters read from the event log, failed token checks, open event streams.
+depth, workers by queue and state, worker heartbeat age, lifecycle counters read from the event
+log, failed token checks, open event streams.
 
 Each app gets its own registry so that several apps in one process (tests) do not collide.
 """
@@ -39,6 +40,18 @@ class Telemetry:
             registry=self.registry,
         )
 
+        self.workers = Gauge(
+            "accum_workers",
+            "Registered workers by queue and state (idle, busy, lost, stopped); alive = idle + busy.",
+            ("queue", "state"),
+            registry=self.registry,
+        )
+        self.worker_heartbeat_age = Gauge(
+            "accum_worker_heartbeat_age_seconds",
+            "Seconds since each worker that is not stopped last renewed its registration.",
+            ("worker",),
+            registry=self.registry,
+        )
         self.auth_failures = Counter(
             "accum_auth_failures",
             "Requests with a bad token, by answer: 401, or 429 once the address or the token "

@@ -148,6 +148,8 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     if isinstance(count, int) and count > 1:
         status += f" (attempt {count})"
     queue = str(job.get("queue") or spec.get("queue") or "-")
+    if spec.get("priority", "normal") != "normal":
+        queue += f", priority {spec['priority']}"
     if isinstance(job.get("queue_position"), int) and job["status"] == "queued":
         queue += f", position {job['queue_position']} in line"  # 1 = next to run
     total = progress.get("total_optimizer_steps")

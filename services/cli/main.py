@@ -5,7 +5,7 @@
     accum jobs | status ID | watch ID | cancel ID | delete ID    # ID: the id or a unique prefix
     accum resume ID [--from-step K | --from-scratch]
     accum metrics ID [--name loss] [--all] [--csv] | checkpoints ID | download ID [STEP] -o model.pt
-    accum catalog [models|datasets]
+    accum catalog [models|datasets] | workers [--all]
     accum token create NAME [--admin] | token list [NAME] | token revoke PREFIX|TOKEN
     accum db upgrade | api | worker | demo
 
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from accum import AccumAPIError, __version__
-from services.cli import admin, catalog, demo, jobs, results, server, watch
+from services.cli import admin, catalog, demo, jobs, results, server, watch, workers
 from services.cli.common import CommandError, UsageError, in_cli_words
 from services.cli.config import ConfigError
 
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"accum {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (server, jobs, watch, results, catalog, admin, demo):
+    for module in (server, jobs, watch, results, catalog, workers, admin, demo):
         module.register(commands)
     return parser
 

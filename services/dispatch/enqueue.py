@@ -37,15 +37,18 @@ def celery_app_for(settings: Settings) -> Celery:
     return app
 
 
-def enqueue_job(settings: Settings, job_id: str, queue: str | None = None) -> None:
-    """Publish ``accum.run_job(job_id)`` on ``queue`` (the spec's GPU class; default ``default``).
+def enqueue_job(
+    settings: Settings, job_id: str, queue: str | None = None, priority: int | None = None
+) -> None:
+    """Publish ``accum.run_job(job_id)`` on ``queue`` (the spec's GPU class; default ``default``)
+    at the job's stored ``priority`` (Redis delivers higher first; default normal).
 
     The queue is declared explicitly here, so a job routed to a GPU class with no worker yet
     waits in its queue until a worker started with ``--queues <name>`` comes up.
     """
     name = queue or DEFAULT_QUEUE
     if is_redis_url(settings.broker_url):
-        publisher_for(settings).publish(TASK_NAME, [str(job_id)], name)
+        publisher_for(settings).publish(TASK_NAME, [str(job_id)], name, priority)
         return
     celery_app_for(settings).send_task(
         TASK_NAME, args=[str(job_id)], queue=declare_queue(name), routing_key=name

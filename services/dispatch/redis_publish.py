@@ -29,6 +29,8 @@ from celery.utils.nodenames import anon_nodename
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from services.dispatch.priority import redis_list, redis_step
+
 REDIS_SCHEMES = ("redis", "rediss")
 # Persistent delivery (AMQP's delivery_mode 2), as kombu marks every Celery task message.
 PERSISTENT = 2
@@ -53,7 +55,9 @@ class RedisPublisher:
             retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2),
         )
 
-    def envelope(self, task_name: str, args: list[Any], queue: str) -> dict[str, Any]:
+    def envelope(
+        self, task_name: str, args: list[Any], queue: str, step: int = 0
+    ) -> dict[str, Any]:
         """The message as kombu's Redis transport stores it (what a worker decodes)."""
         task_id = str(uuid.uuid4())
         message = self.app.amqp.as_task_v2(
@@ -77,15 +81,18 @@ class RedisPublisher:
                 "delivery_mode": PERSISTENT,
                 # The default exchange routes by queue name, as send_task(queue=...) does.
                 "delivery_info": {"exchange": "", "routing_key": queue},
-                "priority": 0,
+                "priority": step,
                 "body_encoding": "base64",
                 "delivery_tag": str(uuid.uuid4()),
             },
         }
 
-    def publish(self, task_name: str, args: list[Any], queue: str) -> None:
-        # Priority 0 lives in the list named after the queue (kombu's priority steps).
-        self.client.lpush(queue, json.dumps(self.envelope(task_name, args, queue)))
+    def publish(
+        self, task_name: str, args: list[Any], queue: str, priority: int | None = None
+    ) -> None:
+        # Each priority step has its own list (services/dispatch/priority.py).
+        step = redis_step(priority)
+        self.client.lpush(redis_list(queue, step), json.dumps(self.envelope(task_name, args, queue, step)))
 
     def close(self) -> None:
         self.client.close()

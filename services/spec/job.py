@@ -47,6 +47,7 @@ MAX_KEEP_CHECKPOINTS = 100
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("fail", "skip")  # accumcore.Trainer(on_nonfinite=...)
+PRIORITIES = ("low", "normal", "high")  # owners may lower theirs; only admins raise (the API)
 VERIFY_WINDOW_MODES = (True, False, "warn")  # accumcore.Trainer(verify_window=...)
 MAX_ACCUMULATION_STEPS = 65536
 MAX_MICRO_BATCH_SIZE = 1 << 20
@@ -261,6 +262,11 @@ class JobSpec(BaseModel):
     max_restarts: Annotated[
         NonNegativeInt, Field(le=MAX_RESTARTS, description="at most ACCUM_MAX_RESTARTS (10)")
     ] = 3
+    priority: Annotated[
+        Literal["low", "normal", "high"],
+        one_of("priority", PRIORITIES),
+        Field(description="queue order: higher first; high is for admins"),
+    ] = "normal"
     compile: Bool = False
     fast_path: Bool = True
     data_on_device: Bool = False

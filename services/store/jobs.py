@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 from sqlalchemy import Table, delete, func, insert, select, update
-from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm import Session, make_transient_to_detached, selectinload
+from sqlalchemy.orm.attributes import set_committed_value
 
 # The one hash of a normalised spec (also re-exported here as jobs.spec_hash).
 from services.spec.hashing import spec_hash as spec_hash
@@ -42,6 +43,7 @@ def create_job(
     total_optimizer_steps: int | None = None,
     idempotency_key: str | None = None,
     max_active_jobs: int | None = None,
+    priority: int = 1,
 ) -> tuple[Job, bool]:
     """Insert a queued job; returns ``(job, created)``. Does not commit.
 
@@ -80,6 +82,8 @@ def create_job(
         heartbeat_at=None,
         worker_host=None,
         worker_gpu=None,
+        worker_name=None,
+        priority=priority,
         resume_step=None,
         # The caller enqueues right after the commit; if that send is lost, the reaper
         # re-sends once this is older than ACCUM_REQUEUE_AFTER_S.
@@ -102,6 +106,7 @@ def create_job(
         # The row is exactly `values`: attach it to the session as if loaded, without a SELECT.
         job = Job(**values)
         make_transient_to_detached(job)
+        set_committed_value(job, "attempt_list", [])  # a new job has none: no query to say so
         session.add(job)
     else:
         # Another request with this key won: read its job.
@@ -171,6 +176,7 @@ def list_jobs(
     if cursor is not None:
         (after_id,) = decode_cursor(cursor, (str,))
         query = query.where(Job.id < after_id)
+    query = query.options(selectinload(Job.attempt_list))  # one query for the page's attempts
     rows = list(session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)))
     if len(rows) > limit:
         return rows[:limit], encode_cursor(rows[limit - 1].id)

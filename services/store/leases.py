@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
+from services.store.attempts import close_attempt, open_attempt
 from services.store.events import add_event
 from services.store.models import Checkpoint, Job, JobEvent
 from services.store.nonfinite import json_safe
@@ -40,9 +41,11 @@ def claim_job(
     gpu: str | None,
     lease_timeout_s: float,
     now: datetime | None = None,
+    worker_name: str | None = None,
     poison_after: int = 2,
 ) -> Job | None:
     """Take the job for ``worker_id``; returns it (status ``running``) or None if not claimable.
+    ``worker_name`` (the worker's Celery node name) is recorded on the job and its attempt.
 
     A takeover that would be the next attempt of a poison job (``poison_after`` lost attempts
     in a row without a checkpoint, this one included: ``reap_expired_leases``) is refused,
@@ -63,6 +66,7 @@ def claim_job(
         heartbeat_at=now,
         worker_host=host,
         worker_gpu=gpu,
+        worker_name=worker_name,
         started_at=now,
         finished_at=None,
         error=None,
@@ -97,6 +101,8 @@ def claim_job(
             {"host": previous_host, "no_progress": no_progress},
             attempt=claimed.attempts - 1,
         )
+        close_attempt(session, job_id, claimed.attempts - 1, "lost", now)
+    open_attempt(session, claimed, worker_name, now)
     add_event(
         session,
         job_id,
@@ -209,6 +215,7 @@ def finish_job(
     ).scalar()
     if attempt is None:
         return False
+    close_attempt(session, job_id, attempt, status, now)
     messages: dict[str, str] = {JobStatus.SUCCEEDED: "succeeded", JobStatus.CANCELLED: "cancelled by request"}
     message = messages.get(
         status, f"{(error or {}).get('type')}: {(error or {}).get('message')}"
@@ -243,6 +250,7 @@ def hand_back_job(
     ).one_or_none()
     if moved is None:
         return None
+    close_attempt(session, job_id, moved.attempts, "handed_back", now)
     add_event(
         session,
         job_id,
@@ -366,6 +374,7 @@ def reap_expired_leases(
         ).one_or_none()
         if moved is None:
             continue  # another reaper, a renewal or a takeover got there first
+        close_attempt(session, job_id, attempt, "lost", now)
         add_event(
             session,
             job_id,

@@ -1,4 +1,5 @@
-"""SQLAlchemy 2 models: owners, API tokens, jobs, job events, metrics, checkpoints.
+"""SQLAlchemy 2 models: owners, API tokens, jobs, job attempts, job events, metrics,
+checkpoints, workers.
 
 The schema is created by Alembic (``migrations/``); ``tests/store/test_migrations.py`` checks
 that autogenerate finds no difference between these models and the migrations.
@@ -23,7 +24,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from services.store.status import JobStatus
 from services.store.types import UTCDateTime, new_id, utcnow
@@ -88,6 +89,9 @@ class Job(Base):
         # The per-owner cap counts an owner's unfinished jobs on every submit (store.quotas).
         Index("ix_jobs_owner_id_status", "owner_id", "status"),
         Index("ix_jobs_status_lease_expires_at", "status", "lease_expires_at"),
+        # A queued job's place in line (store.queue_order): its queue's queued jobs by
+        # priority, then age.
+        Index("ix_jobs_queue_status_priority_id", "queue", "status", "priority", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(26), primary_key=True, default=new_id)
@@ -111,6 +115,11 @@ class Job(Base):
     worker_host: Mapped[str | None] = mapped_column(String(200))
     worker_gpu: Mapped[str | None] = mapped_column(String(200))
     resume_step: Mapped[int | None] = mapped_column(Integer)
+    # The Celery node name (--hostname) of the worker that runs or last ran the job.
+    worker_name: Mapped[str | None] = mapped_column(String(200))
+    # 0 low, 1 normal, 2 high (services.store.queue_order.PRIORITIES): the broker delivers
+    # higher first where it can, and a queued job's place in line counts it.
+    priority: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # When a broker message for this job was last sent (or attempted) while it was queued:
     # the reaper re-sends a queued job's message once this is older than
     # ACCUM_REQUEUE_AFTER_S, in case the first one was lost (broker down at submit time).
@@ -120,12 +129,37 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
+    # Every start of the job, oldest first (``attempts`` above is their count).
+    attempt_list: Mapped[list[JobAttempt]] = relationship(
+        order_by="JobAttempt.attempt", lazy="select", viewonly=True
+    )
+
     @property
     def worker(self) -> dict[str, str | None] | None:
-        """Where the job runs or last ran (``host``, ``gpu``); None before a worker took it."""
+        """Where the job runs or last ran (``name``, ``host``, ``gpu``); None before a worker
+        took it."""
         if not (self.worker_host or self.worker_gpu):
             return None
-        return {"host": self.worker_host, "gpu": self.worker_gpu}
+        return {"name": self.worker_name, "host": self.worker_host, "gpu": self.worker_gpu}
+
+
+class JobAttempt(Base):
+    """One start of a job by a worker, and how it ended (``outcome`` null while it runs):
+    ``succeeded``, ``failed``, ``cancelled``, ``handed_back`` (its worker shut down) or
+    ``lost`` (its lease expired). ``end_step`` is the optimizer step it had reached."""
+
+    __tablename__ = "job_attempts"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    host: Mapped[str | None] = mapped_column(String(200))
+    gpu: Mapped[str | None] = mapped_column(String(200))
+    resume_step: Mapped[int | None] = mapped_column(Integer)
+    end_step: Mapped[int | None] = mapped_column(Integer)
+    outcome: Mapped[str | None] = mapped_column(String(20))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class JobEvent(Base):
@@ -217,3 +251,28 @@ class AuthFailure(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     address: Mapped[str] = mapped_column(String(100))
     at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Worker(Base):
+    """A worker process as it registered itself (``services.worker.registry``): what it serves
+    and can build, renewed every heartbeat. ``stopped_at`` is set on a clean shutdown; a
+    worker whose ``last_seen`` is older than the lease timeout is lost (decided when read)."""
+
+    __tablename__ = "workers"
+    __table_args__ = (Index("ix_workers_last_seen", "last_seen"),)
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # [{"kind": "gpu", "index", "name", "memory_bytes"}] or [{"kind": "cpu", "name", "cores"}]
+    devices: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    models: Mapped[list[str]] = mapped_column(JSON, default=list)
+    datasets: Mapped[list[str]] = mapped_column(JSON, default=list)
+    plugins: Mapped[list[str]] = mapped_column(JSON, default=list)
+    versions: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    accum_version: Mapped[str] = mapped_column(String(50))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -145,6 +145,7 @@ def make_train_loader(
         # Batches padded per batch (text) do not concatenate: with their targets by index the
         # trainer counts a window from its targets and the exactness check (verify_window)
         # collates the window's samples as one batch (accumcore.window_source).
+        # Any batch shape the trainer takes (a tuple, or a dict of keyword inputs): items.unpack.
         loader.targets_for = lambda indices: unpack(collate([train[i] for i in indices]))[1]
     return loader
 

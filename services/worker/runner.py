@@ -36,6 +36,7 @@ from services.store.leases import (
     renew_lease,
     requeue_after_fault,
 )
+from services.store.queue_order import PRIORITIES, held_by_running_cap, next_in_line
 from services.store.sessions import session_factory
 from services.store.status import JobStatus
 from services.worker import shutdown
@@ -112,9 +113,14 @@ def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
     # never renew (or finish) the lease of this one.
     worker_id = f"{worker_name or socket.gethostname()}/{uuid.uuid4().hex[:8]}"
     with session_factory(settings).begin() as session:
+        if held_by_running_cap(session, job_id, settings.max_running_jobs_per_owner):
+            log.info("job %s waits: its owner runs ACCUM_MAX_RUNNING_JOBS_PER_OWNER jobs on its "
+                     "queue already", job_id)
+            return None
         job = claim_job(
             session, job_id, worker_id, socket.gethostname(), describe_gpu(),
-            settings.lease_timeout_s, poison_after=settings.poison_after_lost_attempts,
+            settings.lease_timeout_s, worker_name=worker_name or None,
+            poison_after=settings.poison_after_lost_attempts,
         )
         if job is None:
             return None
@@ -170,7 +176,8 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
         queue = retry_while_unreachable(lambda: _hand_back(sessions, attempt),
                                         what=f"job {job_id}: handing back", for_s=settings.lease_timeout_s)
         if queue is not None:
-            enqueue_job(settings, job_id, queue)  # after the commit, as the reaper does
+            # after the commit, as the reaper does
+            enqueue_job(settings, job_id, queue, PRIORITIES.get(attempt.spec.get("priority", "")))
             log.warning("job %s handed back to queue %s: this worker process was asked to stop (SIGTERM)", job_id, queue)
             return Outcome.HANDED_BACK
         outcome = Outcome.CANCELLED  # a cancel came first (or the lease is gone: finishing fails too)
@@ -182,7 +189,21 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
     ):
         log.error("job %s: lease lost before recording %s", job_id, final)
         return Outcome.LEASE_LOST
+    if settings.max_running_jobs_per_owner:
+        nudge_next_in_line(settings, job_id)
     return final
+
+
+def nudge_next_in_line(settings: Settings, job_id: str) -> None:
+    """The owner's next queued job on this queue may start now that this one ended (a worker
+    may have dropped its message while the running cap held it)."""
+    try:
+        with session_factory(settings)() as session:
+            following = next_in_line(session, job_id)
+        if following is not None:
+            enqueue_job(settings, *following)
+    except Exception:  # the reaper's lost-message rescue sends it later
+        log.warning("job %s: could not nudge its owner's next job", job_id, exc_info=True)
 
 
 def timeout_error(attempt: Attempt, timeout_s: int, checkpointed: bool) -> dict[str, Any]:
@@ -227,7 +248,7 @@ def _after_fault(settings: Settings, sessions: sessionmaker[Session], attempt: A
     if moved is None:
         return Outcome.LEASE_LOST  # the lease is gone (or a cancel came first: the reaper finishes it)
     if moved[0] == JobStatus.QUEUED:
-        enqueue_job(settings, attempt.job_id, moved[1])
+        enqueue_job(settings, attempt.job_id, moved[1], PRIORITIES.get(attempt.spec.get("priority", "")))
         return Outcome.HANDED_BACK
     return Outcome.FAILED
 

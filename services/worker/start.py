@@ -12,9 +12,10 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from celery import signals
+from celery.utils.nodenames import default_nodename, host_format
 
 from services.artifacts import open_store
 from services.artifacts.probe import startup_check
@@ -23,6 +24,7 @@ from services.dispatch.broker import DEFAULT_QUEUE, is_embedded_broker, make_cel
 from services.dispatch.reaper import LeaseReaper
 from services.settings import Settings
 from services.worker import shutdown
+from services.worker.registry import Registration
 from services.worker.tasks import register_tasks
 
 log = logging.getLogger(__name__)
@@ -82,10 +84,19 @@ def start_worker(
     shutdown.connect(signals)
     reaper = LeaseReaper(settings)
     reaper.start()
-    log.info("accum worker consuming %s from %s", ",".join(names), settings.broker_url)
+    # The node name as Celery expands it: what tasks see as their hostname and record on jobs.
+    nodename = host_format(default_nodename(hostname or default_hostname()))
+    # Registered once the worker consumes (listed idle only when it can take a job).
+    registration = Registration(settings, nodename, names)
+
+    def register(**_: Any) -> None:
+        registration.start()
+
+    signals.worker_ready.connect(register, weak=False)
+    log.info("accum worker %s consuming %s from %s", nodename, ",".join(names), settings.broker_url)
     try:
         worker = app.Worker(
-            hostname=hostname or default_hostname(),
+            hostname=nodename,
             pool=pool,
             concurrency=1,
             queues=names,
@@ -99,6 +110,8 @@ def start_worker(
         )
         worker.start()
     finally:
+        signals.worker_ready.disconnect(register)
+        registration.stop()
         reaper.stop()
 
 

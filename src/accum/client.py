@@ -398,3 +398,9 @@ class AccumClient:
         if kind not in ("models", "datasets"):
             raise ValueError(f"catalog kind must be 'models' or 'datasets', not {kind!r}")
         return list(self._json("GET", f"/v1/catalog/{kind}").get("items", []))
+
+    # -- fleet ------------------------------------------------------------------------
+    def workers(self) -> list[JSON]:
+        """The registered workers (GET /v1/workers): name, queues, devices, state; an admin
+        gets every field (host, versions, current job, heartbeat age, ...)."""
+        return list(self._json("GET", "/v1/workers").get("items", []))

@@ -131,7 +131,7 @@ def test_axes_smoothing_log_scale_and_restarts(logged_in: Any, deployment: Deplo
     expect(page.locator(chart)).to_have_attribute("data-restarts", "5")
     expect(page.locator("#attempts tbody tr")).to_have_count(2)
     expect(page.locator("#attempts tbody tr[data-attempt='1']")).to_contain_text("worker lost")
-    expect(page.locator("#attempts tbody tr[data-attempt='2'] td").last).to_have_text("5")
+    expect(page.locator("#attempts tbody tr[data-attempt='2'] td").nth(5)).to_have_text("5")  # from step
 
     page.select_option("#x-axis", "samples")
     page.wait_for_timeout(200)

@@ -62,6 +62,7 @@ def test_no_page_scrolls_sideways_on_a_phone(
         f"#/compare?ids={','.join(phone_jobs)}&metrics=loss,val_loss",
         "#/submit",
         "#/tokens",
+        "#/workers",
         "#/jobs/0000000000000000000000000a",  # not found
     ]
     for target in pages:

@@ -1,7 +1,8 @@
 """The Redis path of ``enqueue_job`` writes the message Celery's ``send_task`` writes through
 kombu: the same envelope, header and property fields with the same values (ids and the
 sender's node name aside), on the job's queue, decodable by a worker's consumer. It guards
-the hand-built envelope (services/dispatch/redis_publish.py) against the pinned kombu."""
+the hand-built envelope (services/dispatch/redis_publish.py) against the pinned kombu; a higher
+priority is taken first."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_the_hand_built_message_is_kombus_and_decodes(tmp_path: Path, redis_url:
     settings = Settings(home=tmp_path, broker_url=redis_url)
     fast_queue, celery_queue = f"fast-{uuid.uuid4().hex[:8]}", f"celery-{uuid.uuid4().hex[:8]}"
     try:
-        enqueue_job(settings, "job-1", fast_queue)
+        enqueue_job(settings, "job-1", fast_queue, priority=2)  # high: the queue's own list
         make_celery(settings).send_task(
             TASK_NAME, args=["job-2"], queue=declare_queue(celery_queue), routing_key=celery_queue
         )
@@ -96,4 +97,24 @@ def test_unreachable_redis_fails_fast(tmp_path: Path) -> None:
         assert time.monotonic() - started < 5
         assert publisher_for(settings) is publisher_for(settings)  # one client, reused
     finally:
+        reset_enqueue_cache()
+
+
+def test_a_queue_gives_its_higher_priorities_first(tmp_path: Path, redis_url: str) -> None:
+    """Sent low, normal, high, unknown (normal): taken high, normal, normal, low."""
+    settings = Settings(home=tmp_path, broker_url=redis_url)
+    queue = f"pri-{uuid.uuid4().hex[:8]}"
+    try:
+        for job_id, priority in (("low", 0), ("normal", 1), ("high", 2), ("unset", None)):
+            enqueue_job(settings, job_id, queue, priority)
+        app = make_celery(settings, queues=[queue])
+        taken = []
+        with Connection(redis_url) as conn:
+            consumer = app.conf.task_queues[0](conn.default_channel)
+            while (message := consumer.get(no_ack=True)) is not None:
+                taken.append(message.decode()[0][0])
+        assert taken == ["high", "normal", "unset", "low"]
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        client.delete(*(client.keys(f"{queue}*") or [queue]))
         reset_enqueue_cache()

@@ -9,9 +9,11 @@ import signal
 import time
 from typing import Any
 
+from sqlalchemy import select
 from worker_stack import weight_differences
 
 from services.store import checkpoints
+from services.store.models import JobAttempt
 
 SPEC = {"max_steps": 200, "checkpoint_every": 5, "keep_checkpoints": 3, "micro_batch_size": 32,
         "accumulation_steps": 2}
@@ -34,6 +36,7 @@ def test_killed_worker_job_resumes_from_checkpoint_to_identical_weights(stack: A
     job_id = stack.create(**SPEC)
     step_at_kill = wait_for_first_checkpoint(stack, job_id)
     victim = stack.process_holding(job_id)
+    victim_name = next(name for name, process in stack.hostnames.items() if process is victim)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     progress = stack.job(job_id).progress["optimizer_step"]
@@ -53,6 +56,16 @@ def test_killed_worker_job_resumes_from_checkpoint_to_identical_weights(stack: A
     assert [step for step, _ in steps] == list(range(1, SPEC["max_steps"] + 1))
     # Steps after the resume point were (re)written by the second attempt.
     assert {attempt for step, attempt in steps if step > job.resume_step} == {2}
+    # The job's record: the killed worker's attempt lost, the survivor's resumed and succeeded.
+    with stack.sessions() as session:
+        first, second = session.scalars(
+            select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.attempt)
+        ).all()
+    assert (first.worker, first.outcome, first.resume_step) == (victim_name, "lost", None)
+    assert first.end_step is not None and first.end_step >= step_at_kill
+    assert second.worker != victim_name and second.worker == job.worker_name
+    assert (second.outcome, second.resume_step) == ("succeeded", job.resume_step)
+    assert second.end_step == SPEC["max_steps"] and first.ended_at <= second.started_at
 
     reference_id = stack.create(**SPEC)  # the same spec and seed, never interrupted
     reference = stack.wait(reference_id, timeout=120)

@@ -35,7 +35,7 @@ class SumLoss(torch.nn.Module):
 
 @pytest.fixture
 def summing_loss(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(build, "build_loss", lambda *_args: SumLoss())
+    monkeypatch.setattr(build, "build_loss", lambda bundle, model=None: SumLoss())
 
 
 def _job(settings: Settings, job_id: str) -> tuple[Any, list[Any], Any]:

@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from services.api.auth import CurrentOwner, bearer_token
 from services.api.deps import SessionDep
 from services.api.errors import Problem, problem_responses
-from services.api.routes.jobs import NOT_FOUND, job_or_404
+from services.api.routes.jobs import NOT_FOUND, job_or_404, owner_names
 from services.api.schemas import MAX_INT32, EventList, EventPublic
 from services.api.sse import job_stream, open_stream
 from services.api.streams import StreamSlots, released, token_is_live
@@ -65,7 +65,7 @@ def read_events(
                 open_streams=slots.open_for(owner.id),
             )
         try:
-            state = open_stream(session, job)
+            state = open_stream(session, job, owner_names(session, owner, [job]).get(job.owner_id))
         except BaseException:
             slots.close(owner.id)
             raise

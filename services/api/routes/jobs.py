@@ -6,17 +6,19 @@ import logging
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Header, HTTPException, Query, Response, status
+from fastapi import APIRouter, Body, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
 from services.api.auth import CurrentOwner
 from services.api.deps import ArtifactsDep, SessionDep, SettingsDep
-from services.api.errors import Problem, invalid_field, problem_responses
+from services.api.errors import Problem, invalid_field, invalid_fields, problem_responses
+from services.api.job_view import job_view
 from services.api.schemas import JobPage, JobPublic, JobStatus, ResumeRequest, exactness
 from services.artifacts import StoreUnavailable
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.dispatch.enqueue import enqueue_job
+from services.fleet import FleetView, fleet_refusals
 from services.settings import Settings
 from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
 from services.spec.limits import SpecLimits, limit_errors, with_defaults
@@ -31,6 +33,7 @@ from services.store.errors import (
 )
 from services.store.events import latest_event
 from services.store.models import Job, Owner
+from services.store.queue_order import PRIORITIES
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +69,21 @@ def owner_names(session: Session, owner: Owner, jobs: list[Job]) -> dict[int, st
 
 
 def with_owner(job: Job, names: dict[int, str]) -> JobPublic:
-    """The job as answered, with its owner's name from `names` (`owner_names`)."""
+    """The job as listed, with its owner's name from `names` (`owner_names`)."""
     public = JobPublic.model_validate(job)
     public.owner = names.get(job.owner_id)  # (model_copy(update=...) costs 6 us more a job)
     return public
 
 
-def job_public(session: Session, owner: Owner, job: Job) -> JobPublic:
-    """The job as answered, with its owner's name and its exactness check."""
-    public = with_owner(job, owner_names(session, owner, [job]))
+def job_public(session: Session, owner: Owner, job: Job, *, position: bool = True) -> JobPublic:
+    """The job as answered (`job_view`: the stream's `status` carries the same object: owner,
+    attempts, exactness check, place in line). `position=False` leaves out a queued job's place
+    in line: a count over its queue that the submit's hot path does not pay for
+    (`GET /v1/jobs/{id}` has it)."""
+    names = owner_names(session, owner, [job])
+    if position:
+        return job_view(session, job, names.get(job.owner_id))
+    public = with_owner(job, names)
     public.exactness = exactness(job.spec or {}, latest_event(session, job.id, "exactness_check"))
     return public
 
@@ -131,11 +140,32 @@ def check_init_from(session: Session, spec: JobSpec, owner: Owner) -> None:
         )
 
 
+def check_fleet(session: Session, spec: JobSpec, settings: Settings, fleet: FleetView) -> None:
+    """422 where no registered worker of the spec's queue could run it (services/fleet.py):
+    an unknown queue (with the queues that exist), more GPUs than its workers have, a model
+    or dataset they do not offer."""
+    if refusals := fleet_refusals(session, spec, settings, view=fleet):
+        raise invalid_fields(
+            (("body", r.field), r.message, r.value, r.allowed) for r in refusals
+        )
+
+
+def check_priority(spec: JobSpec, owner: Owner) -> None:
+    """Owners may lower their jobs' priority; raising one above normal is for admins."""
+    if spec.priority == "high" and not owner.is_admin:
+        raise invalid_field(
+            ("body", "priority"),
+            'priority "high" is for admins (it goes before everyone\'s normal jobs); use '
+            '"normal" or "low", or ask an admin to submit it',
+            spec.priority, ["low", "normal"],
+        )
+
+
 def enqueue_after_commit(settings: Settings, job: Job) -> None:
     """Nudge a worker. The row is committed already, so a broker failure must not turn into
     an error for a job that exists: it stays queued (and `/readyz` reports the broker down)."""
     try:
-        enqueue_job(settings, job.id, job.queue)
+        enqueue_job(settings, job.id, job.queue, job.priority)
     except Exception:
         log.exception("could not enqueue job %s on %r; it stays queued", job.id, job.queue)
 
@@ -162,6 +192,7 @@ def submit_job(
     session: SessionDep,
     owner: CurrentOwner,
     settings: SettingsDep,
+    request: Request,
     response: Response,
     spec: JobSpec,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
@@ -170,6 +201,8 @@ def submit_job(
     check_data_root(spec, settings, owner)
     check_init_from(session, spec, owner)
     spec = within_limits(spec, settings)
+    check_fleet(session, spec, settings, request.app.state.fleet)
+    check_priority(spec, owner)
     try:
         job, created = store_jobs.create_job(
             session,
@@ -182,6 +215,7 @@ def submit_job(
             total_optimizer_steps=total_optimizer_steps(spec),
             idempotency_key=idempotency_key,
             max_active_jobs=settings.max_active_jobs_per_owner,
+            priority=PRIORITIES[spec.priority],
         )
         session.commit()
     except IdempotencyConflict as exc:
@@ -192,7 +226,7 @@ def submit_job(
         enqueue_after_commit(settings, job)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_public(session, owner, job)
+    return job_public(session, owner, job, position=False)
 
 
 @router.get("", response_model=JobPage)

@@ -1,6 +1,7 @@
-"""`GET /metrics`: Prometheus text for scrapers (jobs by status, queue depth, request latency,
-lifecycle counters from the event log, failed token checks, open streams, the artifact
-store's errors, upload seconds and bytes; docs/operations.md)."""
+"""`GET /metrics`: Prometheus text for scrapers (jobs by status, queue depth, workers by queue
+and state, worker heartbeat age, request latency, lifecycle counters from the event log, failed
+token checks, open streams, the artifact store's errors, upload seconds and bytes;
+docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from services.api.deps import SessionDep
+from services.api.deps import SessionDep, SettingsDep
+from services.api.telemetry import Telemetry
 from services.dispatch.broker import DEFAULT_QUEUE
+from services.store import workers as store_workers
 from services.store.events import lifecycle_counts
 from services.store.models import Checkpoint, Job, JobEvent
 from services.store.status import JobStatus
@@ -19,7 +22,9 @@ router = APIRouter(tags=["monitoring"])
 
 
 @router.get("/metrics", response_class=Response, include_in_schema=False)
-def prometheus_metrics(*, session: SessionDep, request: Request) -> Response:
+def prometheus_metrics(
+    *, session: SessionDep, settings: SettingsDep, request: Request
+) -> Response:
     """Prometheus exposition; the job gauges are read from the store at scrape time."""
     telemetry = request.app.state.telemetry
     counts = session.execute(
@@ -36,6 +41,7 @@ def prometheus_metrics(*, session: SessionDep, request: Request) -> Response:
     telemetry.queue_depth.clear()
     for queue, count in queued.items():
         telemetry.queue_depth.labels(queue=queue).set(count)
+    worker_gauges(session, telemetry, settings.lease_timeout_s)
     telemetry.lifecycle.counts = lifecycle_counts(session)
     telemetry.event_streams.set(request.app.state.stream_slots.total)
     artifact_gauges(session, request)
@@ -56,3 +62,14 @@ def artifact_gauges(session: Session, request: Request) -> None:
     if latest:
         telemetry.upload_seconds.set(float(latest.get("upload_s") or 0))
         telemetry.upload_bytes.set(float(latest.get("size_bytes") or 0))
+
+
+def worker_gauges(session: Session, telemetry: Telemetry, lease_timeout_s: float) -> None:
+    """`accum_workers{queue,state}` and each live or lost worker's heartbeat age."""
+    telemetry.workers.clear()
+    telemetry.worker_heartbeat_age.clear()
+    for view in store_workers.list_workers(session, lease_timeout_s):
+        for queue in view.row.queues:
+            telemetry.workers.labels(queue=queue, state=view.state).inc()
+        if view.state != "stopped":
+            telemetry.worker_heartbeat_age.labels(worker=view.row.name).set(view.heartbeat_age_s)

@@ -24,7 +24,7 @@ def test_submit_returns_201_location_and_the_normalised_job(
     assert response.status_code == 201, response.text
     job = response.json()
     assert response.headers["Location"] == f"/v1/jobs/{job['id']}"
-    assert job["status"] == "queued" and job["attempts"] == 0 and job["error"] is None
+    assert job["status"] == "queued" and job["attempts"] == [] and job["error"] is None
     assert job["name"] == "mlp-digits"
     assert job["spec"]["model"]["name"] == "mlp"  # normalised: a name became {"name": ...}
     assert job["spec"]["precision"] == "fp32"  # defaults filled
@@ -42,7 +42,9 @@ def test_read_one_job_returns_what_was_submitted(
     response = client.get(f"/v1/jobs/{submitted['id']}", headers=alice)
 
     assert response.status_code == 200
-    assert response.json() == submitted
+    # The same object, plus the place in line (a count the submit's hot path leaves out).
+    assert submitted["queue_position"] is None
+    assert response.json() == {**submitted, "queue_position": 1}
 
 
 def test_unknown_job_is_404_problem(client: TestClient, alice: dict[str, str]) -> None:
@@ -156,8 +158,8 @@ def test_cancel_a_running_job_asks_its_worker(
     running = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
     response = client.post(f"/v1/jobs/{job_id}/cancel", headers=alice)
 
-    assert running["status"] == "running" and running["attempts"] == 1
-    assert running["worker"] == {"host": "gpu-node-1", "gpu": "H100"}
+    assert running["status"] == "running" and [a["attempt"] for a in running["attempts"]] == [1]
+    assert running["worker"] == {"name": None, "host": "gpu-node-1", "gpu": "H100"}
     assert running["started_at"] is not None
     assert response.status_code == 202
     assert response.json()["status"] == "cancelling"

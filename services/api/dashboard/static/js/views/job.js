@@ -29,11 +29,8 @@ const EVENT_TONES = {
   fp16_step_skipped: "warn", nonfinite_step_skipped: "warn", batchnorm_warning: "warn",
   cancel_requested: "muted", cancelled: "muted",
 };
-// Where an attempt ended, from its events (used until the API lists attempts itself).
-const ATTEMPT_ENDS = {
-  succeeded: "succeeded", failed: "failed", cancelled: "cancelled", requeued: "handed back",
-  lease_expired: "worker lost",
-};
+// How an attempt ended, in the page's words (the API's `outcome`).
+const OUTCOMES = { handed_back: "handed back (worker stopped)", lost: "worker lost" };
 const CHECKPOINTS_NAMED = 4;
 
 export async function render({ root, id, signal }) {
@@ -103,7 +100,7 @@ class JobPage {
         chartGrid),
       el("section", {}, el("h2", {}, "Attempts"),
         el("div", { class: "table-wrap" }, el("table", { id: "attempts" },
-          el("thead", {}, el("tr", {}, ["#", "Worker", "Started", "Ended", "Outcome", "From step"].map((c) => el("th", {}, c)))),
+          el("thead", {}, el("tr", {}, ["#", "Worker", "Started", "Ended", "Outcome", "From step", "Steps"].map((c) => el("th", {}, c)))),
           this.attemptRows))),
       el("div", { class: "columns" },
         el("section", {}, el("div", { class: "section-head" }, el("h2", {}, "Events"),
@@ -120,8 +117,8 @@ class JobPage {
   }
 
   show(job) {
-    // Stream `status` messages may not name the owner (only GET /v1/jobs/ID does): keep it.
-    // ... nor the exactness check (GET /v1/jobs/ID, or the exactness_check event as it comes).
+    // GET /v1/jobs/ID and the stream's `status` messages are the same object; the exactness
+    // check may also come as the exactness_check event, so a status message without it keeps it.
     this.job = { ...job, owner: job.owner ?? this.job?.owner, exactness: job.exactness ?? this.job?.exactness };
     job = this.job;
     this.title.textContent = jobLabel(job);
@@ -296,33 +293,12 @@ class JobPage {
     }
   }
 
-  // The attempts: from the API when it lists them, else from the lifecycle events.
+  // The attempts, as the API lists them (every start of the job, oldest first).
   attempts() {
-    if (Array.isArray(this.job.attempts)) {
-      return this.job.attempts.map((a, i) => ({
-        attempt: a.attempt ?? a.number ?? i + 1,
-        worker: a.worker ?? a.worker_name ?? a.host ?? "–",
-        started: a.started_at ?? a.started ?? null,
-        ended: a.ended_at ?? a.ended ?? a.finished_at ?? null,
-        outcome: a.outcome ?? (a.ended_at ? "ended" : "running"),
-        fromStep: a.resume_step ?? a.from_step ?? null,
-      }));
-    }
-    const byAttempt = new Map();
-    for (const event of this.events) {
-      if (event.kind === "started") {
-        const data = event.data || {};
-        byAttempt.set(event.attempt, {
-          attempt: event.attempt, worker: [data.worker ?? data.host, data.gpu].filter(Boolean).join(" · ") || "–",
-          started: event.created_at, ended: null, outcome: ACTIVE.has(this.job.status) ? "running" : "–",
-          fromStep: data.resume_step ?? null,
-        });
-      } else if (event.kind in ATTEMPT_ENDS) {
-        const attempt = byAttempt.get(event.attempt);
-        if (attempt && !attempt.ended) Object.assign(attempt, { ended: event.created_at, outcome: ATTEMPT_ENDS[event.kind] });
-      }
-    }
-    return [...byAttempt.values()];
+    return (this.job.attempts ?? []).map((a) => ({
+      attempt: a.attempt, worker: a.worker ?? a.host ?? "–", started: a.started_at, ended: a.ended_at,
+      outcome: OUTCOMES[a.outcome] ?? a.outcome, fromStep: a.resume_step, steps: a.steps_done,
+    }));
   }
 
   renderAttempts() {
@@ -333,8 +309,9 @@ class JobPage {
       el("td", {}, dateTime(a.started)),
       el("td", {}, dateTime(a.ended)),
       el("td", {}, a.outcome),
-      el("td", { class: "num" }, a.fromStep ? grouped(a.fromStep) : "start")))
-      : el("tr", {}, el("td", { colspan: 6, class: "muted empty" }, "Not started yet")));
+      el("td", { class: "num" }, a.fromStep ? grouped(a.fromStep) : "start"),
+      el("td", { class: "num" }, a.steps == null ? "–" : grouped(a.steps))))
+      : el("tr", {}, el("td", { colspan: 7, class: "muted empty" }, "Not started yet")));
   }
 
   addEvent(event) {

@@ -1,5 +1,6 @@
 // The workers (from the worker registry, GET /v1/workers, on servers that have one): name,
-// queues, devices, current job and how long ago each was last heard from.
+// state, queues, devices, and for admins the current job and how long ago each was last
+// heard from (owners are not told those).
 
 import { api, sleep } from "../api.js";
 import { clear, el, errorBox } from "../dom.js";
@@ -7,11 +8,16 @@ import { age, shortId } from "../format.js";
 
 const REFRESH_MS = 5000;
 
+// "2× NVIDIA H100 80GB HBM3 (80 GiB)" or "AMD EPYC, 16 cores"
 function devices(worker) {
-  const list = worker.devices;
-  if (!Array.isArray(list) || !list.length) return worker.gpus ?? "CPU";
-  return list.map((d) => (typeof d === "string" ? d : [d.name ?? d.model, d.memory_gb ? `${d.memory_gb} GB` : null,
-    d.memory_bytes ? `${Math.round(d.memory_bytes / 2 ** 30)} GiB` : null].filter(Boolean).join(" "))).join(", ");
+  const list = Array.isArray(worker.devices) ? worker.devices : [];
+  const gpus = list.filter((d) => d.kind === "gpu");
+  if (gpus.length) {
+    const names = [...new Set(gpus.map((d) => d.name))].join(", ");
+    const memory = Math.max(0, ...gpus.map((d) => d.memory_bytes ?? 0));
+    return `${gpus.length}× ${names}${memory ? ` (${Math.round(memory / 2 ** 30)} GiB)` : ""}`;
+  }
+  return list.map((d) => [d.name ?? "CPU", d.cores ? `${d.cores} cores` : null].filter(Boolean).join(", ")).join("; ") || "CPU";
 }
 
 export async function render({ root, signal }) {
@@ -27,12 +33,11 @@ export async function render({ root, signal }) {
   const refresh = async () => {
     const { items } = await api("v1/workers", { signal });
     clear(body, items.length ? items.map((w) => {
-      const job = w.current_job ?? w.job_id ?? null;
-      const jobId = typeof job === "string" ? job : job?.id;
-      const heartbeat = w.heartbeat_at ?? w.last_heartbeat_at ?? w.renewed_at;
-      return el("tr", { dataset: { worker: w.name } },
+      const jobId = w.current_job ?? null;
+      const heartbeat = w.last_seen ?? null;
+      return el("tr", { dataset: { worker: w.name, state: w.state } },
         el("td", { class: "mono", "data-label": "Name" }, w.name),
-        el("td", { "data-label": "State" }, w.state ?? (jobId ? "busy" : "idle")),
+        el("td", { "data-label": "State" }, el("span", { class: `status worker-${w.state}` }, w.state)),
         el("td", { "data-label": "Queues" }, (w.queues ?? []).join(", ")),
         el("td", { "data-label": "Devices" }, devices(w)),
         el("td", { "data-label": "Current job" }, jobId ? el("a", { href: `#/jobs/${jobId}`, class: "mono" }, shortId(jobId)) : "–"),

@@ -1,0 +1,26 @@
+"""Job priorities on the broker: Redis delivers a queue's higher priorities first.
+
+kombu's Redis transport keeps one list per priority step of a queue (``PRIORITY_STEPS``
+0, 3, 6, 9; 0 is the plain list named after the queue) and a consumer's BRPOP names them
+lowest number first, so a message at 0 is taken before any at 3. The stored priorities
+(``services.store.queue_order.PRIORITIES``: 0 low, 1 normal, 2 high) map onto those steps.
+The embedded SQLite broker delivers in order of sending: there only the place in line and the
+running cap apply.
+"""
+
+from __future__ import annotations
+
+# kombu.transport.redis: the separator between a queue's name and its priority step.
+SEPARATOR = "\x06\x16"
+NORMAL = 1
+REDIS_STEPS = {2: 0, 1: 3, 0: 6}  # high, normal, low
+
+
+def redis_step(priority: int | None) -> int:
+    """The kombu priority step a stored priority is sent at (normal when unknown)."""
+    return REDIS_STEPS.get(NORMAL if priority is None else priority, REDIS_STEPS[NORMAL])
+
+
+def redis_list(queue: str, step: int) -> str:
+    """The Redis list a message of this step is pushed onto (as kombu names it)."""
+    return f"{queue}{SEPARATOR}{step}" if step else queue

@@ -1,0 +1,132 @@
+"""Submit checks against the fleet: can a registered worker run this spec at all?
+
+    refusals = fleet_refusals(session, spec, settings)   # the API turns each into a 422 item
+
+A spec is refused when its queue has had no registered worker within ``ACCUM_QUEUE_GRACE_S``
+(unless ``ACCUM_ALLOW_EMPTY_QUEUES``: an autoscaled fleet starts workers for queued jobs),
+when it asks for more GPUs than any worker of its queue has, or names a model or dataset none
+of them advertises. With no worker registered in that time at all (a fresh deployment whose
+workers are not up yet, an API tested alone), nothing is checked: there is no fleet to
+check against, and refusing every submit would be worse than a job that waits.
+
+Torch-free: the API imports it. The answers come from the workers' own registry rows
+(``services.store.workers``), so a queue, a GPU count or a model name is what the fleet
+says it has, not what a configuration file claims.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from services.spec import JobSpec
+from services.store.types import utcnow
+from services.store.workers import QueueOffer, queue_offers
+
+# How long the API keeps what the fleet offers before reading it again. A fresh read on every
+# submit cost 2.0 ms of CPU with no worker registered and 6.0 ms with 64 (a query and every
+# worker's model and dataset lists; PostgreSQL, 2-core machine): as much as the rest of
+# POST /v1/jobs. Kept, the check costs 0.04-0.06 ms, 0.009 of a fresh read at 64 workers
+# (bench/service/fleet_check.py, docs/benchmarks.md). A worker that just registered is seen
+# by submits this much later at most.
+FLEET_REFRESH_S = 2.0
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the fleet cannot run a spec: the field, the reason (with the fix) and what would do."""
+
+    field: str
+    message: str
+    value: Any
+    allowed: list[Any]
+
+
+def _period(seconds: float) -> str:
+    hours = seconds / 3600
+    return f"{hours:g} h" if hours >= 1 else f"{seconds:g} s"
+
+
+class FleetView:
+    """What each queue's workers offer, read from the registry at most every ``refresh_s``
+    (one per API app; its route threads share it)."""
+
+    def __init__(self, refresh_s: float = FLEET_REFRESH_S) -> None:
+        self.refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._read_at = -float("inf")
+        self._offers: dict[str, QueueOffer] = {}
+
+    def offers(self, session: Session, grace_s: float, now: datetime | None = None) -> dict[str, QueueOffer]:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.refresh_s or now is not None:
+                self._offers = queue_offers(session, (now or utcnow()) - timedelta(seconds=grace_s))
+                self._read_at = time.monotonic()
+            return self._offers
+
+
+def offered_as(field: str, name: str) -> str:
+    """The name a worker advertises for ``name``: a `timm:` or `hf:` model is offered as its
+    namespace's pattern (services.worker.registry, NAMESPACE_PATTERNS), anything else as itself."""
+    if field == "model":
+        namespace, sep, rest = name.partition(":")
+        if sep and namespace == "timm":
+            return "timm:<name>"
+        if sep and namespace == "hf":
+            return "hf:<directory>" if rest.startswith("/") else "hf:<model_type>"
+    return name
+
+
+def fleet_refusals(
+    session: Session, spec: JobSpec, settings: Any, now: datetime | None = None,
+    view: FleetView | None = None,
+) -> list[Refusal]:
+    """What about ``spec`` no worker of its queue (seen within the grace period) can do;
+    ``view`` keeps the fleet's offers between calls (a fresh read without it)."""
+    grace_s = float(settings.queue_grace_s)
+    offers = (view or FleetView(refresh_s=0)).offers(session, grace_s, now)
+    if not offers:
+        return []  # no registered worker at all in the grace period: no fleet to check
+    queue = spec.queue
+    offer = offers.get(queue)
+    if offer is None:
+        if settings.allow_empty_queues:
+            return []
+        served = sorted(offers)
+        return [Refusal(
+            "queue",
+            f"no worker has served queue {queue!r} in the last {_period(grace_s)}; queues with "
+            f"workers: {', '.join(served)}. Start one with `accum worker --queues {queue}`, or "
+            "set ACCUM_ALLOW_EMPTY_QUEUES=1 where an autoscaler starts workers for queued jobs",
+            queue, served,
+        )]
+    refusals = []
+    # A worker without GPUs trains a `gpus: 1` job on its CPU (the spec's documented
+    # fallback), never a DDP job: one process per GPU asked for.
+    most = max(offer.max_gpus, 1)
+    if spec.gpus > most:
+        refusals.append(Refusal(
+            "gpus",
+            f"gpus {spec.gpus} is more than any worker of queue {queue!r} has: at most "
+            f"{offer.max_gpus} GPU{'s' if offer.max_gpus != 1 else ''} on one worker "
+            f"({offer.workers} worker{'s' if offer.workers != 1 else ''}); ask for at most {most}, "
+            "or submit to a queue of bigger nodes",
+            spec.gpus, list(range(most + 1)),
+        ))
+    for field, name, known in (
+        ("model", spec.model.name, offer.models),
+        ("dataset", spec.dataset.name, offer.datasets),
+    ):
+        if offered_as(field, name) not in known | offer.plugins:
+            refusals.append(Refusal(
+                field,
+                f"no worker of queue {queue!r} can build {field} {name!r} (upgrade its workers, "
+                "or install the plugin there); they offer the names in `allowed`",
+                name, sorted(known | offer.plugins),
+            ))
+    return refusals

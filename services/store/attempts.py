@@ -1,0 +1,51 @@
+"""Job attempts: one row per start of a job (``job_attempts``), opened by the claim and closed
+with the outcome by whichever transition ends it (``leases``: finish, hand-back, reaping, a
+takeover). Steps done = ``end_step`` - ``resume_step``. Functions here flush, never commit.
+
+Outcomes: ``succeeded``, ``failed``, ``cancelled``, ``handed_back`` (the worker shut down and
+gave the job back), ``lost`` (its lease expired: the worker died or was cut off).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Table, insert, select, update
+from sqlalchemy.orm import Session
+
+from services.store.models import Job, JobAttempt
+from services.store.types import utcnow
+
+OUTCOMES = ("succeeded", "failed", "cancelled", "handed_back", "lost")
+_INSERT = insert(cast(Table, JobAttempt.__table__))
+
+
+def open_attempt(
+    session: Session,
+    job: Job,
+    worker: str | None,
+    now: datetime | None = None,
+) -> None:
+    """Record the start of ``job.attempts`` (the claim just counted it). Does not commit."""
+    session.connection().execute(_INSERT, dict(
+        job_id=job.id, attempt=job.attempts, worker=worker, host=job.worker_host,
+        gpu=job.worker_gpu, resume_step=job.resume_step, started_at=now or utcnow(),
+    ))
+
+
+def close_attempt(
+    session: Session, job_id: str, attempt: int, outcome: str, now: datetime | None = None
+) -> None:
+    """End an open attempt with ``outcome``, at the step the job's progress shows. An attempt
+    already closed (or never recorded: a job from before the table) is left alone."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"attempt outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
+    progress: dict[str, Any] = session.scalar(select(Job.progress).where(Job.id == job_id)) or {}
+    session.execute(
+        update(JobAttempt)
+        .where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt,
+               JobAttempt.ended_at.is_(None))
+        .values(outcome=outcome, ended_at=now or utcnow(), end_step=progress.get("optimizer_step"))
+        .execution_options(synchronize_session=False)
+    )
