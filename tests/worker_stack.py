@@ -241,9 +241,10 @@ class Stack:
             if any(p.poll() not in (None, 0, -9) for p in self.workers):
                 pytest.fail(f"a worker exited unexpectedly\n{self.worker_logs()}")
             time.sleep(0.05)
+        last = self.job(job_id)
         pytest.fail(
-            f"job {job_id} still {self.job(job_id).status} after {timeout}s "
-            f"(waiting for {statuses})\n{self.worker_logs()}"
+            f"job {job_id} still {last.status} after {timeout}s (waiting for {statuses}; "
+            f"error {last.error})\n{self.worker_logs()}"
         )
 
     def cancel(self, job_id: str) -> str:

@@ -63,10 +63,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_index("ix_jobs_queue_status_priority_id")
-        batch.drop_column("priority")
-        batch.drop_column("worker_name")
+    # Not batch mode: on SQLite it copies `jobs`, and dropping the old table would cascade to
+    # every checkpoint, metric and event row (foreign keys are on). SQLite >= 3.35 drops a
+    # column in place.
+    op.drop_index("ix_jobs_queue_status_priority_id", table_name="jobs")
+    op.drop_column("jobs", "priority")
+    op.drop_column("jobs", "worker_name")
     op.drop_table("job_attempts")
     op.drop_index("ix_workers_last_seen", table_name="workers")
     op.drop_table("workers")

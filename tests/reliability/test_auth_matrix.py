@@ -66,6 +66,8 @@ EXPECTED: dict[tuple[str, str], Expect] = {
     ("GET", "/v1/tokens"): Expect(200),
     ("POST", "/v1/tokens"): Expect(201, admin_only=True),
     ("DELETE", "/v1/tokens/{prefix}"): Expect(204, "token"),
+    ("DELETE", "/v1/jobs/{job_id}"): Expect(204, "doomed"),
+    ("GET", "/v1/workers"): Expect(200),
 }
 # What each action does to its target when it succeeds (A and the admin).
 AFTER_ACTION = {"queued": "cancelled", "cancelled": "queued", "token": "revoked"}
@@ -173,8 +175,11 @@ def test_no_route_lets_another_owner_see_or_touch_a_job(
         queued = client.post("/v1/jobs", json=SPEC, headers=alice).json()["id"]
         cancelled = client.post("/v1/jobs", json=SPEC, headers=alice).json()["id"]
         assert client.post(f"/v1/jobs/{cancelled}/cancel", headers=alice).status_code == 202
+        doomed = client.post("/v1/jobs", json=SPEC, headers=alice).json()["id"]  # deleted
+        assert client.post(f"/v1/jobs/{doomed}/cancel", headers=alice).status_code == 202
         token = spare_token_prefix(session_factory, "alice")
-        targets = {"trained": trained, "queued": queued, "cancelled": cancelled, "token": token}
+        targets = {"trained": trained, "queued": queued, "cancelled": cancelled, "token": token,
+                   "doomed": doomed}
         before = owned_state(session_factory, alice_id)
 
         for (method, path), expect in EXPECTED.items():
@@ -218,6 +223,7 @@ def test_no_route_lets_another_owner_see_or_touch_a_job(
         else:
             for target, status in AFTER_ACTION.items():
                 assert after[targets[target]][0] == status, (actor, target)
+            assert doomed not in after, (actor, "a deleted job is gone")
 
     assert cross_owner_successes == 0
     record_figure(

@@ -7,6 +7,7 @@ Redis, with ACCUM_ARTIFACTS_DIR on a small tmpfs that fills up or is remounted r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -138,8 +139,9 @@ def test_read_only_artifacts_dir_at_checkpoint_keeps_the_previous_one(
     )
     assert failed.status == "failed", failed.status
     assert error.get("type") == "CheckpointWriteError", error
-    for words in ("Read-only file system", f"{job_id}/{before[-1] + 10}.pt",
-                  resume_hint(job_id)):
+    # The file it could not write: this node's staging copy of one of the job's checkpoints.
+    for words in ("Read-only file system", job_id, resume_hint(job_id)):
         assert words in error["message"], (words, error["message"])
+    assert re.search(r"could not write checkpoint \S+\.pt", error["message"]), error["message"]
     assert listed == before and not problems, (before, listed, problems)
     assert not after_fix, after_fix

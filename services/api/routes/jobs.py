@@ -280,8 +280,10 @@ def cancel_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobP
     responses={
         **NOT_FOUND,
         **problem_responses(
+            400,
             (409, "The job is not failed or cancelled"),
             (429, "The owner has ACCUM_MAX_ACTIVE_JOBS_PER_OWNER unfinished jobs, or bad tokens"),
+            413,
         ),
     },
 )
