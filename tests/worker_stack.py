@@ -87,6 +87,7 @@ class Stack:
             ACCUM_HEARTBEAT_INTERVAL_S=str(self.settings.heartbeat_interval_s),
             ACCUM_REAPER_INTERVAL_S=str(self.settings.reaper_interval_s),
             ACCUM_REQUEUE_AFTER_S=str(self.settings.requeue_after_s),
+            ACCUM_POISON_AFTER_LOST_ATTEMPTS=str(self.settings.poison_after_lost_attempts),
             ACCUM_ARTIFACTS_URL=self.settings.artifacts_url,
             ACCUM_CACHE_DIR=str(self.settings.cache_path),
             # Tiny models on a shared 2-core machine: one thread each is faster and the same

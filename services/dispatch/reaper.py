@@ -27,7 +27,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
@@ -60,12 +60,15 @@ def queue_of(session: Session, job_id: str) -> str:
     return str(session.scalar(select(Job.queue).where(Job.id == job_id)) or DEFAULT_QUEUE)
 
 
-def reap_once(settings: Settings, clock: Clock = time.time) -> list[str]:
-    """Re-queue (or fail, past ``max_restarts``) every job whose lease expired before
-    ``clock()``; returns the ids of the jobs that were re-queued and enqueued again."""
+def reap_once(
+    settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
+) -> list[str]:
+    """Re-queue (or fail, past ``max_restarts``) every job (on ``queues``, when given) whose
+    lease expired before ``clock()``; returns the ids of the jobs re-queued and enqueued again."""
     with session_factory(settings).begin() as session:
         requeued_ids, _failed = reap_expired_leases(
-            session, now=_now(clock), poison_after=settings.poison_after_lost_attempts
+            session, now=_now(clock), poison_after=settings.poison_after_lost_attempts,
+            queues=queues,
         )
         requeued = [(job_id, queue_of(session, job_id)) for job_id in requeued_ids]
     # Enqueue after the commit: a worker that takes the message must see the job queued.
@@ -94,10 +97,14 @@ class LeaseReaper:
     (``ACCUM_REAPER_INTERVAL_S``), with ``clock`` as their time."""
 
     def __init__(
-        self, settings: Settings, interval_s: float | None = None, clock: Clock = time.time
+        self, settings: Settings, interval_s: float | None = None, clock: Clock = time.time,
+        queues: Collection[str] | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
+        # A worker reaps the jobs of its own queues (its settings, e.g. the poison rule, are
+        # its queues' deployment's); None (the API): every queue.
+        self.queues = queues
         self.interval_s = float(interval_s or settings.reaper_interval_s)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accum-lease-reaper", daemon=True)
@@ -118,11 +125,16 @@ class LeaseReaper:
     def _run(self) -> None:
         while not self._stopped.wait(self.interval_s):
             with self.pass_lock:
-                for step in (reap_once, resend_stale_once, sweep_retention):
+                steps: tuple[Callable[[], object], ...] = (
+                    lambda: reap_once(self.settings, self.clock, self.queues),
+                    lambda: resend_stale_once(self.settings, self.clock),
+                    lambda: sweep_retention(self.settings, self.clock),
+                )
+                for name, step in zip(("reap", "resend", "retention"), steps, strict=True):
                     try:
-                        step(self.settings, self.clock)
+                        step()
                     except Exception:  # keep reaping after a database or broker blip
-                        log.exception("reaper step %s failed; retrying in %.1fs", step.__name__,
+                        log.exception("reaper step %s failed; retrying in %.1fs", name,
                                       self.interval_s)
 
 

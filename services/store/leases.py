@@ -15,6 +15,7 @@ automatic restarts after a lost lease; past ``max_restarts`` the reaper fails th
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -308,7 +309,8 @@ def _lost_in_a_row(session: Session, job_id: str, attempt: int) -> int:
 
 
 def reap_expired_leases(
-    session: Session, now: datetime | None = None, poison_after: int = 2
+    session: Session, now: datetime | None = None, poison_after: int = 2,
+    queues: Collection[str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Handle every active job whose lease expired before ``now`` (its worker died).
 
@@ -322,15 +324,18 @@ def reap_expired_leases(
     ``cancelling`` -> ``cancelled`` (the cancel was requested; nothing more to run).
     Returns ``(requeued_ids, failed_ids)``. Safe to run in many processes at once: each job
     is moved by one conditional UPDATE. Writes ``lease_expired`` and the outcome's event.
-    Does not commit.
+    Does not commit. ``queues``: only jobs on these queues (a worker reaps its own queues,
+    with its own settings; the API reaps every queue).
     """
     now = now or utcnow()
-    expired = session.execute(
+    query = (
         select(Job.id, Job.status, Job.attempts, Job.restarts, Job.max_restarts, Job.worker_host,
                Job.resume_step, _latest_checkpoint_step().label("latest"), Job.progress)
         .where(Job.status.in_(ordered(ACTIVE)), Job.lease_expires_at < now)
-        .order_by(Job.id)
-    ).all()
+    )
+    if queues is not None:
+        query = query.where(Job.queue.in_(list(queues)))
+    expired = session.execute(query.order_by(Job.id)).all()
     requeued: list[str] = []
     failed: list[str] = []
     for job_id, status, attempt, restarts, max_restarts, host, started_from, latest, progress in expired:

@@ -82,7 +82,7 @@ def start_worker(
     signals.worker_shutting_down.connect(sqlite_transport.stop_polling, weak=False)
     # ...and a running job stops, is checkpointed and goes back to the queue.
     shutdown.connect(signals)
-    reaper = LeaseReaper(settings)
+    reaper = LeaseReaper(settings, queues=names)
     reaper.start()
     # The node name as Celery expands it: what tasks see as their hostname and record on jobs.
     nodename = host_format(default_nodename(hostname or default_hostname()))

@@ -21,9 +21,11 @@ from fastapi.testclient import TestClient
 from worker_stack import BASE_SPEC, TIMING, Stack
 
 from services.api.main import create_app
+from services.dispatch.priority import redis_list, redis_step
 from services.settings import Settings
 from services.store import tokens
 from services.store.migrate import upgrade
+from services.store.queue_order import PRIORITIES
 
 from .private_servers import PrivateRedis
 
@@ -31,6 +33,13 @@ DOWN_S = 1.5
 # ~20 ms a step on one CPU thread: the job is still training when Redis goes down.
 LONG_JOB: dict[str, Any] = {"model": {"name": "mlp", "hidden": 1024, "depth": 3}, "max_steps": 400,
                             "checkpoint_every": 100}
+
+
+def queued_messages(broker: Any, queue: str) -> int:
+    """Messages waiting on ``queue``, on every priority's list (kombu keeps one per step)."""
+    lists = {redis_list(queue, redis_step(priority)) for priority in PRIORITIES.values()}
+    return sum(int(broker.llen(name)) for name in lists)
+
 
 
 def make_stack(broker_url: str, tmp_path: Path) -> Stack:
@@ -63,7 +72,7 @@ def test_jobs_survive_a_broker_restart(
         running = stack.create(**LONG_JOB)
         stack.wait(running, ("running",), timeout=120)
         queued = [stack.create(), stack.create()]
-        messages_before = broker.llen(stack.queue)
+        messages_before = queued_messages(broker, stack.queue)
 
         down_at = time.monotonic()
         private_redis.stop()
@@ -71,7 +80,7 @@ def test_jobs_survive_a_broker_restart(
         time.sleep(max(DOWN_S - (time.monotonic() - down_at), 0))
         private_redis.start()
         up_at = time.monotonic()
-        messages_after = broker.llen(stack.queue)
+        messages_after = queued_messages(broker, stack.queue)
         running_through = stack.job(running).status == "running"
 
         jobs = [running, *queued, submitted] if status == 201 else [running, *queued]
