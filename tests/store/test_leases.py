@@ -353,3 +353,19 @@ def test_poison_rule_off_and_takeover_refused_for_a_poison_job(
     with session_factory.begin() as session:
         assert leases.reap_expired_leases(session, now=now)[1] == [taken.id]
     assert load(session_factory, taken.id).error["reason"] == "poison"
+
+
+def test_a_reaper_given_queues_reaps_only_those(
+    session_factory: sessionmaker[Session], make_job: Callable[..., Job]
+) -> None:
+    """A worker reaps its own queues (with its own settings); the API's reaper, every queue."""
+    job = make_job()  # on the default queue
+    now = utcnow()
+    assert claim(session_factory, job.id, "w1", now=now) is not None
+    later = now + timedelta(seconds=LEASE_S + 1)
+    with session_factory.begin() as session:
+        assert leases.reap_expired_leases(session, now=later, queues=["gpu-a100"]) == ([], [])
+    assert load(session_factory, job.id).status == "running"
+    with session_factory.begin() as session:
+        assert leases.reap_expired_leases(session, now=later, queues=[job.queue]) == ([job.id], [])
+    assert load(session_factory, job.id).status == "queued"

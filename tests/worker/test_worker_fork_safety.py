@@ -38,7 +38,7 @@ def test_a_fork_waits_for_the_reapers_pass_and_the_child_inherits_no_held_lock(
     held = threading.Lock()  # stands for any lock a pass takes (a cache's, a pool's)
     in_pass = threading.Event()
 
-    def slow_pass(_settings: Any, _clock: Any) -> list[str]:
+    def slow_pass(_settings: Any, _clock: Any, _queues: Any = None) -> list[str]:
         with held:
             in_pass.set()
             time.sleep(PASS_S)
