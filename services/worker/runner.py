@@ -44,6 +44,7 @@ from services.worker.attempt import Attempt, Outcome
 from services.worker.datasets import with_local_data_root
 from services.worker.db_retry import retry_while_unreachable
 from services.worker.heartbeat import Heartbeat
+from services.worker.registry import nvml_devices, visible
 from services.worker.training import train_local
 
 log = logging.getLogger(__name__)
@@ -57,54 +58,24 @@ FAULT_BACKOFF_S = 2.0
 def describe_gpu() -> str:
     """``cpu``, or the visible GPUs' names, e.g. ``2x NVIDIA H100 (CUDA_VISIBLE_DEVICES=0,1)``.
 
-    Read through NVML (nvidia-ml-py), never through torch.cuda's device queries: those create
-    a CUDA context in this Celery process, which then holds memory on GPU 0 for as long as it
-    lives, while rank 0 of a job trains there (and ``micro_batch_size: "auto"`` sizes m on
-    what is free). Without NVML the count comes from ``torch.cuda.device_count()``, which
-    creates no context, and the name is left out."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    names = _nvml_names(visible)
-    if names is None:
+    Read through NVML (the registry's ``nvml_devices``, filtered by ``CUDA_VISIBLE_DEVICES`` as
+    CUDA does), never through torch.cuda's device queries: those create a CUDA context in this
+    Celery process, which then holds memory on GPU 0 for as long as it lives, while rank 0 of a
+    job trains there (and ``micro_batch_size: "auto"`` sizes m on what is free). Without NVML
+    the count comes from ``torch.cuda.device_count()``, which creates no context, and the name
+    is left out."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = nvml_devices()
+    if devices is not None:
+        names = [device["name"] for device in visible(devices, mask)]
+    else:
         import torch
 
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        names = ["GPU"] * count
+        names = ["GPU"] * (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     if not names:
         return "cpu"
     label = f"{len(names)}x {names[0]}"
-    return f"{label} (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else label
-
-
-def _nvml_names(visible: str | None) -> list[str] | None:
-    """The visible GPUs' names through NVML, in CUDA's order; None when NVML is unavailable."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None  # no driver: no GPU this process could use either
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        handles = []
-        entries = [str(i) for i in range(count)] if visible is None else [e.strip() for e in visible.split(",")]
-        for entry in entries:
-            # CUDA stops at the first entry it cannot parse or find; so does this.
-            if entry.isdigit():
-                if int(entry) >= count:
-                    break
-                handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(entry)))
-            elif entry.startswith(("GPU-", "MIG-")):
-                handles.append(pynvml.nvmlDeviceGetHandleByUUID(entry))
-            else:
-                break
-        names = [pynvml.nvmlDeviceGetName(handle) for handle in handles]
-        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-    except pynvml.NVMLError:
-        return None
-    finally:
-        pynvml.nvmlShutdown()
+    return f"{label} (CUDA_VISIBLE_DEVICES={mask})" if mask is not None else label
 
 
 def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:

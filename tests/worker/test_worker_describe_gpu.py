@@ -37,6 +37,9 @@ def nvml_stand_in(names: list[str], calls: list[str]) -> types.ModuleType:
     module.nvmlDeviceGetHandleByIndex = record("by_index", lambda i: i)  # type: ignore[attr-defined]
     module.nvmlDeviceGetHandleByUUID = record("by_uuid", lambda u: uuids[u])  # type: ignore[attr-defined]
     module.nvmlDeviceGetName = record("name", lambda h: names[h].encode())  # type: ignore[attr-defined]
+    module.nvmlDeviceGetUUID = record("uuid", lambda h: f"GPU-{h:04d}".encode())  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMemoryInfo = record(  # type: ignore[attr-defined]
+        "memory", lambda h: types.SimpleNamespace(total=80 * 2**30))
     return module
 
 
