@@ -14,7 +14,7 @@ from services.api.auth import CurrentOwner
 from services.api.deps import ArtifactsDep, SessionDep, SettingsDep
 from services.api.errors import Problem, invalid_field, invalid_fields, problem_responses
 from services.api.job_view import job_view
-from services.api.schemas import JobPage, JobPublic, JobStatus, ResumeRequest, exactness
+from services.api.schemas import JobPage, JobPublic, JobStatus, ResumeRequest
 from services.artifacts import StoreUnavailable
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.dispatch.enqueue import enqueue_job
@@ -31,7 +31,6 @@ from services.store.errors import (
     InvalidCursor,
     JobStateError,
 )
-from services.store.events import latest_event
 from services.store.models import Job, Owner
 from services.store.queue_order import PRIORITIES
 
@@ -81,11 +80,7 @@ def job_public(session: Session, owner: Owner, job: Job, *, position: bool = Tru
     in line: a count over its queue that the submit's hot path does not pay for
     (`GET /v1/jobs/{id}` has it)."""
     names = owner_names(session, owner, [job])
-    if position:
-        return job_view(session, job, names.get(job.owner_id))
-    public = with_owner(job, names)
-    public.exactness = exactness(job.spec or {}, latest_event(session, job.id, "exactness_check"))
-    return public
+    return job_view(session, job, names.get(job.owner_id), position=position)
 
 
 def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
