@@ -7,6 +7,7 @@ in which case it fails: CI must never pass by skipping integration tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
@@ -57,22 +58,38 @@ def postgres_server_url() -> str:
     return POSTGRES_ADMIN_URL
 
 
-@pytest.fixture(scope="session")
-def postgres_url(postgres_server_url: str) -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for this test session, dropped afterwards."""
+@contextlib.contextmanager
+def fresh_postgres_database(server_url: str) -> Iterator[str]:
+    """A new, empty PostgreSQL database on the server of ``server_url``, dropped afterwards."""
     from sqlalchemy import create_engine, text
 
     name = f"accum_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    base = postgres_server_url.rsplit("/", 1)[0]
+    base = server_url.rsplit("/", 1)[0]
     try:
         yield f"{base}/{name}"
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for this test session, dropped afterwards."""
+    with fresh_postgres_database(postgres_server_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def stack_postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """The worker stacks' own database (tests/worker_stack.py): their live workers register
+    themselves there, and a registered fleet changes what the API accepts (a queue no worker
+    serves is refused), so they must not share the API tests' database."""
+    with fresh_postgres_database(postgres_server_url) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

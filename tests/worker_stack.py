@@ -273,7 +273,7 @@ def make_stack(kind: str, tmp: Path, request: pytest.FixtureRequest) -> Stack:
     if kind == "sqlite":
         settings = Settings(home=home, **TIMING)  # the embedded default: SQLite + SQLite broker
     else:
-        postgres_url = request.getfixturevalue("postgres_url")
+        postgres_url = request.getfixturevalue("stack_postgres_url")  # not the API tests'
         redis_url = request.getfixturevalue("redis_url")
         settings = Settings(home=home, database_url=postgres_url, broker_url=redis_url, **TIMING)
     upgrade(settings.database_url)
