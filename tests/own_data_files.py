@@ -1,5 +1,6 @@
 """Your-own-data fixtures written by the tests (and bench/own_data.py): an image folder of three
-easy classes, text as jsonl / parquet / csv, and a tokenizer trained with `tokenizers`."""
+easy classes, text as jsonl / parquet / csv, labelled text of three easy classes, and a
+tokenizer trained with `tokenizers`."""
 
 from __future__ import annotations
 
@@ -73,6 +74,34 @@ def write_text(root: Path, kind: str, repeat: int = 1) -> str:
             writer = csv.DictWriter(f, fieldnames=["body", "id"])
             writer.writeheader()
             writer.writerows(rows)
+    return name
+
+
+# Sequence classification: each class's words start with its own letter, so a tiny model
+# tells them apart from the bytes in a few steps; rows of 1 to 6 words pad differently.
+CLASS_WORDS = {
+    "apples": ("apple", "apricot", "avocado", "almond"),
+    "berries": ("berry", "banana", "bramble", "bilberry"),
+    "cherries": ("cherry", "coconut", "clementine", "cranberry"),
+}
+
+
+def write_labelled_text(root: Path, kind: str, rows: int, seed: int = 0) -> str:
+    """`labelled.<kind>` (jsonl or parquet) with columns body (words of one class) and y (the
+    class name); the classes take turns, the lengths are drawn from the seed."""
+    rng = random.Random(seed)
+    names = list(CLASS_WORDS)
+    table = [{"body": " ".join(rng.choice(CLASS_WORDS[names[i % 3]]) for _ in range(rng.randint(1, 6))),
+              "y": names[i % 3]} for i in range(rows)]
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"labelled.{kind}"
+    if kind == "jsonl":
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in table))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(table), root / name)
     return name
 
 

@@ -27,9 +27,9 @@ from services.catalog.datasets import DatasetBundle, DatasetUnavailable, default
 from services.catalog.names import DatasetInfo
 from services.catalog.plugins import DATASET_GROUP, installed
 from services.catalog.served import (
-    check_compatible,
     configured_dataset,
     configured_model,
+    mismatch,
     require_dataset,
     require_model,
 )
@@ -89,9 +89,8 @@ def _own_dataset(info: DatasetInfo, root: Path, seed: int, options: dict[str, An
     if info.name == "imagefolder":
         train, val, built = own_data.imagefolder(info, root, seed, options)
         return DatasetBundle(train=train, val=val, info=built)
-    train, val, built, plain = own_data.table(info, root, seed, options, keyword=False)
-    keyword = own_data.token_collate(True) if plain is not None else None
-    return DatasetBundle(train=train, val=val, info=built, collate_fn=plain, keyword_collate_fn=keyword)
+    train, val, built, collate, keyword = own_data.table(info, root, seed, options)
+    return DatasetBundle(train=train, val=val, info=built, collate_fn=collate, keyword_collate_fn=keyword)
 
 
 def _plugin_dataset(info: DatasetInfo, root: Path | None, seed: int, options: dict[str, Any]) -> DatasetBundle:
@@ -129,10 +128,8 @@ def build_model(name: str, dataset: DatasetBundle | DatasetInfo | str, **options
     """
     model_info = require_model(name)
     info = _dataset_info(dataset)
-    if model_info.task is not None and model_info.task != info.task:
-        raise ValueError(check_compatible(name, info.name) or (
-            f"model {name!r} is for {model_info.task.replace('_', ' ')}; dataset {info.name!r} "
-            f"is {info.task.replace('_', ' ')} here"))
+    if reason := mismatch(model_info, info):
+        raise ValueError(reason)
     configured_model(name, options)  # option names and ranges: what the spec checks at submit
     if model_info.source in ("timm", "hf", "plugin"):
         from services.catalog import own_models  # timm / transformers: the models extra

@@ -70,6 +70,7 @@ class DatasetInfo:
     options: tuple[str, ...] = ()
     source: Literal["builtin", "own", "plugin"] = "builtin"
     features: int | None = None  # tabular rows: the number of feature columns
+    pad_token_id: int | None = None  # text classification: the id its batches are padded with
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -80,6 +81,11 @@ class DatasetInfo:
             return (self.features,)
         assert self.max_seq_len is not None
         return (self.max_seq_len,)
+
+    @property
+    def text_classification(self) -> bool:
+        """Token sequences with one class label each (own data with text and label columns)."""
+        return self.task == "classification" and self.max_seq_len is not None
 
 
 # Registry name -> one-line description. Hard-coded so that listing them needs no torch.

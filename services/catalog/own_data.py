@@ -6,8 +6,9 @@
   (`accumcore.window_source`).
 - files / hf_disk: rows through Hugging Face `datasets`, a column mapping, then text tokenised
   (`tokenizer: "bytes"` or a `tokenizers` directory) and packed into `max_len` blocks (the
-  last one padded) or one padded row per document; classification from an image or feature
-  columns and a label column.
+  last one padded) or one padded row per document; with a label column, one padded row per
+  document and its label (sequence classification, `label_collate`); classification from an
+  image or feature columns and a label column.
 
 Token batches come in two forms (`token_collate`): a Hugging Face model gets keyword inputs
 `{"inputs": {"input_ids", "attention_mask"}, "targets": labels}` with unshifted labels (the
@@ -36,6 +37,7 @@ DEFAULT_VAL_FRACTION = {"imagefolder": 0.2, "files": 0.1, "hf_disk": 0.1}
 BYTE_VOCAB = 256
 _SUFFIX_FORMAT = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 _EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "[SEP]")
+_PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>")
 
 
 class Labelled(Dataset[Any]):
@@ -165,6 +167,7 @@ class Tokenizer:
             self._tok = None
             self.vocab_size = BYTE_VOCAB
             self.eos: int | None = 10  # a newline between documents
+            self.pad: int | None = None
             return
         from tokenizers import Tokenizer as HFTokenizer
 
@@ -178,6 +181,7 @@ class Tokenizer:
         self._tok = HFTokenizer.from_file(str(file))
         self.vocab_size = self._tok.get_vocab_size()
         self.eos = next((i for n in _EOS_NAMES if (i := self._tok.token_to_id(n)) is not None), None)
+        self.pad = next((i for n in _PAD_NAMES if (i := self._tok.token_to_id(n)) is not None), None)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         if self._tok is None:
@@ -220,6 +224,59 @@ def token_collate(keyword: bool) -> Callable[[list[torch.Tensor]], Any]:
     return collate
 
 
+class LabelledText(Dataset[tuple[torch.Tensor, int]]):
+    """(token ids of one document, cut to `max_len`; its label), `targets` known without tokens."""
+
+    def __init__(self, rows: list[list[int]], labels: list[int], max_len: int, split: str) -> None:
+        empty = [i for i, row in enumerate(rows) if not row]
+        if empty:
+            raise ValueError(
+                f"{split} row(s) {', '.join(map(str, empty[:10]))} have empty text: a sequence "
+                "classifier needs at least one token per row; drop or fill them"
+            )
+        self.rows = [torch.tensor(row[:max_len], dtype=torch.long) for row in rows]
+        self.targets = labels
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.rows[index], self.targets[index]
+
+
+def label_collate(pad_id: int) -> Callable[[list[tuple[torch.Tensor, int]]], Any]:
+    """Rows padded (right) with `pad_id` to the batch's longest, attention 0 on padding, one
+    label per row: `{"inputs": {"input_ids", "attention_mask"}, "targets": labels}`."""
+
+    def collate(rows: list[tuple[torch.Tensor, int]]) -> Any:
+        length = max(int(ids.shape[0]) for ids, _ in rows)
+        ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, (row, _) in enumerate(rows):
+            ids[i, : row.shape[0]] = row
+            mask[i, : row.shape[0]] = 1
+        labels = torch.tensor([label for _, label in rows], dtype=torch.long)
+        return {"inputs": {"input_ids": ids, "attention_mask": mask}, "targets": labels}
+
+    return collate
+
+
+def _text_classes(info: DatasetInfo, root: Path, options: Mapping[str, Any], columns: Mapping[str, Any],
+                  train_rows: Any, val_rows: Any) -> tuple[Dataset[Any], Dataset[Any], DatasetInfo, Callable[..., Any]]:
+    """Text and label columns: one row per document, padded with the tokenizer's pad token or,
+    without one, a new id after its vocabulary (so padding is never a real token: a decoder's
+    classifier reads the last token that is not padding)."""
+    tokenizer = Tokenizer(options["tokenizer"], root)
+    max_len = int(options.get("max_len", DEFAULT_MAX_LEN))
+    train_y, val_y, classes = _label_ids(train_rows, val_rows, columns["label"])
+    train, val = (LabelledText(tokenizer.encode([str(t) for t in rows[columns["text"]]]), y, max_len, split)
+                  for rows, y, split in ((train_rows, train_y, "train"), (val_rows, val_y, "val")))
+    pad = tokenizer.pad if tokenizer.pad is not None else tokenizer.vocab_size
+    info = replace(info, num_classes=classes, vocab_size=max(tokenizer.vocab_size, pad + 1), max_seq_len=max_len,
+                   pad_token_id=pad, train_size=len(train), val_size=len(val))
+    return train, val, info, label_collate(pad)
+
+
 class RowImages(Dataset[tuple[torch.Tensor, int]]):
     """(image, label) from an image column (PIL images, or {"bytes"/"path"} records)."""
 
@@ -253,9 +310,13 @@ def _label_ids(train: Any, val: Any, column: str) -> tuple[list[int], list[int],
     return [index[str(v)] for v in a], [index[str(v)] for v in b], len(classes)
 
 
+Collate = Callable[[list[Any]], Any]
+
+
 def table(info: DatasetInfo, root: Path, seed: int, options: Mapping[str, Any],
-          keyword: bool) -> tuple[Dataset[Any], Dataset[Any], DatasetInfo, Callable[..., Any] | None]:
-    """`files` or `hf_disk`: (train, val, info with sizes, collate)."""
+          ) -> tuple[Dataset[Any], Dataset[Any], DatasetInfo, Collate | None, Collate | None]:
+    """`files` or `hf_disk`: (train, val, info with sizes, collate, keyword collate: the
+    causal-LM batches of a Hugging Face model, see `token_collate`)."""
     train_rows, val_rows = load_rows(info.name, root, options)
     columns = columns_of(options)
     require_columns(train_rows, columns, info.name)
@@ -265,6 +326,9 @@ def table(info: DatasetInfo, root: Path, seed: int, options: Mapping[str, Any],
         train_rows, val_rows = train_rows.select(train_idx), train_rows.select(val_idx)
     else:
         require_columns(val_rows, columns, info.name)
+    if "text" in columns and "label" in columns:
+        train, val, info, collate = _text_classes(info, root, options, columns, train_rows, val_rows)
+        return train, val, info, collate, None
     if "text" in columns:
         tokenizer = Tokenizer(options["tokenizer"], root)
         max_len = int(options.get("max_len", DEFAULT_MAX_LEN))
@@ -275,7 +339,7 @@ def table(info: DatasetInfo, root: Path, seed: int, options: Mapping[str, Any],
             raise ValueError(f"dataset {info.name!r}: a split has no text of 2 tokens or more")
         info = replace(info, num_classes=tokenizer.vocab_size, vocab_size=tokenizer.vocab_size,
                        max_seq_len=max_len, train_size=len(train), val_size=len(val))
-        return train, val, info, token_collate(keyword)
+        return train, val, info, token_collate(False), token_collate(True)
     train_y, val_y, classes = _label_ids(train_rows, val_rows, columns["label"])
     if "image" in columns:
         train_tf, val_tf = image_transforms(options)
@@ -291,4 +355,4 @@ def table(info: DatasetInfo, root: Path, seed: int, options: Mapping[str, Any],
             for rows, y in ((train_rows, train_y), (val_rows, val_y)))
         info = replace(info, features=len(feats))
     info = replace(info, num_classes=classes, train_size=len(train_y), val_size=len(val_y))
-    return train_ds, val_ds, info, None
+    return train_ds, val_ds, info, None, None

@@ -102,32 +102,46 @@ class CausalLMLoss(nn.Module):
 
 class Logits(nn.Module):
     """A Hugging Face classifier that returns its logits, so the catalog's loss applies and
-    validation accuracy is computed."""
+    validation accuracy is computed: `Logits(vit)(pixels)`, `Logits(bert)(input_ids=...,
+    attention_mask=...)` (a keyword batch, as the trainer passes a mapping of inputs)."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.inner(inputs).logits
+    def forward(self, *inputs: torch.Tensor, **keywords: torch.Tensor) -> torch.Tensor:
+        return self.inner(*inputs, **keywords).logits
+
+
+def _hf_task(dataset: DatasetInfo) -> str:
+    """The transformers auto class for the dataset: its task and what its inputs are."""
+    if dataset.task == "language_modeling":
+        return "AutoModelForCausalLM"
+    if dataset.text_classification:
+        return "AutoModelForSequenceClassification"
+    return "AutoModelForImageClassification"
 
 
 def build_hf(info: ModelInfo, dataset: DatasetInfo, options: Mapping[str, Any]) -> nn.Module:
-    """A transformers model for the dataset's task: a causal LM for text, an image classifier
-    for images (wrapped by `Logits`). `hf:<model_type>` from its config class with `options`
-    as overrides; `hf:/dir` from a saved model."""
+    """A transformers model for the dataset's task: a causal LM for text, a sequence
+    classifier for text with labels, an image classifier for images (both wrapped by
+    `Logits`). `hf:<model_type>` from its config class with `options` as overrides; `hf:/dir`
+    from a saved model, its classifier head re-made for the dataset's classes."""
     import transformers
 
     target = info.name.partition(":")[2]
     task = dataset.task
-    auto = transformers.AutoModelForCausalLM if task == "language_modeling" else (
-        transformers.AutoModelForImageClassification)
+    auto = getattr(transformers, _hf_task(dataset))
     if target.startswith("/"):
         if not (Path(target) / "config.json").is_file():
             raise ValueError(f"model {info.name!r}: no saved Hugging Face model in {target} (config.json missing)")
-        extra = {} if task == "language_modeling" else {"num_labels": dataset.num_classes,
-                                                        "ignore_mismatched_sizes": True}
+        extra: dict[str, Any] = {} if task == "language_modeling" else {
+            "num_labels": dataset.num_classes, "ignore_mismatched_sizes": True}
+        if dataset.text_classification:
+            extra["pad_token_id"] = dataset.pad_token_id
         model = auto.from_pretrained(target, **extra)
+        if dataset.text_classification:
+            _check_vocabulary(info.name, model.config, dataset)
     else:
         config = _hf_config(target, dataset, options)
         try:
@@ -167,28 +181,44 @@ def _hf_config(model_type: str, dataset: DatasetInfo, options: Mapping[str, Any]
                 f"{current!r}; got {value!r}"
             )
     overrides = dict(options)
-    if dataset.task == "language_modeling":
-        assert dataset.vocab_size is not None
+    if dataset.vocab_size is not None:  # token ids: a causal LM or a sequence classifier
         vocab = overrides.setdefault("vocab_size", dataset.vocab_size)
         if vocab < dataset.vocab_size:
-            raise ValueError(f"hf:{model_type} vocab_size {vocab} is smaller than the tokenizer's {dataset.vocab_size}")
+            raise ValueError(f"hf:{model_type} vocab_size {vocab} is smaller than the tokenizer's {dataset.vocab_size}"
+                             + (" (with its padding id)" if dataset.text_classification else ""))
+        # A decoder's classifier reads the last token that is not padding: the data's pad id.
+        if dataset.text_classification and overrides.setdefault("pad_token_id", dataset.pad_token_id) != (
+                dataset.pad_token_id):
+            raise ValueError(f"hf:{model_type} pad_token_id must be the data's padding id {dataset.pad_token_id}"
+                             f" (or left out); got {overrides['pad_token_id']!r}")
         # GPT-2's special ids (50256) lie outside a small tokenizer's vocabulary: the batches
         # carry their own ids and padding, so drop those defaults instead of keeping bad ones.
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             special = getattr(default, key, None)
-            if key not in options and isinstance(special, int) and special >= vocab:
+            if key not in overrides and isinstance(special, int) and special >= vocab:
                 overrides[key] = None
         for key in ("n_positions", "max_position_embeddings"):
             limit = overrides.get(key, getattr(default, key, None))
             if isinstance(limit, int) and dataset.max_seq_len and limit < dataset.max_seq_len:
                 raise ValueError(f"hf:{model_type} {key} {limit} is below the dataset's max_len {dataset.max_seq_len}")
-    else:
+    if dataset.task == "classification":
         overrides.setdefault("num_labels", dataset.num_classes)
         if dataset.channels is not None and "num_channels" in keys:
             overrides.setdefault("num_channels", dataset.channels)
         if dataset.image_size is not None and "image_size" in keys:
             overrides.setdefault("image_size", dataset.image_size)
     return transformers.AutoConfig.for_model(model_type, **overrides)
+
+
+def _check_vocabulary(name: str, config: Any, dataset: DatasetInfo) -> None:
+    """A saved model must embed every id of the data (its tokens and the padding id)."""
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and dataset.vocab_size is not None and vocab < dataset.vocab_size:
+        raise ValueError(
+            f"model {name!r} embeds {vocab} token ids but the data's tokenizer uses {dataset.vocab_size} "
+            f"(padding id {dataset.pad_token_id} included): use the tokenizer the model was saved with "
+            "(tokenizer: its directory), or a model with a larger vocab_size"
+        )
 
 
 def build_plugin(info: ModelInfo, dataset: DatasetInfo, options: Mapping[str, Any]) -> nn.Module:

@@ -46,6 +46,17 @@ TEXT_OPTIONS = ("columns", "tokenizer", "max_len", "packing", "val_fraction")
 HF_DISK_OPTIONS = (*TEXT_OPTIONS, "image_size")
 FILES_OPTIONS = ("data_files", "format", *TEXT_OPTIONS, "image_size")
 COLUMN_ROLES = ("text", "image", "label", "features")
+# What each column mapping trains (`GET /v1/catalog/datasets` lists it for files and hf_disk).
+COLUMN_MAPPINGS = {
+    '{"text": "body"}': "language modelling: a causal LM (hf:<model_type>, tiny_transformer) "
+                        "on the tokenised text, packed into max_len blocks or padded",
+    '{"text": "body", "label": "y"}': "sequence classification: an hf: model "
+                                      "(AutoModelForSequenceClassification, num_labels from the "
+                                      "data) on one padded row per document with its attention "
+                                      "mask; items are the examples",
+    '{"image": "img", "label": "y"}': "image classification (timm:, hf:, catalog CNNs)",
+    '{"features": ["a", "b"], "label": "y"}': "classification of feature vectors (mlp)",
+}
 FILE_FORMATS = ("parquet", "json", "csv")
 DEFAULT_COLUMNS = {"text": "text"}
 DEFAULT_IMAGE_SIZE = 224
@@ -70,12 +81,14 @@ OWN_DATASETS: dict[str, DatasetInfo] = {
     "files": _own(
         "files",
         "Your parquet, jsonl or csv files under data_root (Hugging Face datasets) with a "
-        "column mapping; text is tokenised and packed or padded.",
+        "column mapping: text trains a language model (tokenised, packed or padded), text and "
+        "label a sequence classifier, image or features and label a classifier.",
         "language_modeling", FILES_OPTIONS, max_seq_len=DEFAULT_MAX_LEN,
     ),
     "hf_disk": _own(
         "hf_disk",
-        "A Hugging Face dataset saved with save_to_disk at data_root, with a column mapping.",
+        "A Hugging Face dataset saved with save_to_disk at data_root, with a column mapping "
+        "(as files: text, text and label, image and label, features and label).",
         "language_modeling", HF_DISK_OPTIONS, max_seq_len=DEFAULT_MAX_LEN,
     ),
 }
@@ -239,7 +252,8 @@ def _columns(name: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping) or not value:
         raise ValueError(
             f"dataset {name!r} option columns must map roles ({', '.join(COLUMN_ROLES)}) to column "
-            f'names, e.g. {{"text": "body"}} or {{"image": "img", "label": "y"}}; got {value!r}'
+            f'names, e.g. {{"text": "body"}}, {{"text": "body", "label": "y"}} (sequence classification) '
+            f'or {{"image": "img", "label": "y"}}; got {value!r}'
         )
     unknown = sorted(set(value) - set(COLUMN_ROLES))
     if unknown:
@@ -314,7 +328,14 @@ def configured_dataset(name: str, options: Mapping[str, Any] | None = None) -> D
                 f'dataset {name!r} with a text column needs tokenizer: "bytes" (byte level, no files) '
                 "or a tokenizer directory relative to data_root"
             )
-        return replace(info, task="language_modeling", max_seq_len=max_len)
+        if "label" not in columns:
+            return replace(info, task="language_modeling", max_seq_len=max_len)
+        if options.get("packing") is True:
+            raise ValueError(
+                f"dataset {name!r} with text and label columns is sequence classification: one row per "
+                "document, so packing must be false or left out"
+            )
+        return replace(info, task="classification", max_seq_len=max_len)
     image = "image" in columns
     return replace(info, task="classification", max_seq_len=None,
                    channels=3 if image else None, image_size=None)
@@ -323,16 +344,27 @@ def configured_dataset(name: str, options: Mapping[str, Any] | None = None) -> D
 def check_compatible(model: str, dataset: str, dataset_options: Mapping[str, Any] | None = None) -> str | None:
     """None when `model` can train on `dataset` (with its options), else a reason that says
     what would work. Raises ValueError for names this node does not serve."""
-    model_info = require_model(model)
     dataset_info = configured_dataset(dataset, dataset_options) if dataset_options else require_dataset(dataset)
-    if model_info.source in ("builtin", "torchvision") and dataset_info.source == "builtin":
-        return names.check_compatible(model, dataset)
-    if model_info.task is None or dataset_info.source == "plugin" or model_info.task == dataset_info.task:
+    return mismatch(require_model(model), dataset_info)
+
+
+def mismatch(model: ModelInfo, dataset: DatasetInfo) -> str | None:
+    """None when `model` can train on `dataset` (as configured or as built), else a reason
+    that says what would work."""
+    if model.source in ("builtin", "torchvision") and dataset.source == "builtin":
+        return names.check_compatible(model.name, dataset.name)
+    if dataset.text_classification and model.source != "plugin" and model.task is not None:
+        return (
+            f"dataset {dataset.name!r} with text and label columns is sequence classification, which "
+            f"model {model.name!r} cannot read (token ids): use an hf: model such as hf:bert or hf:gpt2 "
+            "(built as AutoModelForSequenceClassification), a saved hf:<directory>, or a plugin"
+        )
+    if model.task is None or dataset.source == "plugin" or model.task == dataset.task:
         return None
     return (
-        f"model {model!r} is for {model_info.task.replace('_', ' ')} but dataset {dataset!r} is a "
-        f"{dataset_info.task.replace('_', ' ')} dataset here; datasets for {model!r}: "
-        f"{', '.join(compatible_datasets(model))}"
+        f"model {model.name!r} is for {model.task.replace('_', ' ')} but dataset {dataset.name!r} is a "
+        f"{dataset.task.replace('_', ' ')} dataset here; datasets for {model.name!r}: "
+        f"{', '.join(compatible_datasets(model.name))}"
     )
 
 
@@ -372,7 +404,9 @@ def models_listing() -> list[dict[str, Any]]:
 
 def datasets_listing() -> list[dict[str, Any]]:
     """JSON-ready `GET /v1/catalog/datasets` items: the catalog, own data, the plugins."""
-    own = [names.dataset_item(info, compatible_models(info.name)) for info in OWN_DATASETS.values()]
+    own = [{**names.dataset_item(info, compatible_models(info.name)),
+            **({"column_mappings": COLUMN_MAPPINGS} if "columns" in info.options else {})}
+           for info in OWN_DATASETS.values()]
     found = [
         {**names.dataset_item(require_dataset(name), []), "entry_point": ep.value}
         for name, ep in sorted(plugins.installed(plugins.DATASET_GROUP).items())

@@ -11,7 +11,15 @@ import torch
 from accumcore.data import make_loader
 from accumcore.window_source import reads_window_ahead
 from services.catalog.build import build_dataset
-from tests.own_data_files import CLASSES, SENTENCES, make_image_folder, train_tokenizer, write_text
+from tests.own_data_files import (
+    CLASS_WORDS,
+    CLASSES,
+    SENTENCES,
+    make_image_folder,
+    train_tokenizer,
+    write_labelled_text,
+    write_text,
+)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -104,3 +112,60 @@ def test_feature_columns_and_hf_disk(tmp_path: Path) -> None:
     assert bundle.info.num_classes == 3 and bundle.info.input_shape == (2,)
     features, label = bundle.train[0]
     assert features.shape == (2,) and int(label) == "abc".index("abc"[int(features[0])])
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_text_and_label_give_one_padded_row_and_label_per_document(tmp_path: Path, kind: str) -> None:
+    name = write_labelled_text(tmp_path, kind, rows=20)
+    bundle = build_dataset("files", data_root=tmp_path, data_files=name, columns={"text": "body", "label": "y"},
+                           tokenizer="bytes", max_len=16, val_fraction=0.25)
+    info = bundle.info
+    assert (info.task, info.num_classes, info.train_size, info.val_size) == ("classification", 3, 15, 5)
+    # Bytes have no padding token: the padding id is a new one after the 256 bytes.
+    assert (info.pad_token_id, info.vocab_size, info.max_seq_len) == (256, 257, 16)
+    assert bundle.keyword_collate_fn is None  # one form: keyword inputs and one label per row
+    rows = [bundle.train[i] for i in range(4)]
+    assert [label for _, label in rows] == bundle.train.targets[:4]  # type: ignore[attr-defined]
+    assert all(0 < len(ids) <= 16 and int(ids.max()) < 256 for ids, _ in rows)
+    batch = bundle.collate_fn(rows)
+    lengths = [len(ids) for ids, _ in rows]
+    assert batch["targets"].tolist() == [label for _, label in rows]
+    assert batch["inputs"]["attention_mask"].sum(1).tolist() == lengths
+    assert (batch["inputs"]["input_ids"] == 256).sum().item() == 4 * max(lengths) - sum(lengths)
+    words = {word: c for c, ws in enumerate(sorted(CLASS_WORDS)) for word in CLASS_WORDS[ws]}
+    text = bytes(rows[0][0].tolist()).decode()
+    assert words[text.split()[0]] == rows[0][1]  # class names numbered in sorted order
+
+
+def test_a_tokenizer_with_a_pad_token_pads_with_it(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    words = [w for ws in CLASS_WORDS.values() for w in ws]
+    tokenizer.train_from_iterator(words, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]"]))
+    (tmp_path / "tok").mkdir()
+    tokenizer.save(str(tmp_path / "tok" / "tokenizer.json"))
+    write_labelled_text(tmp_path, "jsonl", rows=12)
+    bundle = build_dataset("files", data_root=tmp_path, data_files="labelled.jsonl", tokenizer="tok",
+                           columns={"text": "body", "label": "y"})
+    assert bundle.info.pad_token_id == 0 and bundle.info.vocab_size == tokenizer.get_vocab_size()
+
+
+def test_empty_text_is_refused_naming_the_rows(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text('{"body": "apple", "y": 0}\n{"body": "", "y": 1}\n' * 5)
+    with pytest.raises(ValueError, match=r"row\(s\) .* have empty text"):
+        build_dataset("files", data_root=tmp_path, data_files="t.jsonl", tokenizer="bytes",
+                      columns={"text": "body", "label": "y"}, val_fraction=0.5)
+
+
+def test_hf_disk_text_and_label_with_its_own_val_split(tmp_path: Path) -> None:
+    import datasets
+
+    rows = [{"body": "apple almond", "y": 0}, {"body": "berry", "y": 1}, {"body": "cherry coconut cherry", "y": 2}]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows * 3),
+                          "validation": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "saved"))
+    bundle = build_dataset("hf_disk", data_root=tmp_path / "saved", columns={"text": "body", "label": "y"},
+                           tokenizer="bytes", max_len=8)
+    assert (bundle.info.task, bundle.info.num_classes, len(bundle.train), len(bundle.val)) == ("classification", 3, 9, 3)
+    assert [len(ids) for ids, _ in (bundle.val[i] for i in range(3))] == [8, 5, 8]  # cut to max_len

@@ -99,6 +99,48 @@ def test_hf_image_classifier_returns_logits() -> None:
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 3)
 
 
+LABELLED = replace(configured_dataset("files", {"data_files": "a.jsonl", "tokenizer": "bytes", "max_len": 32,
+                                               "columns": {"text": "body", "label": "y"}}),
+                   num_classes=3, vocab_size=257, pad_token_id=256)
+TINY_BERT = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
+
+
+@pytest.mark.parametrize(("name", "options"), [("hf:bert", TINY_BERT), ("hf:gpt2", TINY_GPT2)])
+def test_hf_sequence_classifier_for_text_with_labels(name: str, options: dict) -> None:
+    model = build_model(name, LABELLED, **options)
+    inner = model.inner
+    assert type(inner).__name__.endswith("ForSequenceClassification") and not takes_keywords(model)
+    assert (inner.config.num_labels, inner.config.vocab_size, inner.config.pad_token_id) == (3, 257, 256)
+    ids = torch.tensor([[97, 98, 256, 256], [97, 98, 99, 100]])
+    model.eval()  # no dropout: the same rows give the same logits
+    logits = model(input_ids=ids, attention_mask=(ids != 256).long())
+    assert logits.shape == (2, 3)
+    alone = model(input_ids=ids[:1, :2], attention_mask=torch.ones(1, 2, dtype=torch.long))
+    torch.testing.assert_close(logits[:1], alone)  # padding changes nothing: the mask and the pad id
+    assert isinstance(build_loss(LABELLED, model), torch.nn.CrossEntropyLoss)
+    with pytest.raises(ValueError, match="pad_token_id must be the data's padding id 256"):
+        build_model(name, LABELLED, **options, pad_token_id=0)
+    with pytest.raises(ValueError, match=r"vocab_size 100 is smaller than the tokenizer's 257 \(with its padding id\)"):
+        build_model(name, LABELLED, **options, vocab_size=100)
+
+
+def test_hf_saved_classifier_gets_the_datas_classes_and_padding(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    saved = build_model("hf:bert", replace(LABELLED, num_classes=5), **TINY_BERT)
+    saved.inner.save_pretrained(tmp_path / "bert")
+    loaded = build_model(f"hf:{tmp_path / 'bert'}", LABELLED)
+    assert loaded.inner.config.num_labels == 3 and loaded.inner.config.pad_token_id == 256
+    assert torch.equal(loaded.inner.bert.embeddings.word_embeddings.weight,
+                       saved.inner.bert.embeddings.word_embeddings.weight)
+    with pytest.raises(ValueError, match="embeds 257 token ids but the data's tokenizer uses 300"):
+        build_model(f"hf:{tmp_path / 'bert'}", replace(LABELLED, vocab_size=300))
+
+
+def test_catalog_models_are_refused_for_text_classification() -> None:
+    with pytest.raises(ValueError, match="is sequence classification, which model 'mlp' cannot read"):
+        build_model("mlp", LABELLED)
+
+
 def test_causal_lm_loss_scores_shifted_labels_in_the_model_dtype() -> None:
     logits = torch.randn(2, 5, 7, dtype=torch.float64)
     labels = torch.tensor([[1, 2, 3, -100, -100], [4, 5, 6, 0, 1]])

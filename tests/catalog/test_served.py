@@ -102,6 +102,24 @@ def test_files_task_follows_the_columns() -> None:
     assert check_compatible("small_cnn", "imagefolder") is None
 
 
+def test_text_and_label_columns_are_sequence_classification_for_hf_models_only() -> None:
+    options = {"data_files": "a.jsonl", "tokenizer": "bytes", "columns": {"text": "body", "label": "y"}, "max_len": 48}
+    info = configured_dataset("files", options)
+    assert (info.task, info.max_seq_len, info.text_classification) == ("classification", 48, True)
+    assert not configured_dataset("files", {**options, "columns": {"text": "body"}}).text_classification
+    with pytest.raises(ValueError, match="sequence classification: one row per document, so packing must be false"):
+        configured_dataset("files", {**options, "packing": True})
+    assert configured_dataset("files", {**options, "packing": False}).text_classification
+    assert check_compatible("hf:bert", "files", options) is None
+    assert check_compatible("hf:/data/models/tiny", "hf_disk", {k: v for k, v in options.items() if k != "data_files"}) is None
+    spec = {**MINIMAL_SPEC, "dataset": {"name": "files", "data_root": "/data/reviews", **options}}
+    for model in ("mlp", "tiny_transformer", "timm:resnet18"):
+        [error] = errors_of({**spec, "model": model})
+        assert error["loc"] == ("dataset",) and "is sequence classification, which model" in error["msg"]
+        assert "use an hf: model such as hf:bert or hf:gpt2" in error["msg"]
+    assert parse_spec({**spec, "model": {"name": "hf:gpt2", "n_layer": 2}}).dataset.options["columns"]["label"] == "y"
+
+
 def test_own_data_has_no_size_at_submit() -> None:
     from services.spec import total_optimizer_steps
 
@@ -118,6 +136,11 @@ def test_listings_show_namespaces_and_own_data() -> None:
     datasets = {item["name"]: item for item in datasets_listing()}
     assert datasets["imagefolder"]["needs_data_root"] and datasets["imagefolder"]["train_size"] is None
     assert datasets["files"]["source"] == "own" and "data_files" in datasets["files"]["options"]
+    for name in ("files", "hf_disk"):  # what each column mapping trains, the label column's included
+        mappings = datasets[name]["column_mappings"]
+        assert mappings['{"text": "body", "label": "y"}'].startswith("sequence classification")
+        assert mappings['{"text": "body"}'].startswith("language modelling")
+    assert "column_mappings" not in datasets["imagefolder"]
 
 
 def test_init_from_needs_exactly_one_source() -> None:

@@ -1,13 +1,15 @@
 """Your own model and data through a real worker (PostgreSQL + Redis): an image folder trains
-timm:resnet18 and small_cnn above chance, jsonl and parquet text train hf:gpt2 (bytes and a
-trained tokenizer) with falling validation loss, the example plugin trains, a warm start
-loads its source job's checkpoint, and bad names, columns and init_from jobs fail before any
-step saying what is allowed."""
+timm:resnet18 and small_cnn above chance, jsonl and parquet text train hf:gpt2 (bytes
+and a trained tokenizer) with falling validation loss, labelled text trains hf:bert, hf:gpt2
+and a saved hf: directory as sequence classifiers above chance, the example plugin trains, a
+warm start loads its source job's checkpoint, and bad names, columns and init_from jobs fail
+before any step saying what is allowed."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,15 +17,28 @@ import pytest
 from services.spec import parse_spec
 from services.store import events, jobs, metrics, tokens
 from tests.own_data_files import (
+    CLASS_WORDS,
     CLASSES,
     ensure_example_plugin,
     make_image_folder,
     train_tokenizer,
+    write_labelled_text,
     write_text,
 )
 from tests.worker_stack import Stack, make_stack
 
 GPT2 = {"name": "hf:gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 64}
+BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 64}
+
+
+def save_bert(directory: Path) -> None:
+    """A tiny BERT sequence classifier (5 labels, bytes + padding id) saved with save_pretrained:
+    what `hf:<directory>` loads, its head re-made for the data's 3 classes."""
+    import transformers
+
+    config = transformers.BertConfig(vocab_size=257, pad_token_id=256, num_labels=5, **BERT)
+    transformers.BertForSequenceClassification(config).save_pretrained(directory)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +50,9 @@ def own(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     write_text(data / "text", "jsonl", repeat=4)
     write_text(data / "text", "parquet", repeat=4)
     train_tokenizer(data / "text" / "tok")
+    write_labelled_text(data / "labelled", "jsonl", rows=90)
+    write_labelled_text(data / "labelled", "parquet", rows=90, seed=1)
+    save_bert(data / "models" / "bert")
     stack.start_worker()
     try:
         yield stack
@@ -82,6 +100,27 @@ def test_text_files_train_a_tiny_gpt2(own: Stack, kind: str, tokenizer: str) -> 
     assert job.status == "succeeded", (job.error, own.worker_logs())
     losses = values(own, job_id, "val_loss")
     assert len(losses) >= 3 and losses[-1] < losses[0], losses  # every 8 steps and each epoch end
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "kind"), [
+    ({"name": "hf:bert", **BERT}, "jsonl"),
+    (GPT2, "parquet"),
+    ("hf:<home>/data/models/bert", "jsonl"),
+])
+def test_labelled_text_trains_a_sequence_classifier_above_chance(own: Stack, model: Any, kind: str) -> None:
+    if model == "hf:<home>/data/models/bert":
+        model = f"hf:{own.settings.home / 'data' / 'models' / 'bert'}"
+    dataset = {"name": "files", "data_root": str(own.settings.home / "data" / "labelled"),
+               "data_files": f"labelled.{kind}", "columns": {"text": "body", "label": "y"}, "tokenizer": "bytes",
+               "max_len": 64, "val_fraction": 0.2}
+    job_id = own.create(model=model, dataset=dataset, micro_batch_size=8, accumulation_steps=2, max_steps=None,
+                        epochs=4, optimizer={"name": "adamw", "lr": 0.003}, checkpoint_every=100)
+    job = own.wait(job_id, timeout=240)
+    assert job.status == "succeeded", (job.error, own.worker_logs())
+    assert job.progress["total_optimizer_steps"] == 4 * 5  # 72 training rows, 16 per step
+    accuracy = values(own, job_id, "val_accuracy")
+    assert accuracy[-1] > 2 / len(CLASS_WORDS), accuracy  # chance is 1/3
 
 
 def test_the_example_plugin_trains(own: Stack) -> None:

@@ -16,17 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch.nn.parallel import DistributedDataParallel
 
 from accumcore import Trainer
 from accumcore.data import make_loader
-from services.catalog.build import build_model
 from services.catalog.own_models import CausalLMLoss
 from services.spec import parse_spec
-from services.worker.build import build_data, build_run, rank_shard
+from services.worker.build import build_run
 from tests.own_data_files import write_text
+from tests.worker.exact_runs import float64_start, largest_difference, rank_batches, run_ranks
 
 WORLD = 2
 M, N, LR = 2, 3, 0.5
@@ -46,17 +43,9 @@ def spec_for(root: Path, gpus: int) -> dict[str, Any]:
 def reference(spec: dict[str, Any], world: int) -> tuple[list[torch.Tensor], int]:
     """Initial weights as the job draws them; per window, the mean over every scored token of
     every rank's micro-batches, one SGD step."""
-    parsed = parse_spec(spec)
-    bundle = build_data(parsed, None)
-    torch.manual_seed(parsed.seed)
-    model = build_model(parsed.model.name, bundle, **parsed.model.options).double()
+    parsed, bundle, model = float64_start(spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    per_rank = []
-    for rank in range(world):
-        loader = make_loader(rank_shard(bundle.train, rank, world), M, shuffle=True, seed=parsed.seed,
-                             collate_fn=bundle.keyword_collate_fn)
-        loader.batch_sampler.set_epoch(0)
-        per_rank.append(list(loader))
+    per_rank = rank_batches(parsed, bundle, world, M, bundle.keyword_collate_fn)
     windows = max(math.ceil(len(b) / N) for b in per_rank)
     for w in range(windows):
         batches = [b for rank in per_rank for b in rank[N * w: N * w + N]]
@@ -73,15 +62,8 @@ def reference(spec: dict[str, Any], world: int) -> tuple[list[torch.Tensor], int
     return [p.detach() for p in model.parameters()], windows
 
 
-def largest_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return max(float((p - q).abs().max()) for p, q in zip(a, b, strict=True))
-
-
 def direct_run(spec: dict[str, Any], shift_labels: bool) -> list[torch.Tensor]:
-    parsed = parse_spec(spec)
-    bundle = build_data(parsed, None)
-    torch.manual_seed(parsed.seed)
-    model = build_model(parsed.model.name, bundle, **parsed.model.options).double()
+    parsed, bundle, model = float64_start(spec)
     loader = make_loader(bundle.train, M, shuffle=True, seed=parsed.seed, collate_fn=bundle.keyword_collate_fn)
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=LR), loss_fn=CausalLMLoss(),
                       accumulation_steps=N, shift_labels=shift_labels)
@@ -105,30 +87,16 @@ def test_the_window_update_is_the_big_batch_and_unshifted_counts_are_not(tmp_pat
     assert largest_difference(direct_run(spec, shift_labels=False), expected) > 1e-6
 
 
-def _rank(rank: int, init_file: str, out_dir: str, root: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        torch.set_num_threads(1)
-        run = build_run(parse_spec(spec_for(Path(root), WORLD)), callbacks=[], checkpoint_dir=None,
-                        device="cpu", rank=rank, world=WORLD,
-                        wrap_model=lambda m: DistributedDataParallel(m.double()))
-        tokens = sum(int((b["targets"][:, 1:] != -100).sum()) for b in run.train_loader)
-        run.trainer.fit(run.train_loader, **{**run.fit_kwargs, "val_loader": None})
-        torch.save({"params": [p.detach() for p in run.trainer.model.module.parameters()],
-                    "steps": run.trainer.global_step, "tokens": tokens}, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def scored_tokens(batch: Any) -> int:
+    return int((batch["targets"][:, 1:] != -100).sum())
 
 
 def test_two_ranks_with_different_token_counts_equal_the_big_batch(tmp_path: Path) -> None:
-    import torch._dynamo  # noqa: F401  # imported before forking, as tests/accumcore/test_trainer_ddp.py does
-
     write_text(tmp_path / "data", "jsonl")
-    mp.start_processes(_rank, args=(str(tmp_path / "init"), str(tmp_path), str(tmp_path / "data")),
-                       nprocs=WORLD, join=True, start_method="fork")
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    assert results[0]["tokens"] != results[1]["tokens"]
-    expected, windows = reference(spec_for(tmp_path / "data", WORLD), WORLD)
+    spec = spec_for(tmp_path / "data", WORLD)
+    results = run_ranks(spec, WORLD, tmp_path, scored_tokens)
+    assert results[0]["items"] != results[1]["items"]
+    expected, windows = reference(spec, WORLD)
     for result in results:
         assert result["steps"] == windows == 2  # rank 0: 4 micro-batches, rank 1: 3
         assert largest_difference(result["params"], expected) <= 1e-12
