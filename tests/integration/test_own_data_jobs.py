@@ -1,5 +1,5 @@
 """Your own model and data through a real worker (PostgreSQL + Redis): an image folder trains
-timm:resnet18 and small_cnn above chance, jsonl and parquet text train hf:gpt2 (bytes
+timm:resnet18, small_cnn and hf:vit above chance, jsonl and parquet text train hf:gpt2 (bytes
 and a trained tokenizer) with falling validation loss, labelled text trains hf:bert, hf:gpt2
 and a saved hf: directory as sequence classifiers above chance, the example plugin trains, a
 warm start loads its source job's checkpoint, and bad names, columns and init_from jobs fail
@@ -30,6 +30,8 @@ from tests.worker_stack import Stack, make_stack
 GPT2 = {"name": "hf:gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 64}
 BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 64}
+VIT = {"name": "hf:vit", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+       "intermediate_size": 64, "patch_size": 8}
 
 
 def save_bert(directory: Path) -> None:
@@ -100,6 +102,16 @@ def test_text_files_train_a_tiny_gpt2(own: Stack, kind: str, tokenizer: str) -> 
     assert job.status == "succeeded", (job.error, own.worker_logs())
     losses = values(own, job_id, "val_loss")
     assert len(losses) >= 3 and losses[-1] < losses[0], losses  # every 8 steps and each epoch end
+
+
+@pytest.mark.slow
+def test_an_image_folder_trains_a_hugging_face_vit_above_chance(own: Stack) -> None:
+    job_id = own.create(model=VIT, dataset=images(own), micro_batch_size=9, accumulation_steps=1,
+                        max_steps=None, epochs=6, optimizer={"name": "adamw", "lr": 0.003}, checkpoint_every=100)
+    job = own.wait(job_id, timeout=240)
+    assert job.status == "succeeded", (job.error, own.worker_logs())
+    accuracy = values(own, job_id, "val_accuracy")
+    assert accuracy[-1] > 2 / len(CLASSES), accuracy  # chance is 1/3
 
 
 @pytest.mark.slow
