@@ -20,4 +20,5 @@ def test_example_parses(path: Path) -> None:
 
 def test_the_own_data_examples_are_shipped() -> None:
     names = {p.name for p in EXAMPLES}
-    assert {"imagefolder_timm.yaml", "causal_lm_hf.yaml", "finetune_warm_start.yaml"} <= names
+    assert {"imagefolder_timm.yaml", "causal_lm_hf.yaml", "finetune_warm_start.yaml",
+            "sequence_classification_hf.yaml"} <= names
