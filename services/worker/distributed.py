@@ -195,6 +195,10 @@ def _rank_main(
             ),
             chosen=chosen,
         )
+        if run.warm_start is not None:  # every rank's hash of what it loaded, for rank 0's event
+            hashes: list[Any] = [None] * world
+            dist.all_gather_object(hashes, run.warm_start["weights_sha256"][0])
+            run.warm_start["weights_sha256"] = hashes
         if rank == 0 and spec.micro_batch_size == "auto" and chosen is None:
             record_choice(session_factory(settings), attempt.job_id, attempt.attempt,
                           run.micro_batch_size, int(run.accumulation_steps))  # type: ignore[arg-type]

@@ -13,7 +13,8 @@ unexpected keys fail a strict load and are listed by a non-strict one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +91,23 @@ def read_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def state_sha256(state: Mapping[str, Any]) -> str:
+    """sha256 of a state dict: each tensor's name, dtype, shape and bytes, in order. Equal on
+    every rank when each loaded the same weights; equal to the file's when all of it loaded."""
+    import torch
+
+    digest = hashlib.sha256()
+    for key, value in state.items():
+        tensor = value.detach().to("cpu").contiguous()
+        digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def load_initial_weights(model: Any, path: Path, strict: bool) -> dict[str, Any]:
-    """Load `path` into `model`; returns what was loaded, re-initialised, missing, unexpected."""
+    """Load `path` into `model`; returns what was loaded, re-initialised, missing, unexpected,
+    and `weights_sha256`: [the model's `state_sha256` after the load] (one per rank once a
+    `gpus: N` job has gathered them, `services.worker.distributed`)."""
     state = read_state(path)
     own = model.state_dict()
     reinitialised = sorted(k for k, v in state.items() if k in own and tuple(own[k].shape) != tuple(v.shape))
@@ -106,12 +122,18 @@ def load_initial_weights(model: Any, path: Path, strict: bool) -> dict[str, Any]
             f"keys {unexpected[:20]}; set init_from.strict to false to load what matches"
         )
     return {"path": str(path), "loaded": len(state) - len(unexpected), "missing_keys": missing,
-            "unexpected_keys": unexpected, "reinitialised": reinitialised}
+            "unexpected_keys": unexpected, "reinitialised": reinitialised,
+            "weights_sha256": [state_sha256(model.state_dict())]}
 
 
 def describe(report: dict[str, Any]) -> str:
     """The `warm_start` event's message."""
     parts = [f"loaded {report['loaded']} tensors from {report['path']}"]
+    hashes = report.get("weights_sha256") or []
+    if len(set(hashes)) == 1:
+        parts.append(f"weights sha256 {hashes[0][:16]}" + (f" on all {len(hashes)} ranks" if len(hashes) > 1 else ""))
+    elif hashes:
+        parts.append(f"weights DIFFER across ranks: sha256 {', '.join(h[:16] for h in hashes)}")
     if report["reinitialised"]:
         parts.append(f"re-initialised (shape differs): {', '.join(report['reinitialised'])}")
     if report["missing_keys"]:

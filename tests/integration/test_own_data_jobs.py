@@ -2,7 +2,7 @@
 timm:resnet18, small_cnn and hf:vit above chance, jsonl and parquet text train hf:gpt2 (bytes
 and a trained tokenizer) with falling validation loss, labelled text trains hf:bert, hf:gpt2
 and a saved hf: directory as sequence classifiers above chance, the example plugin trains, a
-warm start loads its source job's checkpoint, and bad names, columns and init_from jobs fail
+warm start loads its source job's checkpoint (on each of 2 gloo ranks too), and bad names, columns and init_from jobs fail
 before any step saying what is allowed."""
 
 from __future__ import annotations
@@ -157,6 +157,23 @@ def test_a_warm_start_loads_its_source_job(own: Stack) -> None:
     assert warm is not None and warm.data["loaded"] == len(weights) and warm.data["path"].endswith("/3.pt")
     kinds = own.event_kinds(job_id)
     assert kinds.index("warm_start") < kinds.index("checkpoint")  # before the first step's results
+
+
+@pytest.mark.slow
+def test_a_two_rank_warm_start_loads_the_checkpoint_on_each_rank(own: Stack) -> None:
+    from services.worker.warm_start import state_sha256
+
+    common = {"model": "small_cnn", "dataset": images(own), "micro_batch_size": 9, "accumulation_steps": 1,
+              "optimizer": {"name": "sgd", "lr": 0.05}}
+    source = own.create(**common, max_steps=2)
+    assert own.wait(source, timeout=120).status == "succeeded"
+    expected = state_sha256(own.final_weights(source))
+    job_id = own.create(**common, max_steps=1, gpus=2, init_from={"job": source})
+    job = own.wait(job_id, timeout=180)
+    assert job.status == "succeeded", (job.error, own.worker_logs())
+    warm = event(own, job_id, "warm_start")
+    assert warm is not None and warm.data["weights_sha256"] == [expected, expected]  # rank 0's and rank 1's
+    assert f"weights sha256 {expected[:16]} on all 2 ranks" in warm.message
 
 
 def fails_before_any_step(stack: Stack, job_id: str) -> str:

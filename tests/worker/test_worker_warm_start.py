@@ -14,7 +14,7 @@ from accumcore import save_checkpoint
 from services.spec import parse_spec
 from services.store import checkpoints, jobs, tokens
 from services.worker.build import build_run
-from services.worker.warm_start import InitFromRefused, describe, initial_weights_path
+from services.worker.warm_start import InitFromRefused, describe, initial_weights_path, state_sha256
 from tests.job_specs import TINY_SPEC
 
 
@@ -33,6 +33,10 @@ def test_weights_before_the_first_step_equal_the_checkpoint(tmp_path: Path) -> N
     assert state.keys() == saved.keys() and all(torch.equal(state[k], saved[k]) for k in saved)
     assert run.warm_start is not None and run.warm_start["loaded"] == len(saved)
     assert run.warm_start["reinitialised"] == run.warm_start["missing_keys"] == []
+    assert run.warm_start["weights_sha256"] == [state_sha256(saved)]  # what loaded is the file's
+    assert f"weights sha256 {state_sha256(saved)[:16]}" in describe(run.warm_start)
+    assert state_sha256(saved) != state_sha256(build_run(parse_spec({**TINY_SPEC, "seed": 5}), callbacks=[],
+                                                         checkpoint_dir=None, device="cpu").trainer.model.state_dict())
 
 
 def test_a_head_of_another_size_is_reinitialised_and_said(tmp_path: Path) -> None:
