@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     max_device_memory_bytes: int = Field(default=80 * 2**30, gt=0)
     # A job's run time (per attempt): the default of its `timeout` and the most it may ask.
     max_job_seconds: int = Field(default=7 * 86400, gt=0, le=30 * 86400)
+    # The fewest optimizer steps between a job's checkpoints: what the artifact store can take
+    # (each checkpoint is an upload; at most one in flight per job, so a store slower than the
+    # interval slows training). 1 keeps every spec valid (demo, tests); raise it on a shared store.
+    min_checkpoint_every: int = Field(default=1, ge=1, le=2_147_483_647,
+                                      description="Fewest checkpoint_every a job may ask.")
     # Lost attempts in a row without a new checkpoint after which a job fails as `poison`
     # instead of taking down another worker (0: never).
     poison_after_lost_attempts: int = Field(default=2, ge=0)
