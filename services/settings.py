@@ -101,6 +101,10 @@ class Settings(BaseSettings):
     # Jobs one owner may have running at once on one queue (0 = no cap): a claim past it
     # leaves the job queued for the owner's next free place (services/store/queue_order.py).
     max_running_jobs_per_owner: int = Field(default=0, ge=0)
+    # The worker's own Prometheus endpoint (services.worker.metrics_server): upload seconds and
+    # bytes, fetch seconds, store errors. 0 = off.
+    worker_metrics_port: int = Field(default=0, ge=0, le=65535)
+    worker_metrics_host: str = "127.0.0.1"
     # Submit-time maxima (services.spec.limits): a spec above them is a 422 at its field.
     max_restarts: int = Field(default=10, ge=0, le=100, description="Most max_restarts a job may ask.")
     max_gpus: int = Field(default=8, ge=0, le=64, description="Most gpus a job may ask.")

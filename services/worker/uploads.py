@@ -28,6 +28,7 @@ from services.artifacts import ArtifactStore, ArtifactStoreError, ObjectInfo, ch
 from services.artifacts.base import StoreUnavailable
 from services.artifacts.cache import NodeCache
 from services.worker.db_retry import retry_while_unreachable
+from services.worker.store_metrics import count_error, observe_upload
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class CheckpointUploads:
         try:
             started = time.perf_counter()
             stored = retry_while_unreachable(
-                lambda: self.store.put(key, path, sha256, size=size),
+                lambda: observe_upload(lambda: self.store.put(key, path, sha256, size=size)),
                 what=f"job {self.job_id}: uploading {key} to {self.store.url}",
                 for_s=self.retry_for_s, give_up=self.give_up,
                 transient=lambda exc: isinstance(exc, StoreUnavailable),
@@ -118,5 +119,6 @@ class CheckpointUploads:
             try:
                 self.store.delete(key)
             except ArtifactStoreError as exc:
+                count_error("delete", exc)
                 log.warning("could not delete %s: %s (the next orphan sweep retries)", key, exc)
             self.cache.path_for(key).unlink(missing_ok=True)
