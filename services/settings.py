@@ -101,6 +101,10 @@ class Settings(BaseSettings):
     # Jobs one owner may have running at once on one queue (0 = no cap): a claim past it
     # leaves the job queued for the owner's next free place (services/store/queue_order.py).
     max_running_jobs_per_owner: int = Field(default=0, ge=0)
+    # The worker's own Prometheus endpoint (services.worker.metrics_server): upload seconds and
+    # bytes, fetch seconds, store errors. 0 = off.
+    worker_metrics_port: int = Field(default=0, ge=0, le=65535)
+    worker_metrics_host: str = "127.0.0.1"
     # Submit-time maxima (services.spec.limits): a spec above them is a 422 at its field.
     max_restarts: int = Field(default=10, ge=0, le=100, description="Most max_restarts a job may ask.")
     max_gpus: int = Field(default=8, ge=0, le=64, description="Most gpus a job may ask.")
@@ -109,6 +113,11 @@ class Settings(BaseSettings):
     max_device_memory_bytes: int = Field(default=80 * 2**30, gt=0)
     # A job's run time (per attempt): the default of its `timeout` and the most it may ask.
     max_job_seconds: int = Field(default=7 * 86400, gt=0, le=30 * 86400)
+    # The fewest optimizer steps between a job's checkpoints: what the artifact store can take
+    # (each checkpoint is an upload; at most one in flight per job, so a store slower than the
+    # interval slows training). 1 keeps every spec valid (demo, tests); raise it on a shared store.
+    min_checkpoint_every: int = Field(default=1, ge=1, le=2_147_483_647,
+                                      description="Fewest checkpoint_every a job may ask.")
     # Lost attempts in a row without a new checkpoint after which a job fails as `poison`
     # instead of taking down another worker (0: never).
     poison_after_lost_attempts: int = Field(default=2, ge=0)

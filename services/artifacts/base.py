@@ -49,10 +49,17 @@ class ArtifactStore(Protocol):
 
     url: str
 
-    def put(self, key: str, source: Path, sha256: str | None = None) -> ObjectInfo:
+    def put(self, key: str, source: Path, sha256: str | None = None, *,
+            size: int | None = None) -> ObjectInfo:
         """Upload the file ``source`` to ``key`` (multipart when large); returns only once the
         object is complete and its size and sha256 were checked (``ChecksumMismatch`` when
-        ``sha256`` is given and the bytes sent differ)."""
+        ``sha256`` is given and the bytes sent differ).
+
+        With ``size`` too, ``sha256`` and ``size`` are the file's facts as its writer recorded
+        them (the trainer hashed the bytes it wrote): the file is not read a second time to
+        hash it; the file and the stored object must have ``size`` bytes, and the transfer is
+        checked by the store itself (S3: each request's payload sha256 is signed, SigV4, and
+        checked by the server; a local store copies within the machine)."""
         ...
 
     def get(self, key: str, dest: Path, sha256: str | None = None) -> ObjectInfo:
@@ -131,6 +138,14 @@ def download(store: ArtifactStore, key: str, dest: Path, sha256: str | None) -> 
     finally:
         temp.unlink(missing_ok=True)
     return ObjectInfo(key, dest.stat().st_size, digest.hexdigest())
+
+
+def check_size(url: str, key: str, source: Path, size: int) -> None:
+    """The file to upload has the size its writer recorded (not truncated or replaced since)."""
+    actual = source.stat().st_size
+    if actual != size:
+        raise ChecksumMismatch(f"uploading {key} to {url}: {source} has {actual} bytes but its "
+                               f"writer recorded {size} (changed since it was written)")
 
 
 def verify(url: str, key: str, expected: str | None, actual: str, what: str) -> None:

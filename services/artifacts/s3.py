@@ -30,6 +30,7 @@ from services.artifacts.base import (
     ObjectMissing,
     StoreUnavailable,
     check_key,
+    check_size,
     download,
     hashed_chunks,
     verify,
@@ -57,23 +58,36 @@ class S3Store:
         self._store = ObjectStoreS3(
             self.bucket, prefix=self.prefix or None, client_options=client,  # type: ignore[arg-type]
             retry_config=RETRY,  # type: ignore[arg-type]
+            # Signed payloads whatever AWS_UNSIGNED_PAYLOAD says: the server checks every
+            # request body's sha256, which is what lets a put trust its writer's sha256.
+            unsigned_payload=False,
         )
 
-    def put(self, key: str, source: Path, sha256: str | None = None) -> ObjectInfo:
+    def put(self, key: str, source: Path, sha256: str | None = None, *,
+            size: int | None = None) -> ObjectInfo:
         check_key(key)
         digest = hashlib.sha256()
         try:
-            size = source.stat().st_size
-            with source.open("rb") as f:
-                # Parts go out while the file is read and hashed: the sha256 is of the bytes
-                # sent, and S3 completes a multipart upload atomically (no partial object).
-                obstore.put(self._store, key, hashed_chunks(f, digest),
-                            use_multipart=size > CHUNK_BYTES, chunk_size=CHUNK_BYTES,
-                            max_concurrency=4)
+            if sha256 is not None and size is not None:
+                check_size(self.url, key, source, size)
+                # The writer's sha256 stands: obstore reads the file itself (no GIL held) and
+                # signs each request's payload sha256, which the server checks (SigV4).
+                obstore.put(self._store, key, source, use_multipart=size > CHUNK_BYTES,
+                            chunk_size=CHUNK_BYTES, max_concurrency=4)
+                sent = sha256
+            else:
+                size = source.stat().st_size
+                with source.open("rb") as f:
+                    # Parts go out while the file is read and hashed: the sha256 is of the
+                    # bytes sent, and S3 completes a multipart upload atomically.
+                    obstore.put(self._store, key, hashed_chunks(f, digest),
+                                use_multipart=size > CHUNK_BYTES, chunk_size=CHUNK_BYTES,
+                                max_concurrency=4)
+                sent = digest.hexdigest()
         except Exception as exc:
             raise self._error("upload", key, exc) from exc
         try:
-            verify(self.url, key, sha256, digest.hexdigest(), "uploading")
+            verify(self.url, key, sha256, sent, "uploading")
         except ChecksumMismatch:
             self.delete(key)
             raise
@@ -83,7 +97,7 @@ class S3Store:
                 f"uploaded {key} to {self.url} but the store holds "
                 f"{'nothing' if stored is None else f'{stored.size} bytes'}, not {size}"
             )
-        return ObjectInfo(key, size, digest.hexdigest())
+        return ObjectInfo(key, size, sent)
 
     def get(self, key: str, dest: Path, sha256: str | None = None) -> ObjectInfo:
         return download(self, key, dest, sha256)

@@ -5,7 +5,8 @@
     if errors: raise RequestValidationError(errors)   # 422, each at its field
 
 `JobSpec` holds the bounds that are the same everywhere (its field maxima); these depend on
-settings (`ACCUM_MAX_RESTARTS`, `ACCUM_MAX_GPUS`, `ACCUM_MAX_DEVICE_MEMORY_BYTES`) or need the
+settings (`ACCUM_MAX_RESTARTS`, `ACCUM_MAX_GPUS`, `ACCUM_MAX_DEVICE_MEMORY_BYTES`,
+`ACCUM_MIN_CHECKPOINT_EVERY`: what the artifact store can take) or need the
 catalog's sizes: the run's optimizer steps, and the floor of one device's memory for a step
 (`services.catalog.sizes`), so a job that cannot fit is refused with the numbers instead of
 taking a worker down. Errors are pydantic-shaped dicts with `loc` under `body`.
@@ -27,12 +28,13 @@ DEFAULT_MAX_DEVICE_MEMORY_BYTES = 80 * 2**30  # an 80 GB H100/A100
 
 @dataclass(frozen=True)
 class SpecLimits:
-    """This deployment's maxima (the settings of the same names)."""
+    """This deployment's maxima and minima (the settings of the same names)."""
 
     max_restarts: int = 10
     max_gpus: int = 8
     max_device_memory_bytes: int = DEFAULT_MAX_DEVICE_MEMORY_BYTES
     max_job_seconds: int = 7 * 86400
+    min_checkpoint_every: int = 1
 
     @classmethod
     def from_settings(cls, settings: Any) -> SpecLimits:
@@ -41,15 +43,20 @@ class SpecLimits:
             max_gpus=settings.max_gpus,
             max_device_memory_bytes=settings.max_device_memory_bytes,
             max_job_seconds=settings.max_job_seconds,
+            min_checkpoint_every=settings.min_checkpoint_every,
         )
 
 
 def with_defaults(spec: JobSpec, limits: SpecLimits) -> JobSpec:
-    """`spec` with the service's defaults filled in (a `timeout` of ACCUM_MAX_JOB_SECONDS),
-    so the stored spec says how long the job may run."""
+    """`spec` with the service's defaults filled in (a `timeout` of ACCUM_MAX_JOB_SECONDS, so
+    the stored spec says how long the job may run; a `checkpoint_every` it did not give raised
+    to ACCUM_MIN_CHECKPOINT_EVERY)."""
+    update: dict[str, Any] = {}
     if spec.timeout is None:
-        return spec.model_copy(update={"timeout": limits.max_job_seconds})
-    return spec
+        update["timeout"] = limits.max_job_seconds
+    if "checkpoint_every" not in spec.model_fields_set and spec.checkpoint_every < limits.min_checkpoint_every:
+        update["checkpoint_every"] = limits.min_checkpoint_every
+    return spec.model_copy(update=update) if update else spec
 
 
 def _error(field: str, message: str, value: Any, kind: str = "limit") -> dict[str, Any]:
@@ -100,6 +107,17 @@ def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
                 f"gpus must be at most {limits.max_gpus} on this service (ACCUM_MAX_GPUS); "
                 f"got {spec.gpus}",
                 spec.gpus,
+            )
+        )
+    # Only a value the spec gives: a default below the floor is raised to it (with_defaults).
+    if "checkpoint_every" in spec.model_fields_set and spec.checkpoint_every < limits.min_checkpoint_every:
+        errors.append(
+            _error(
+                "checkpoint_every",
+                f"checkpoint_every must be at least {limits.min_checkpoint_every} optimizer steps "
+                f"on this service (ACCUM_MIN_CHECKPOINT_EVERY: what its artifact store can take); "
+                f"got {spec.checkpoint_every}",
+                spec.checkpoint_every,
             )
         )
     if spec.timeout is not None and int(spec.timeout) > limits.max_job_seconds:

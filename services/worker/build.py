@@ -235,6 +235,9 @@ def build_run(
     ``init_weights``: the file ``spec.init_from`` names (resolved by the runner), loaded into
     the model before training (``services.worker.warm_start``).
 
+    ``checkpoint_dir``: a staging directory whose files the caller uploads to the artifact
+    store; they are written atomically but not fsynced (the store's copy is the durable one).
+
     Raises:
         ValueError: a spec the catalog refuses. DatasetUnavailable: missing data root files.
     """
@@ -297,6 +300,10 @@ def build_run(
         callbacks=callbacks,
         checkpoint_every=spec.checkpoint_every if checkpoint_dir is not None else None,
         checkpoint_dir=checkpoint_dir,
+        # checkpoint_dir is the node's staging directory: the durable copy is the one the
+        # uploader puts in the artifact store (a file store fsyncs its own copy), so the
+        # trainer skips the fsyncs at the window boundary (most of its time per checkpoint).
+        checkpoint_fsync=False,
         on_nonfinite=spec.on_nonfinite,
         verify_window=spec.verify_window,
         # A causal LM's loss scores labels[..., 1:]: count those (docs/accumulation.md rule 1).

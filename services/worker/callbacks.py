@@ -182,7 +182,7 @@ class StoreCallback(Callback):
             return pruned
 
         # Training goes on while it uploads; this waits only for the previous upload.
-        self.uploads.submit(info.path, info.step, info.sha256, record)
+        self.uploads.submit(info.path, info.step, info.sha256, info.size_bytes, record)
 
     def _check_quota(self, trainer: Any, info: CheckpointInfo) -> None:
         if not self.max_owner_bytes:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterable
 
 from services.artifacts import ArtifactStore, ArtifactStoreError, LocalStore, checkpoint_key
+from services.worker.store_metrics import count_error
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def remove_orphans(store: ArtifactStore, job_id: str, listed_steps: Iterable[int
         try:
             store.delete(key)
         except ArtifactStoreError as exc:
+            count_error("delete", exc)
             log.warning("could not remove orphan checkpoint %s: %s", key, exc)
             continue
         removed.append(key)

@@ -41,6 +41,7 @@ from services.worker.callbacks import StoreCallback
 from services.worker.heartbeat import Heartbeat
 from services.worker.micro_batch import record_choice, recorded_choice
 from services.worker.resume import checkpoint_uploads, node_cache, prepare_resume
+from services.worker.store_metrics import observe_fetch
 from services.worker.training import outcome
 from services.worker.warm_start import describe, job_initial_weights
 
@@ -191,7 +192,8 @@ def _rank_main(
             wrap_model=lambda m: DistributedDataParallel(m, device_ids=[rank] if cuda else None),
             init_weights=job_initial_weights(
                 session_factory(settings), spec, attempt.job_id,
-                lambda key, sha: node_cache(settings).fetch(open_store(settings.artifacts_url), key, sha),
+                lambda key, sha: observe_fetch(
+                    lambda: node_cache(settings).fetch(open_store(settings.artifacts_url), key, sha)),
             ),
             chosen=chosen,
         )

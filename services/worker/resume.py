@@ -19,6 +19,7 @@ from services.store.status import resume_hint
 from services.worker.attempt import Attempt
 from services.worker.checkpoints import remove_orphans
 from services.worker.heartbeat import Heartbeat
+from services.worker.store_metrics import observe_fetch
 from services.worker.uploads import CheckpointUploads
 
 
@@ -57,4 +58,4 @@ def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, store: Art
             f"job {attempt.job_id} should resume from step {attempt.resume_step} but that "
             f"checkpoint has no record; {resume_hint(attempt.job_id)} again to restart from the latest one"
         )
-    return cache.fetch(store, key_sha[0], key_sha[1])
+    return observe_fetch(lambda: cache.fetch(store, key_sha[0], key_sha[1]))

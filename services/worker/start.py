@@ -24,6 +24,7 @@ from services.dispatch.broker import DEFAULT_QUEUE, is_embedded_broker, make_cel
 from services.dispatch.reaper import LeaseReaper
 from services.settings import Settings
 from services.worker import shutdown
+from services.worker.metrics_server import serve_metrics
 from services.worker.registry import Registration
 from services.worker.tasks import register_tasks
 
@@ -66,6 +67,8 @@ def start_worker(
         raise SystemExit(refusal)
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+    # Before anything forks or spawns: children inherit the metrics' multiprocess directory.
+    stop_metrics = serve_metrics(settings)
     names = list(queues or [DEFAULT_QUEUE])
     app = make_celery(settings, queues=names)
     register_tasks(app, settings)
@@ -113,6 +116,8 @@ def start_worker(
         signals.worker_ready.disconnect(register)
         registration.stop()
         reaper.stop()
+        if stop_metrics is not None:
+            stop_metrics()
 
 
 def exit_worker_process(code: int = 0) -> None:

@@ -21,6 +21,7 @@ from services.worker.callbacks import StoreCallback
 from services.worker.heartbeat import Heartbeat
 from services.worker.micro_batch import record_choice, recorded_choice
 from services.worker.resume import checkpoint_uploads, prepare_resume
+from services.worker.store_metrics import observe_fetch
 from services.worker.warm_start import describe, job_initial_weights
 
 
@@ -35,7 +36,8 @@ def train_local(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: 
         heartbeat=heartbeat, max_owner_bytes=settings.max_artifact_bytes_per_owner,
     )
     init_weights = job_initial_weights(
-        sessions, spec, attempt.job_id, lambda key, sha: uploads.cache.fetch(uploads.store, key, sha)
+        sessions, spec, attempt.job_id,
+        lambda key, sha: observe_fetch(lambda: uploads.cache.fetch(uploads.store, key, sha)),
     )
     auto = spec.micro_batch_size == "auto"
     chosen = recorded_choice(sessions, attempt.job_id) if auto else None

@@ -28,6 +28,7 @@ from services.artifacts import ArtifactStore, ArtifactStoreError, ObjectInfo, ch
 from services.artifacts.base import StoreUnavailable
 from services.artifacts.cache import NodeCache
 from services.worker.db_retry import retry_while_unreachable
+from services.worker.store_metrics import count_error, observe_upload
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +74,14 @@ class CheckpointUploads:
         """Drop files a predecessor on this node staged but never uploaded (no row lists them)."""
         shutil.rmtree(self.staging_dir, ignore_errors=True)
 
-    def submit(self, path: Path, step: int, sha256: str, record: Record) -> None:
-        """Upload ``path`` as step ``step`` in the background, then ``record`` it. Waits for the
-        previous upload first and raises its error, if it failed."""
+    def submit(self, path: Path, step: int, sha256: str, size: int, record: Record) -> None:
+        """Upload ``path`` as step ``step`` in the background, then ``record`` it. ``sha256``
+        and ``size`` are the trainer's (it hashed the bytes it wrote), so the file is sent
+        without a second hashing pass (``ArtifactStore.put``). Waits for the previous upload
+        first and raises its error, if it failed."""
         self.wait()
         self._thread = threading.Thread(
-            target=self._upload, args=(path, step, sha256, record),
+            target=self._upload, args=(path, step, sha256, size, record),
             name=f"accum-upload-{step}", daemon=True,
         )
         self._thread.start()
@@ -92,13 +95,13 @@ class CheckpointUploads:
         if error is not None:
             raise error
 
-    def _upload(self, path: Path, step: int, sha256: str, record: Record) -> None:
+    def _upload(self, path: Path, step: int, sha256: str, size: int, record: Record) -> None:
         key = checkpoint_key(self.job_id, step)
         background_priority()
         try:
             started = time.perf_counter()
             stored = retry_while_unreachable(
-                lambda: self.store.put(key, path, sha256),
+                lambda: observe_upload(lambda: self.store.put(key, path, sha256, size=size)),
                 what=f"job {self.job_id}: uploading {key} to {self.store.url}",
                 for_s=self.retry_for_s, give_up=self.give_up,
                 transient=lambda exc: isinstance(exc, StoreUnavailable),
@@ -116,5 +119,6 @@ class CheckpointUploads:
             try:
                 self.store.delete(key)
             except ArtifactStoreError as exc:
+                count_error("delete", exc)
                 log.warning("could not delete %s: %s (the next orphan sweep retries)", key, exc)
             self.cache.path_for(key).unlink(missing_ok=True)

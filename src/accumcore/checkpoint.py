@@ -5,6 +5,11 @@ directory, are fsynced, and the file is renamed over the final name (atomic on P
 directory is fsynced so the rename itself survives a power cut. A failed write (disk full,
 read-only directory) removes its temporary file and raises ``CheckpointWriteError``; a
 process killed mid-write leaves one behind, which ``temp_files`` finds.
+
+``fsync=False`` keeps the temp file and the rename (a reader still sees the old file or the
+whole new one) but not the power-cut guarantee: for a file that is only a staged copy, whose
+durable copy is made elsewhere (the accum worker uploads it to its artifact store, which
+syncs its own copy), the two fsyncs are most of the trainer's time per checkpoint.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ def temp_files(directory: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX))
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` holds either the old or the new content."""
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` so that ``path`` holds either the old or the new content
+    (after a power cut too, unless ``fsync`` is False)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent)
@@ -51,15 +57,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if fsync:
+                os.fsync(handle.fileno())
         os.replace(tmp_name, target)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    _fsync_dir(target.parent)
+    if fsync:
+        fsync_dir(target.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make the names in ``directory`` (a rename into it) durable; a no-op where directories
+    cannot be opened."""
     try:
         dir_fd = os.open(directory, os.O_RDONLY)
     except OSError:  # some platforms cannot open directories; the rename is still atomic
@@ -77,8 +87,10 @@ def save_checkpoint(
     path: str | os.PathLike[str],
     *,
     metrics: dict[str, float] | None = None,
+    fsync: bool = True,
 ) -> CheckpointInfo:
-    """Serialise ``state`` with ``torch.save`` and write it atomically to ``path``.
+    """Serialise ``state`` with ``torch.save`` and write it atomically to ``path``
+    (``fsync=False``: without the power-cut guarantee, see the module's docstring).
 
     ``step`` and ``epoch`` of the returned info come from ``state["progress"]`` when present
     (as in ``Trainer.state_dict()``).
@@ -90,7 +102,7 @@ def save_checkpoint(
     torch.save(state, buffer)
     data = buffer.getvalue()
     try:
-        atomic_write_bytes(path, data)
+        atomic_write_bytes(path, data, fsync=fsync)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         culprit = str(exc.filename or path)

@@ -114,6 +114,10 @@ class Trainer:
         ignore_index: integer targets equal to this are not items (and not scored).
         checkpoint_every: write ``checkpoint_dir/<step>.pt`` every this many optimizer steps.
         checkpoint_dir: where checkpoints go; also written at the end of ``fit``.
+        checkpoint_fsync: fsync each checkpoint file and its directory (the write is atomic
+            either way: temp file, rename). ``False`` only where the file is a staged copy
+            that something else makes durable (the accum worker uploads it to its artifact
+            store): a power cut may then lose or truncate the latest file.
         grad_norm: report the pre-clip total gradient norm (metric ``grad_norm``) every
             optimizer step. It costs one pass over all gradients per step; with ``False``
             and no ``grad_clip_norm`` that pass is skipped and the metric is absent (and the
@@ -154,6 +158,7 @@ class Trainer:
         ignore_index: int = -100,
         checkpoint_every: int | None = None,
         checkpoint_dir: str | Path | None = None,
+        checkpoint_fsync: bool = True,
         grad_norm: bool = True,
         shift_labels: bool | None = None,
         on_nonfinite: str = "fail",
@@ -201,6 +206,7 @@ class Trainer:
             raise ValueError("checkpoint_every needs checkpoint_dir: pass Trainer(checkpoint_dir=...)")
         self.checkpoint_every = checkpoint_every
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpoint_fsync = checkpoint_fsync
         self._stepper = WindowStepper(
             self.model, optimizer, scheduler, self.precision, grad_clip_norm, self.device,
             track_grad_norm=grad_norm,
@@ -614,7 +620,7 @@ class Trainer:
             state["rng"]["ranks"] = ranks
         info = save_checkpoint(
             state, self.checkpoint_dir / f"{self.global_step}.pt",
-            metrics=self._last_metrics,
+            metrics=self._last_metrics, fsync=self.checkpoint_fsync,
         )
         self._history.checkpoints.append(info)
         self.callbacks.on_checkpoint(self, info)

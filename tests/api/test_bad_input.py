@@ -8,7 +8,9 @@ from typing import Any
 from fastapi.testclient import TestClient
 from job_specs import MINIMAL_SPEC
 
+from services.api.main import create_app
 from services.catalog import DATASETS, MODELS, served_names
+from services.settings import Settings
 
 from .helpers import PROBLEM_JSON, field_error
 
@@ -68,6 +70,19 @@ def test_nothing_is_stored_for_a_spec_over_a_limit(
     for case, spec, _loc, _ in BAD_SPECS[-4:]:
         assert client.post("/v1/jobs", json=spec, headers=alice).status_code == 422, case
     assert client.get("/v1/jobs", headers=alice).json()["items"] == []
+
+
+def test_checkpoint_every_below_the_stores_floor_is_422_naming_the_floor(
+    api_settings: Settings, alice: dict[str, str]
+) -> None:
+    app = create_app(api_settings.model_copy(update={"min_checkpoint_every": 20}), run_reaper=False)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        error = field_error(client.post("/v1/jobs", json=with_changes(checkpoint_every=19), headers=alice),
+                            "body.checkpoint_every")
+        assert "at least 20" in error["msg"] and "ACCUM_MIN_CHECKPOINT_EVERY" in error["msg"]
+        assert client.get("/v1/jobs", headers=alice).json()["items"] == []
+        accepted = client.post("/v1/jobs", json=with_changes(checkpoint_every=20), headers=alice)
+        assert accepted.status_code == 201, accepted.text
 
 
 def test_unknown_names_list_the_allowed_values(client: TestClient, alice: dict[str, str]) -> None:

@@ -40,6 +40,47 @@ def test_put_get_roundtrip_of_a_multipart_object(artifacts_url: str, tmp_path: P
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["10.pt"]  # no temp file left
 
 
+def test_a_put_given_its_writers_sha256_and_size_stores_the_file_as_is(
+    artifacts_url: str, tmp_path: Path
+) -> None:
+    store = open_store(artifacts_url)
+    source = tmp_path / "known.pt"
+    size = CHUNK_BYTES + 999  # multipart on S3
+    sha = write(source, size, seed=4)
+    info = store.put("job2/5.pt", source, sha, size=size)
+    assert (info.key, info.size, info.sha256) == ("job2/5.pt", size, sha)
+    assert store.get("job2/5.pt", tmp_path / "back.pt", sha).sha256 == sha  # the same bytes
+
+
+def test_a_put_refuses_a_file_whose_size_is_not_its_writers(artifacts_url: str, tmp_path: Path) -> None:
+    store = open_store(artifacts_url)
+    source = tmp_path / "cut.pt"
+    sha = write(source, 1000)
+    with pytest.raises(ChecksumMismatch, match="1000 bytes but its writer recorded 2000"):
+        store.put("j/cut.pt", source, sha, size=2000)
+    assert store.list("j/") == []
+
+
+def test_a_local_put_makes_its_copy_and_its_name_durable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer's staged file is not fsynced: the file store's copy must be, then its
+    directory (the rename), before put returns."""
+    store = LocalStore(tmp_path / "store")
+    source = tmp_path / "staged.pt"
+    sha = write(source, 5000)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store.put("job3/1.pt", source, sha, size=5000)
+    folder = tmp_path / "store" / "job3"
+    assert len(synced) == 2 and Path(synced[0]).parent == folder and Path(synced[1]) == folder
+    assert Path(synced[0]).name.endswith(".tmp")  # the temp file, before its rename
+
+
 def test_range_reads(artifacts_url: str, tmp_path: Path) -> None:
     store = open_store(artifacts_url)
     source = tmp_path / "a.pt"

@@ -12,7 +12,7 @@ from services.catalog.sizes import estimate_memory
 from services.settings import Settings
 from services.spec import parse_spec, steps_per_epoch
 from services.spec.fields import MAX_STEPS
-from services.spec.limits import SpecLimits, limit_errors, step_memory
+from services.spec.limits import SpecLimits, limit_errors, step_memory, with_defaults
 
 DEFAULTS = SpecLimits()
 
@@ -35,6 +35,20 @@ def test_restarts_and_gpus_are_bounded_by_the_settings() -> None:
     assert "at most 4" in found["body.max_restarts"] and "ACCUM_MAX_RESTARTS" in found["body.max_restarts"]
     assert "at most 2" in found["body.gpus"] and "ACCUM_MAX_GPUS" in found["body.gpus"]
     assert Settings().max_restarts == 10
+
+
+def test_checkpoint_every_is_refused_below_the_stores_floor() -> None:
+    assert Settings().min_checkpoint_every == 1  # every spec valid by default
+    limits = SpecLimits.from_settings(Settings(min_checkpoint_every=50))
+    assert errors(limits, checkpoint_every=50) == {}
+    found = errors(limits, checkpoint_every=49)
+    assert found.keys() == {"body.checkpoint_every"}
+    assert "at least 50" in found["body.checkpoint_every"]
+    assert "ACCUM_MIN_CHECKPOINT_EVERY" in found["body.checkpoint_every"]
+    # A spec that does not give it is not refused: it gets the floor instead of 100.
+    assert errors(SpecLimits(min_checkpoint_every=500)) == {}
+    assert with_defaults(parse_spec(MINIMAL_SPEC), SpecLimits(min_checkpoint_every=500)).checkpoint_every == 500
+    assert with_defaults(parse_spec(MINIMAL_SPEC), limits).checkpoint_every == 100
 
 
 def test_the_run_length_in_optimizer_steps_is_bounded() -> None:

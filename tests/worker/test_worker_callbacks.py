@@ -112,12 +112,12 @@ class SlowStore:
         self.release = threading.Event()
         self.puts: list[str] = []
 
-    def put(self, key: str, source: Path, sha256: str | None = None) -> ObjectInfo:
+    def put(self, key: str, source: Path, sha256: str | None = None, *, size: int | None = None) -> ObjectInfo:
         self.puts.append(key)
         self.release.wait(10)
         if self.fail:
             raise StoreUnavailable(f"cannot upload {key} at {self.url}: connection refused")
-        return self.inner.put(key, source, sha256)  # type: ignore[attr-defined]
+        return self.inner.put(key, source, sha256, size=size)  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
