@@ -26,7 +26,7 @@ def test_artifacts_bench_prints_its_figures() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout)
     store = figures["store"]
-    assert set(store["upload_mb_per_s"]) == {"local_file", "obstore", "s3fs"}
+    assert set(store["upload_mb_per_s"]) == {"local_file", "obstore", "obstore_writer_sha", "s3fs"}
     assert all(v > 0 for v in store["upload_mb_per_s"].values())
     assert store["fetch_s"]["cold"] > 0 and store["fetch_s"]["warm"] > 0
     assert figures["throughput"]["ratio_checkpointed_over_none"] > 0
