@@ -27,9 +27,13 @@ test: install browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The inner loop: everything but tests/reliability, the browser tests and the extra cases of
-# sweeps (`sweep`: every torchvision model where one per family is stepped), on two processes.
+# sweeps (`sweep`: every torchvision model where one per family is stepped, the second stack of
+# the two-node tests), on two processes that steal work from each other (the long tests do not
+# all end on one). One intra-op thread per process, their workers included: two processes with
+# two threads each on two cores mostly spin (tests/accumcore measured 60 CPU-s against 119).
 test-fast: install
-	$(PY) -m pytest -n 2 --ignore=tests/reliability -m "not browser and not reliability_slow and not sweep" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist worksteal --ignore=tests/reliability \
+	  -m "not browser and not reliability_slow and not sweep" $(PYTEST_ARGS)
 
 # Every reliability test, the slow ones too, plus bench/service/load.py; figures land in
 # bench/results/ and docs/reliability.md is rewritten from them.

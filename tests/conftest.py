@@ -31,6 +31,17 @@ HOW_TO_START = {
 }
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test module whose subject does not depend on the deployment (an artifact store on S3,
+    say) names the ``stack`` case `make test-fast` runs in ``FAST_LANE_STACK``; its other
+    cases are marked ``sweep`` (`make test` runs them all)."""
+    for item in items:
+        fast = getattr(getattr(item, "module", None), "FAST_LANE_STACK", None)
+        callspec = getattr(item, "callspec", None)
+        if fast is not None and callspec is not None and callspec.params.get("stack", fast) != fast:
+            item.add_marker(pytest.mark.sweep)
+
+
 def _reachable(url: str, default_port: int) -> bool:
     parts = urlsplit(url)
     try:
