@@ -112,6 +112,9 @@ class Settings(BaseSettings):
     # Lost attempts in a row without a new checkpoint after which a job fails as `poison`
     # instead of taking down another worker (0: never).
     poison_after_lost_attempts: int = Field(default=2, ge=0)
+    # cgroup v2 memory events of the worker's cgroup: its `oom_kill` counter, read before and
+    # after a prefork child dies, tells a kernel OOM kill from another SIGKILL.
+    oom_events_file: Path = Path("/sys/fs/cgroup/memory.events")
 
     @field_validator("home", mode="after")
     @classmethod

@@ -84,6 +84,10 @@ class AttemptPublic(BaseModel):
     steps_done: int | None = Field(
         None, description="Optimizer steps this attempt trained (so far, while it runs)"
     )
+    cause: str | None = Field(
+        None, description="How its process died, when its worker saw it die (a prefork child): "
+        "e.g. `killed by signal 9 (SIGKILL)`, `out of memory (the kernel's OOM killer): ...`"
+    )
 
     _running_if_open = field_validator("outcome", mode="before")(
         lambda outcome: outcome or "running"

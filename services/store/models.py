@@ -146,7 +146,8 @@ class Job(Base):
 class JobAttempt(Base):
     """One start of a job by a worker, and how it ended (``outcome`` null while it runs):
     ``succeeded``, ``failed``, ``cancelled``, ``handed_back`` (its worker shut down) or
-    ``lost`` (its lease expired). ``end_step`` is the optimizer step it had reached."""
+    ``lost`` (its lease expired). ``end_step`` is the optimizer step it had reached. ``cause``:
+    why its process died, when the worker saw it die (``services.worker.process_death``)."""
 
     __tablename__ = "job_attempts"
 
@@ -160,6 +161,7 @@ class JobAttempt(Base):
     outcome: Mapped[str | None] = mapped_column(String(20))
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cause: Mapped[str | None] = mapped_column(Text)
 
 
 class JobEvent(Base):
