@@ -19,6 +19,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
+from services.spec.job import Duration
 from services.store.nonfinite import Label, label, split_latest
 from services.store.status import JobStatus
 
@@ -303,6 +304,10 @@ class ResumeRequest(BaseModel):
                                   description="Resume from the checkpoint at this step "
                                   "(later checkpoints are dropped)")
     from_scratch: bool = Field(False, description="Start over from step 0 (checkpoints dropped)")
+    timeout: Duration = Field(
+        None, description='A new timeout (seconds, or "90m", "12h", "7d"; at most '
+        "ACCUM_MAX_JOB_SECONDS) replacing the spec's; either way the run time counts from 0 again"
+    )
 
     @model_validator(mode="after")
     def _one_of(self) -> ResumeRequest:

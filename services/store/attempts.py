@@ -39,18 +39,38 @@ def open_attempt(
 
 
 def close_attempt(
-    session: Session, job_id: str, attempt: int, outcome: str, now: datetime | None = None
+    session: Session, job_id: str, attempt: int, outcome: str, now: datetime | None = None,
+    last_heartbeat: datetime | None = None,
 ) -> None:
-    """End an open attempt with ``outcome``, at the step the job's progress shows. An attempt
-    already closed (or never recorded: a job from before the table) is left alone."""
+    """End an open attempt with ``outcome``, at the step the job's progress shows, and add its
+    run time to the job's ``run_seconds`` (a ``lost`` attempt ran until its last heartbeat:
+    ``last_heartbeat``, else the job's ``heartbeat_at``). An attempt already closed (or never
+    recorded: a job from before the table) is left alone."""
     if outcome not in OUTCOMES:
         raise ValueError(f"attempt outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
-    progress: dict[str, Any] = session.scalar(select(Job.progress).where(Job.id == job_id)) or {}
-    session.execute(
+    now = now or utcnow()
+    job = session.execute(
+        select(Job.progress, Job.heartbeat_at).where(Job.id == job_id)
+    ).one_or_none()
+    progress: dict[str, Any] = (job.progress if job is not None else None) or {}
+    started = session.scalar(
         update(JobAttempt)
         .where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt,
                JobAttempt.ended_at.is_(None))
-        .values(outcome=outcome, ended_at=now or utcnow(), end_step=progress.get("optimizer_step"))
+        .values(outcome=outcome, ended_at=now, end_step=progress.get("optimizer_step"))
+        .returning(JobAttempt.started_at)
+        .execution_options(synchronize_session=False)
+    )
+    if started is None:
+        return
+    end = now
+    beat = last_heartbeat or (job.heartbeat_at if job is not None else None)
+    if outcome == "lost" and beat is not None:
+        end = min(now, max(beat, started))
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values(run_seconds=Job.run_seconds + (end - started).total_seconds())
         .execution_options(synchronize_session=False)
     )
 

@@ -77,7 +77,7 @@ def claim_job(
     previous_host = None
     if claimed is None:
         row = session.execute(
-            select(Job.worker_host, Job.attempts, Job.resume_step,
+            select(Job.worker_host, Job.attempts, Job.resume_step, Job.heartbeat_at,
                    _latest_checkpoint_step().label("latest")).where(Job.id == job_id)
         ).one_or_none()
         if row is None:
@@ -102,7 +102,8 @@ def claim_job(
             {"host": previous_host, "no_progress": no_progress},
             attempt=claimed.attempts - 1,
         )
-        close_attempt(session, job_id, claimed.attempts - 1, "lost", now)
+        close_attempt(session, job_id, claimed.attempts - 1, "lost", now,
+                      last_heartbeat=row.heartbeat_at)
     open_attempt(session, claimed, worker_name, now)
     add_event(
         session,
