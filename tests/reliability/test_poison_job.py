@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from services.store.models import JobAttempt
@@ -85,6 +86,7 @@ def kill_child_at_step(stack: Any, job_id: str, attempt: int,
     return int(job.progress["optimizer_step"])
 
 
+@pytest.mark.slow
 def test_a_prefork_child_killed_twice_ends_poison_naming_how_it_died(
     stack: Any, tmp_path: Path, record_figure: Any
 ) -> None:
