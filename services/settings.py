@@ -111,7 +111,8 @@ class Settings(BaseSettings):
     # The largest device a job may run on, until the worker registry reports real ones: a
     # spec whose memory floor (services.catalog.sizes) is above it cannot fit anywhere.
     max_device_memory_bytes: int = Field(default=80 * 2**30, gt=0)
-    # A job's run time (per attempt): the default of its `timeout` and the most it may ask.
+    # A job's run time (over its attempts since submit or the last resume): the default of
+    # its `timeout` and the most it may ask.
     max_job_seconds: int = Field(default=7 * 86400, gt=0, le=30 * 86400)
     # The fewest optimizer steps between a job's checkpoints: what the artifact store can take
     # (each checkpoint is an upload; at most one in flight per job, so a store slower than the
@@ -121,6 +122,9 @@ class Settings(BaseSettings):
     # Lost attempts in a row without a new checkpoint after which a job fails as `poison`
     # instead of taking down another worker (0: never).
     poison_after_lost_attempts: int = Field(default=2, ge=0)
+    # cgroup v2 memory events of the worker's cgroup: its `oom_kill` counter, read before and
+    # after a prefork child dies, tells a kernel OOM kill from another SIGKILL.
+    oom_events_file: Path = Path("/sys/fs/cgroup/memory.events")
 
     @field_validator("home", mode="after")
     @classmethod

@@ -88,6 +88,7 @@ class Stack:
             ACCUM_REAPER_INTERVAL_S=str(self.settings.reaper_interval_s),
             ACCUM_REQUEUE_AFTER_S=str(self.settings.requeue_after_s),
             ACCUM_POISON_AFTER_LOST_ATTEMPTS=str(self.settings.poison_after_lost_attempts),
+            ACCUM_OOM_EVENTS_FILE=str(self.settings.oom_events_file),
             ACCUM_ARTIFACTS_URL=self.settings.artifacts_url,
             ACCUM_CACHE_DIR=str(self.settings.cache_path),
             # Tiny models on a shared 2-core machine: one thread each is faster and the same
@@ -129,6 +130,17 @@ class Stack:
             if owner.startswith(hostname):
                 return process
         raise AssertionError(f"no test worker holds job {job_id} (lease owner {owner!r})")
+
+    def pool_child(self, job_id: str) -> int:
+        """The pid of the prefork child running the job (the only child of the worker process
+        that holds its lease: concurrency 1)."""
+        pid = self.process_holding(job_id).pid
+        # Each thread lists the children it forked (the pool's supervisor thread forks the
+        # replacements of dead children).
+        children = [child for thread in Path(f"/proc/{pid}/task").iterdir()
+                    for child in (thread / "children").read_text().split()]
+        assert len(children) == 1, f"worker {pid} has children {children}, expected one"
+        return int(children[0])
 
     def stop_workers(self) -> None:
         # SIGTERM is Celery's warm shutdown; past a short grace period just kill (teardown only).

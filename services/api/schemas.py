@@ -19,6 +19,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
+from services.spec.job import Duration
 from services.store.nonfinite import Label, label, split_latest
 from services.store.status import JobStatus
 
@@ -83,6 +84,10 @@ class AttemptPublic(BaseModel):
     end_step: int | None = Field(description="The optimizer step it had reached when it ended")
     steps_done: int | None = Field(
         None, description="Optimizer steps this attempt trained (so far, while it runs)"
+    )
+    cause: str | None = Field(
+        None, description="How its process died, when its worker saw it die (a prefork child): "
+        "e.g. `killed by signal 9 (SIGKILL)`, `out of memory (the kernel's OOM killer): ...`"
     )
 
     _running_if_open = field_validator("outcome", mode="before")(
@@ -299,6 +304,10 @@ class ResumeRequest(BaseModel):
                                   description="Resume from the checkpoint at this step "
                                   "(later checkpoints are dropped)")
     from_scratch: bool = Field(False, description="Start over from step 0 (checkpoints dropped)")
+    timeout: Duration = Field(
+        None, description='A new timeout (seconds, or "90m", "12h", "7d"; at most '
+        "ACCUM_MAX_JOB_SECONDS) replacing the spec's; either way the run time counts from 0 again"
+    )
 
     @model_validator(mode="after")
     def _one_of(self) -> ResumeRequest:

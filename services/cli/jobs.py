@@ -67,6 +67,9 @@ def register(commands: Any) -> None:
                                help="from the checkpoint at step K (later ones are dropped)")
             start.add_argument("--from-scratch", action="store_true",
                                help="from step 0 (every checkpoint is dropped)")
+            sub.add_argument("--timeout", metavar="DURATION",
+                             help='a new timeout: seconds, or "90m", "2h", "7d" (the run time '
+                             "counts from 0 again on every resume)")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -233,10 +236,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     with make_client() as client:
         job_id = resolve_job_id(client, args.job_id)
-        job = client.resume(job_id, from_step=args.from_step, from_scratch=args.from_scratch)
+        timeout = int(args.timeout) if args.timeout and args.timeout.isdigit() else args.timeout
+        job = client.resume(job_id, from_step=args.from_step, from_scratch=args.from_scratch,
+                            timeout=timeout)
     where = (f", from checkpoint step {args.from_step}" if args.from_step is not None
              else ", from the start" if args.from_scratch else "")
-    print(f"job {job_id}: {job.get('status', 'queued')}{where}")
+    limit = f", timeout {job['spec']['timeout']} s" if args.timeout and "spec" in job else ""
+    print(f"job {job_id}: {job.get('status', 'queued')}{where}{limit}")
     return 0
 
 

@@ -3,7 +3,7 @@
     accum up                         # local service (API + worker, SQLite), prints URL + token
     accum submit examples/digits_small_cnn.yaml --watch
     accum jobs | status ID | watch ID | cancel ID | delete ID    # ID: the id or a unique prefix
-    accum resume ID [--from-step K | --from-scratch]
+    accum resume ID [--from-step K | --from-scratch] [--timeout 2h]
     accum metrics ID [--name loss] [--all] [--csv] | checkpoints ID | download ID [STEP] -o model.pt
     accum catalog [models|datasets] | workers [--all]
     accum token create NAME [--admin] | token list [NAME] | token revoke PREFIX|TOKEN

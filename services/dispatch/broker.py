@@ -66,6 +66,11 @@ def make_celery(settings: Settings, queues: Sequence[str] = (DEFAULT_QUEUE,)) ->
         # A fresh child per job under the prefork pool: CUDA memory and allocator state are
         # returned to the driver when the job ends. Also keeps CUDA out of the forking parent.
         worker_max_tasks_per_child=1,
+        # A prefork child that dies is reported after this wait for a result it may have sent
+        # (10 s by default). Results live in the database, so 1 s: the worker records how the
+        # child died (services.worker.process_death) well before its lease expires, and its
+        # pool slot is free again sooner.
+        worker_lost_wait=1.0,
         # Queues are a fixed, declared set (one per GPU class); a typo in a spec's `queue`
         # must fail loudly, not create a queue no worker listens to.
         task_create_missing_queues=False,

@@ -197,6 +197,10 @@ def _timeout(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     )
 
 
+# A duration field (the spec's `timeout`, a resume's new one): seconds as an int.
+Duration = Annotated[int | str | None, WrapValidator(_timeout)]
+
+
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -252,11 +256,11 @@ class JobSpec(BaseModel):
     ] = None
     queue: Annotated[str, Field(pattern=QUEUE_PATTERN), WrapValidator(_queue)] = "default"
     timeout: Annotated[
-        int | str | None,
-        WrapValidator(_timeout),
+        Duration,
         Field(
-            description="run time after which the job is checkpointed and fails (reason "
-            'timeout): seconds or "90m", "12h", "7d"; default and maximum ACCUM_MAX_JOB_SECONDS'
+            description="run time, over all its attempts since submit or the last resume, after "
+            "which the job is checkpointed and fails (reason timeout): seconds or \"90m\", "
+            '"12h", "7d"; default and maximum ACCUM_MAX_JOB_SECONDS'
         ),
     ] = None
     max_restarts: Annotated[

@@ -218,13 +218,15 @@ RESUMABLE = (JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 def request_resume(session: Session, job: Job, max_active_jobs: int | None = None,
-                   from_step: int | None = None, from_scratch: bool = False) -> Job:
+                   from_step: int | None = None, from_scratch: bool = False,
+                   timeout_s: int | None = None) -> Job:
     """Re-queue a ``failed`` or ``cancelled`` job from its latest checkpoint (``resume_step``;
     None when it has none, so it starts over), from the checkpoint at ``from_step`` (the rows
     of later ones go: a restart must not jump back to them; the worker's orphan sweep deletes
     their objects), or ``from_scratch`` (every checkpoint row goes). Resets the
-    automatic-restart budget. Other states raise JobStateError; past ``max_active_jobs``
-    unfinished jobs of the job's owner, ActiveJobCapReached (roll back). Writes ``resumed``.
+    automatic-restart budget and the run time counted against the spec's ``timeout``
+    (``run_seconds``); ``timeout_s`` replaces that timeout (the caller checks its maximum).
+    Other states raise JobStateError; past ``max_active_jobs`` unfinished jobs of the job's owner, ActiveJobCapReached (roll back). Writes ``resumed``.
     Does not commit; enqueue after it. The caller checks that ``from_step`` has a checkpoint.
     """
     recount = max_active_jobs is not None and near_cap(session, job.owner_id, max_active_jobs)
@@ -233,6 +235,7 @@ def request_resume(session: Session, job: Job, max_active_jobs: int | None = Non
         latest = None
     elif from_step is not None:
         latest = from_step
+    changed: dict[str, Any] = {"spec": {**job.spec, "timeout": timeout_s}} if timeout_s else {}
     if not _transition(
         session,
         job,
@@ -240,11 +243,13 @@ def request_resume(session: Session, job: Job, max_active_jobs: int | None = Non
         status=JobStatus.QUEUED,
         resume_step=latest,
         restarts=0,
+        run_seconds=0.0,
         error=None,
         finished_at=None,
         lease_owner=None,
         lease_expires_at=None,
         enqueued_at=utcnow(),  # the caller enqueues after the commit
+        **changed,
     ):
         raise JobStateError(job.id, job.status, "resume", RESUMABLE)
     if from_scratch or from_step is not None:
@@ -258,7 +263,7 @@ def request_resume(session: Session, job: Job, max_active_jobs: int | None = Non
         f"re-queued from checkpoint step {job.resume_step}"
         if job.resume_step
         else "re-queued from the start",
-        {"resume_step": job.resume_step},
+        {"resume_step": job.resume_step, **({"timeout": timeout_s} if timeout_s else {})},
         attempt=job.attempts,
     )
     if recount:

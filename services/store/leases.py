@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from services.store.attempts import close_attempt, open_attempt
 from services.store.events import add_event
-from services.store.models import Checkpoint, Job, JobEvent
+from services.store.models import Checkpoint, Job, JobAttempt, JobEvent
 from services.store.nonfinite import json_safe
 from services.store.status import ACTIVE, FINISHED, JobStatus, ordered, resume_hint
 from services.store.types import utcnow
@@ -77,7 +77,7 @@ def claim_job(
     previous_host = None
     if claimed is None:
         row = session.execute(
-            select(Job.worker_host, Job.attempts, Job.resume_step,
+            select(Job.worker_host, Job.attempts, Job.resume_step, Job.heartbeat_at,
                    _latest_checkpoint_step().label("latest")).where(Job.id == job_id)
         ).one_or_none()
         if row is None:
@@ -102,7 +102,8 @@ def claim_job(
             {"host": previous_host, "no_progress": no_progress},
             attempt=claimed.attempts - 1,
         )
-        close_attempt(session, job_id, claimed.attempts - 1, "lost", now)
+        close_attempt(session, job_id, claimed.attempts - 1, "lost", now,
+                      last_heartbeat=row.heartbeat_at)
     open_attempt(session, claimed, worker_name, now)
     add_event(
         session,
@@ -268,24 +269,31 @@ def _poison_error(
     session: Session, job_id: str, attempt: int, lost: int, host: str | None, progress: Any
 ) -> dict[str, Any]:
     """Why a job is stopped as poison: how many attempts died without a checkpoint, at which
-    step, and the last thing the last of them recorded (its last event)."""
+    step, how the last one's process died when its worker saw it (``cause``: exit signal or
+    code, the OOM killer) and the last thing it recorded (its last event)."""
     last = session.scalars(
         select(JobEvent)
         .where(JobEvent.job_id == job_id, JobEvent.attempt == attempt)
         .order_by(JobEvent.id.desc())
         .limit(1)
     ).first()
-    cause = f"{last.kind}: {last.message}" if last is not None else "none recorded"
+    last_event = f"{last.kind}: {last.message}" if last is not None else "none recorded"
+    died: str | None = session.scalar(
+        select(JobAttempt.cause).where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt)
+    )
     step = (progress or {}).get("optimizer_step", 0)
+    times = "twice" if lost == 2 else f"{lost} times"
+    headline = f"{died} at optimizer step {step} {times} without a new checkpoint: " if died else ""
     return {
         "type": "PoisonJob",
         "reason": "poison",
-        "last_event": cause,
+        "cause": died,
+        "last_event": last_event,
         "message": (
-            f"{lost} attempts in a row died without writing a checkpoint (the last on host "
-            f"{host or 'unknown'}, at optimizer step {step}; its last event: {cause}): a job "
-            "that kills its worker (out of memory, a crash in native code) would take down one "
-            "worker per restart, so it is not restarted again. Fix the cause (a smaller "
+            f"{headline}{lost} attempts in a row died without writing a checkpoint (the last on "
+            f"host {host or 'unknown'}, at optimizer step {step}; its last event: {last_event}): "
+            "a job that kills its worker (out of memory, a crash in native code) would take down "
+            "one worker per restart, so it is not restarted again. Fix the cause (a smaller "
             f"micro_batch_size, model or dataset option), then POST /v1/jobs/{job_id}/resume"
         ),
     }

@@ -120,6 +120,9 @@ class Job(Base):
     # 0 low, 1 normal, 2 high (services.store.queue_order.PRIORITIES): the broker delivers
     # higher first where it can, and a queued job's place in line counts it.
     priority: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # Seconds its attempts ran since it was submitted or last resumed by a user, added as each
+    # attempt ends: the next attempt runs for what is left of the spec's ``timeout``.
+    run_seconds: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
     # When a broker message for this job was last sent (or attempted) while it was queued:
     # the reaper re-sends a queued job's message once this is older than
     # ACCUM_REQUEUE_AFTER_S, in case the first one was lost (broker down at submit time).
@@ -146,7 +149,8 @@ class Job(Base):
 class JobAttempt(Base):
     """One start of a job by a worker, and how it ended (``outcome`` null while it runs):
     ``succeeded``, ``failed``, ``cancelled``, ``handed_back`` (its worker shut down) or
-    ``lost`` (its lease expired). ``end_step`` is the optimizer step it had reached."""
+    ``lost`` (its lease expired). ``end_step`` is the optimizer step it had reached. ``cause``:
+    why its process died, when the worker saw it die (``services.worker.process_death``)."""
 
     __tablename__ = "job_attempts"
 
@@ -160,6 +164,7 @@ class JobAttempt(Base):
     outcome: Mapped[str | None] = mapped_column(String(20))
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cause: Mapped[str | None] = mapped_column(Text)
 
 
 class JobEvent(Base):

@@ -47,3 +47,6 @@ class Attempt:
     worker_id: str
     resume_step: int | None
     spec: dict[str, Any]
+    # Seconds the job's earlier attempts ran since submit or the last resume: this attempt
+    # runs for what is left of the spec's ``timeout``.
+    used_s: float = 0.0

@@ -95,7 +95,8 @@ def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
         )
         if job is None:
             return None
-        return Attempt(job.id, job.attempts, worker_id, job.resume_step, dict(job.spec))
+        return Attempt(job.id, job.attempts, worker_id, job.resume_step, dict(job.spec),
+                       used_s=float(job.run_seconds or 0.0))
 
 
 def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
@@ -121,7 +122,9 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
             spec = parse_spec(attempt.spec)
             # A spec stored before timeouts existed runs under the service's maximum.
             timeout_s = int(spec.timeout or settings.max_job_seconds)
-            heartbeat.set_timeout(timeout_s)
+            # The timeout is the job's run time over its attempts: this one gets what is left
+            # (none left: it stops at its first beat, checkpointed at its first window).
+            heartbeat.set_timeout(max(timeout_s - attempt.used_s, 0.0))
             outcome = train(settings, spec, attempt, heartbeat)
             if outcome == Outcome.TIMED_OUT:
                 outcome, error = Outcome.FAILED, timeout_error(attempt, timeout_s, spec.gpus <= 1)
@@ -189,9 +192,10 @@ def timeout_error(attempt: Attempt, timeout_s: int, checkpointed: bool) -> dict[
         "type": "JobTimeout",
         "reason": "timeout",
         "message": (
-            f"the job ran for its timeout of {timeout_s} s (spec timeout; at most "
-            f"ACCUM_MAX_JOB_SECONDS) and was {where}; `accum resume {attempt.job_id}` "
-            "continues from there with a new timeout"
+            f"the job ran for its timeout of {timeout_s} s (spec timeout, counted over its "
+            "attempts since submit or the last resume; at most ACCUM_MAX_JOB_SECONDS) and was "
+            f"{where}; `accum resume {attempt.job_id}` continues from there for another "
+            f"timeout (`--timeout 2h` sets a new one)"
         ),
     }
 

@@ -16,6 +16,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from services.dispatch.broker import TASK_NAME
 from services.settings import Settings
 from services.worker import shutdown
+from services.worker.process_death import request_class
 
 # The database being unreachable is the one transient error: the runner records every other
 # failure on the job itself. Retrying is safe: the claim drops the message if the job has
@@ -27,7 +28,10 @@ DB_MAX_RETRIES = 120
 def register_tasks(app: Celery, settings: Settings) -> None:
     """Bind ``accum.run_job`` to ``app``; the task runs jobs with these ``settings``."""
 
-    @app.task(name=TASK_NAME, bind=True, ignore_result=True, max_retries=DB_MAX_RETRIES)
+    # The request class runs in the worker's main process: it records how a prefork child
+    # running a job died (services.worker.process_death).
+    @app.task(name=TASK_NAME, bind=True, ignore_result=True, max_retries=DB_MAX_RETRIES,
+              Request=request_class(settings))
     def run_job(task: Task, job_id: str) -> None:
         # Lazy: keeps torch out of the worker process until a job runs (see the docstring).
         from services.worker.runner import run_job as run

@@ -266,14 +266,18 @@ class AccumClient:
     def cancel(self, job_id: str) -> JSON:
         return self._json("POST", f"/v1/jobs/{job_id}/cancel")
 
-    def resume(self, job_id: str, from_step: int | None = None, from_scratch: bool = False) -> JSON:
+    def resume(self, job_id: str, from_step: int | None = None, from_scratch: bool = False,
+               timeout: int | str | None = None) -> JSON:
         """Queue a failed or cancelled job again: from its latest checkpoint, from the
-        checkpoint at ``from_step``, or ``from_scratch``."""
+        checkpoint at ``from_step``, or ``from_scratch``; ``timeout`` (seconds, or "90m",
+        "12h", "7d") replaces the spec's. Its run time counts from 0 again either way."""
         body: JSON = {}
         if from_step is not None:
             body["from_step"] = from_step
         if from_scratch:
             body["from_scratch"] = True
+        if timeout is not None:
+            body["timeout"] = timeout
         return self._json("POST", f"/v1/jobs/{job_id}/resume", json=body or None)
 
     def delete(self, job_id: str) -> None:

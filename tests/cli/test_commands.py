@@ -214,8 +214,11 @@ def test_resume_from_an_older_step_or_from_scratch_then_delete(
     seed.finish(job["id"], "w1", "failed", {"type": "RuntimeError", "message": "x"})
     code, _, err = accum(capsys, "resume", job["id"], "--from-step", "5")
     assert code == 1 and "from_step" in err and "[4, 8]" in err  # the retained steps
-    code, out, _ = accum(capsys, "resume", job["id"], "--from-step", "4")
-    assert code == 0 and "queued, from checkpoint step 4" in out
+    code, _, err = accum(capsys, "resume", job["id"], "--timeout", "2 fortnights")
+    assert code == 1 and "timeout" in err
+    code, out, _ = accum(capsys, "resume", job["id"], "--from-step", "4", "--timeout", "2h")
+    assert code == 0 and "queued, from checkpoint step 4, timeout 7200 s" in out
+    assert client.job(job["id"])["spec"]["timeout"] == 7200
     assert [c["step"] for c in client.checkpoints(job["id"])] == [4]  # 8 dropped
     code, _, err = accum(capsys, "delete", job["id"])
     assert code == 1 and "cancel it first" in err

@@ -369,3 +369,35 @@ def test_a_reaper_given_queues_reaps_only_those(
     with session_factory.begin() as session:
         assert leases.reap_expired_leases(session, now=later, queues=[job.queue]) == ([job.id], [])
     assert load(session_factory, job.id).status == "queued"
+
+
+def test_run_seconds_add_up_each_attempts_time_a_lost_one_until_its_last_heartbeat(
+    session_factory: sessionmaker[Session], make_job: Callable[..., Job]
+) -> None:
+    """The timeout counts the job's run time over its attempts: a finished attempt adds its
+    start-to-end time, a lost one (reaped or taken over) its time until its last renewal, and
+    a resume starts the count again."""
+    job = make_job()
+    start = utcnow()
+    with session_factory.begin() as session:
+        assert leases.claim_job(session, job.id, "w1", "h", "0", LEASE_S, now=start)
+        leases.renew_lease(session, job.id, "w1", LEASE_S, now=start + timedelta(seconds=100))
+    # Taken over long after its lease expired: it ran 100 s, not until the takeover.
+    taken = start + timedelta(seconds=100 + LEASE_S + 500)
+    with session_factory.begin() as session:
+        assert leases.claim_job(session, job.id, "w2", "h", "0", LEASE_S, now=taken, poison_after=0)
+        leases.renew_lease(session, job.id, "w2", LEASE_S, now=taken + timedelta(seconds=30))
+    assert load(session_factory, job.id).run_seconds == pytest.approx(100.0)
+    with session_factory.begin() as session:  # reaped: 30 s more
+        leases.reap_expired_leases(session, now=taken + timedelta(seconds=30 + LEASE_S + 1),
+                                   poison_after=0)
+    assert load(session_factory, job.id).run_seconds == pytest.approx(130.0)
+    third = taken + timedelta(seconds=1000)
+    with session_factory.begin() as session:
+        assert leases.claim_job(session, job.id, "w3", "h", "0", LEASE_S, now=third)
+        assert leases.finish_job(session, job.id, "w3", "failed", {"type": "X", "message": "x"},
+                                 now=third + timedelta(seconds=20))
+    assert load(session_factory, job.id).run_seconds == pytest.approx(150.0)
+    with session_factory.begin() as session:
+        jobs.request_resume(session, row(session, job.id))
+    assert load(session_factory, job.id).run_seconds == 0.0

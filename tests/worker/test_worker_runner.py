@@ -116,6 +116,52 @@ def test_a_job_past_its_timeout_is_checkpointed_and_fails_with_reason_timeout(
     assert load(settings, job_id).progress["optimizer_step"] > stopped_at
 
 
+def attempt_seconds(settings: Settings, job_id: str) -> list[float]:
+    with session_factory(settings)() as session:
+        job = jobs.load_job(session, job_id)
+        assert job is not None
+        return [(a.ended_at - a.started_at).total_seconds() for a in job.attempt_list]
+
+
+@pytest.mark.timeout(120)  # per attempt, the second would run for an hour
+def test_a_later_attempt_runs_only_what_is_left_of_the_jobs_timeout(
+    settings: Settings, make_job: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = {**TINY_SPEC, "max_steps": 10_000_000, "checkpoint_every": 10_000_000, "timeout": "1h"}
+    job_id = make_job(spec)
+    fit = training.build_run
+
+    def build_then_shut_down(*args: Any, **kwargs: Any) -> Any:
+        run = fit(*args, **kwargs)
+        shutdown.requested.set()  # the first attempt's worker is stopped (SIGTERM)
+        return run
+
+    monkeypatch.setattr(training, "build_run", build_then_shut_down)
+    try:
+        assert run_job(settings, job_id, "w") == Outcome.HANDED_BACK
+    finally:
+        shutdown.reset()
+    monkeypatch.setattr(training, "build_run", fit)
+    handed_back = load(settings, job_id)
+    assert handed_back.run_seconds == pytest.approx(sum(attempt_seconds(settings, job_id)))
+    # As if that attempt had run for 59 min 59 s: one second of the hour is left.
+    with session_factory(settings).begin() as session:
+        jobs.load_job(session, job_id).run_seconds = 3599.0
+    assert run_job(settings, job_id, "w") == "failed"
+    job = load(settings, job_id)
+    assert job.attempts == 2 and job.error["reason"] == "timeout"
+    assert "timeout of 3600 s" in job.error["message"] and "over its attempts" in job.error["message"]
+    with session_factory(settings)() as session:
+        kept = [c.step for c in checkpoints.list_checkpoints(session, job_id)]
+    assert job.progress["optimizer_step"] > (handed_back.resume_step or 0)
+    assert kept[-1] == job.progress["optimizer_step"]  # checkpointed where it stopped
+    assert job.run_seconds == pytest.approx(3599.0 + attempt_seconds(settings, job_id)[-1])
+    # A resume counts from 0 again, under the new timeout it may give.
+    with session_factory(settings).begin() as session:
+        resumed = jobs.request_resume(session, jobs.load_job(session, job_id), timeout_s=7200)
+        assert (resumed.run_seconds, resumed.spec["timeout"]) == (0.0, 7200)
+
+
 def test_a_shutdown_hands_the_job_back_checkpointed_and_enqueued(
     settings: Settings, make_job: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -287,9 +287,10 @@ def resume_job(
     body: Annotated[ResumeRequest | None, Body()] = None,
 ) -> JobPublic:
     """Re-queue a failed or cancelled job from its latest checkpoint, from the checkpoint at
-    `from_step`, or `from_scratch`."""
+    `from_step`, or `from_scratch`; with `timeout`, under a new timeout (the run time counts
+    from 0 again on every resume)."""
     job = job_or_404(session, job_id, owner)
-    body = body or ResumeRequest(from_step=None, from_scratch=False)
+    body = body or ResumeRequest(from_step=None, from_scratch=False, timeout=None)
     if body.from_step is not None:
         steps = [c.step for c in list_checkpoints(session, job_id)]
         if body.from_step not in steps:
@@ -299,9 +300,17 @@ def resume_job(
                 f"checkpoints are at steps {steps} (or resume from_scratch)",
                 body.from_step, allowed=steps,
             )
+    if body.timeout is not None and int(body.timeout) > settings.max_job_seconds:
+        raise invalid_field(
+            ("body", "timeout"),
+            f"timeout must be at most {settings.max_job_seconds} s on this service "
+            f"(ACCUM_MAX_JOB_SECONDS); got {body.timeout} s",
+            body.timeout,
+        )
     try:
         store_jobs.request_resume(session, job, settings.max_active_jobs_per_owner,
-                                  from_step=body.from_step, from_scratch=body.from_scratch)
+                                  from_step=body.from_step, from_scratch=body.from_scratch,
+                                  timeout_s=int(body.timeout) if body.timeout else None)
         session.commit()
     except JobStateError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc

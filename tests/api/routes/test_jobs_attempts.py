@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from accum import parse_sse
 from services.store import leases
+from services.store.attempts import record_process_death
 from services.store.types import utcnow
 
 
@@ -95,3 +96,26 @@ def test_the_streams_status_message_is_the_job_object_of_get(
                             headers={**headers, "Accept": "text/event-stream"})
         status = [d for e, d in parse_sse(iter(stream.text.splitlines())) if e == "status"]
         assert status == [got] and got["owner"] == "alice" and len(got["attempts"]) == 1
+
+
+def test_a_process_death_seen_by_its_worker_is_the_attempts_cause(
+    client: TestClient, alice: dict[str, str], submitted: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    job_id = submitted["id"]
+    claim(session_factory, job_id, "gpu0@node1")
+    progress(session_factory, job_id, 3)
+    with session_factory.begin() as session:
+        # A worker that never ran the job: nothing is written.
+        assert record_process_death(session, job_id, "gpu9@node1", "killed by signal 9 (SIGKILL)") is None
+        assert record_process_death(session, job_id, "gpu0@node1", "killed by signal 9 (SIGKILL)") == 1
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert [(a["outcome"], a["cause"]) for a in job["attempts"]] == [
+        ("running", "killed by signal 9 (SIGKILL)")]
+    events = client.get(f"/v1/jobs/{job_id}/events", headers=alice).json()
+    died = [e for e in events["items"] if e["kind"] == "process_died"]
+    assert len(died) == 1 and died[0]["data"]["step"] == 3
+    # Its lease expired with the death: the reaper re-queues the job now, not a lease later.
+    with session_factory.begin() as session:
+        requeued, _ = leases.reap_expired_leases(session, now=utcnow() + timedelta(seconds=1))
+    assert requeued == [job_id]

@@ -73,3 +73,31 @@ def test_a_step_without_a_checkpoint_is_422_with_the_retained_steps(
                        json={"from_step": 10, "from_scratch": True}, headers=alice)
     assert both.status_code == 422 and "not both" in both.json()["detail"]
     assert resume_step_and_rows(session_factory, submitted["id"])[1] == [10, 20, 30]  # untouched
+
+
+def test_resume_with_a_timeout_sets_the_new_limit_and_counts_from_zero(
+    client: TestClient, alice: dict[str, str], submitted: dict[str, Any],
+    session_factory: sessionmaker[Session], api_settings: Any,
+) -> None:
+    job_id = submitted["id"]
+    failed_with_checkpoints(session_factory, job_id)
+    with session_factory.begin() as session:
+        job = jobs.load_job(session, job_id)
+        assert job is not None
+        job.run_seconds = 3600.0  # it ran out its timeout
+    too_long = client.post(f"/v1/jobs/{job_id}/resume",
+                           json={"timeout": api_settings.max_job_seconds + 1}, headers=alice)
+    assert too_long.status_code == 422
+    (error,) = too_long.json()["errors"]
+    assert error["loc"] == "body.timeout" and "ACCUM_MAX_JOB_SECONDS" in error["msg"]
+    garbled = client.post(f"/v1/jobs/{job_id}/resume", json={"timeout": "2 fortnights"},
+                          headers=alice)
+    assert garbled.status_code == 422 and garbled.json()["errors"][0]["loc"] == "body.timeout"
+
+    response = client.post(f"/v1/jobs/{job_id}/resume", json={"timeout": "2h"}, headers=alice)
+    assert response.status_code == 202, response.text
+    assert response.json()["spec"]["timeout"] == 7200
+    with session_factory() as session:
+        resumed = jobs.load_job(session, job_id)
+        assert resumed is not None
+        assert (resumed.spec["timeout"], resumed.run_seconds) == (7200, 0.0)

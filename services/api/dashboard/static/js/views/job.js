@@ -25,7 +25,7 @@ const PANELS = [
 ];
 const EVENT_TONES = {
   succeeded: "good", started: "info", resumed: "info", checkpoint: "muted", created: "muted",
-  failed: "bad", traceback: "bad", oom_backoff: "warn", requeued: "warn", lease_expired: "warn",
+  failed: "bad", traceback: "bad", process_died: "bad", oom_backoff: "warn", requeued: "warn", lease_expired: "warn",
   fp16_step_skipped: "warn", nonfinite_step_skipped: "warn", batchnorm_warning: "warn",
   cancel_requested: "muted", cancelled: "muted",
 };
@@ -297,7 +297,8 @@ class JobPage {
   attempts() {
     return (this.job.attempts ?? []).map((a) => ({
       attempt: a.attempt, worker: a.worker ?? a.host ?? "–", started: a.started_at, ended: a.ended_at,
-      outcome: OUTCOMES[a.outcome] ?? a.outcome, fromStep: a.resume_step, steps: a.steps_done,
+      outcome: (OUTCOMES[a.outcome] ?? a.outcome) + (a.cause ? ` (${a.cause})` : ""),
+      fromStep: a.resume_step, steps: a.steps_done,
     }));
   }
 
