@@ -29,8 +29,8 @@ def gpu_spec(steps: int) -> dict[str, Any]:
     return {
         "name": "bench-resnet50-bf16",
         "model": "resnet50",
-        "dataset": {"name": "fake", "options": {"size": 256 * steps, "val_size": 256,
-                                               "image_size": 224, "num_classes": 1000}},
+        "dataset": {"name": "fake", "size": 256 * steps, "val_size": 256, "image_size": 224,
+                    "num_classes": 1000},
         "micro_batch_size": 256, "accumulation_steps": 1, "max_steps": steps,
         "precision": "bf16", "fast_path": True, "gpus": 1,
         "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
@@ -70,8 +70,11 @@ def run_job(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         finally:
             service.stop()
     rates = [float(p["value"]) for p in sorted(points, key=lambda p: p["step"])][WARMUP_STEPS:]
-    return {"status": job["status"], "job_id": job_id, "steps_measured": len(rates),
-            "images_per_s": _common.median(rates) if rates else None}
+    result = {"status": job["status"], "job_id": job_id, "steps_measured": len(rates),
+              "images_per_s": _common.median(rates) if rates else None}
+    if job["status"] != "succeeded":
+        result["error"] = job.get("error")  # why, for a run that left no figure
+    return result
 
 
 def main() -> None:

@@ -174,12 +174,13 @@ def measure_footprint(
     probed = min(accumulation_steps, 2)
     loader = _ProbeLoader(sample_batch_fn, size, probed, lazy=not read_ahead)
 
-    def window() -> None:
+    def window() -> list[dict[str, Any]]:
         # A real Trainer window: the trainer's own allocations count too.
         assert probe_optimizer is not None
         trainer = Trainer(model, probe_optimizer, loss_fn=loss_fn, accumulation_steps=probed,
                           precision=precision, device=device, callbacks=[_NoBackOff()])
-        trainer.fit(loader.loader, epochs=1)  # ends with zero_grad: freed inside the measurement
+        # Ends with zero_grad: freed inside the measurement.
+        return trainer.fit(loader.loader, epochs=1).steps
 
     used: int | None = None
     try:
@@ -188,9 +189,13 @@ def measure_footprint(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-            window()
+            steps = window()
             torch.cuda.synchronize(device)
-            used = int(torch.cuda.max_memory_allocated(device))
+            # The trainer takes and resets the allocator's peak at each optimizer step (its
+            # peak_memory_bytes metric): the window's peak is in its step's metrics, and the
+            # counter holds only what came after (the same for every size).
+            used = int(max([torch.cuda.max_memory_allocated(device)]
+                           + [step.get("peak_memory_bytes", 0) for step in steps]))
         else:
             alive = tensor_bytes(list(model.parameters()) + list(model.buffers()))
             alive += tensor_bytes(list(probe_optimizer.state.values()))

@@ -22,7 +22,7 @@ import torch
 from accumcore import items
 
 
-def memory_events(run: Callable[[], None]) -> list[dict[str, Any]]:
+def memory_events(run: Callable[[], object]) -> list[dict[str, Any]]:
     """The profiler's ``[memory]`` events recorded while ``run`` executes, in time order.
 
     Each event's ``args`` carry ``Bytes`` (this allocation, negative for a free),
@@ -42,7 +42,7 @@ def memory_events(run: Callable[[], None]) -> list[dict[str, Any]]:
     return sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e.get("ts", 0))
 
 
-def cpu_peak_added(run: Callable[[], None]) -> int:
+def cpu_peak_added(run: Callable[[], object]) -> int:
     """Bytes the CPU allocator held at most above its level when ``run`` started.
 
     Free what ``run`` allocates inside it: the reporter's running total only forgets blocks

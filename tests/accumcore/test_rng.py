@@ -75,7 +75,9 @@ def test_a_checkpoint_from_fewer_gpus_restores_those_it_has(monkeypatch: pytest.
 def test_each_rank_restores_its_own_states(monkeypatch: pytest.MonkeyPatch) -> None:
     per_rank = []
     for rank in range(2):
-        torch.manual_seed(100 + rank)
+        # The CPU generator alone: torch.manual_seed would also seed every CUDA device that
+        # FakeCuda now claims (two), and on a GPU machine index past the one that exists.
+        torch.random.default_generator.manual_seed(100 + rank)
         random.seed(100 + rank)
         cuda = FakeCuda(monkeypatch, count=2, current=rank)
         cuda.states[rank] = torch.tensor([rank, 9], dtype=torch.uint8)
@@ -85,7 +87,7 @@ def test_each_rank_restores_its_own_states(monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.setattr(dist, "is_initialized", lambda: True)
         monkeypatch.setattr(dist, "get_rank", lambda rank=rank: rank)
         resuming = FakeCuda(monkeypatch, count=2, current=rank)
-        torch.manual_seed(0)
+        torch.random.default_generator.manual_seed(0)
         rng.restore_rng_state(checkpoint)
         assert torch.equal(torch.get_rng_state(), per_rank[rank]["torch"])
         assert resuming.states[rank].tolist() == [rank, 9]

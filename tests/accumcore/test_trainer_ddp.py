@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import trainer_ddp_worker as worker
+from rank_processes import start_method
 from trainer_reference import TokenCrossEntropy, token_model
 
 
@@ -40,7 +41,7 @@ def test_ddp_skips_sync_inside_windows_and_equals_the_big_batch(tmp_path) -> Non
     import torch._dynamo  # noqa: F401
 
     mp.start_processes(worker.run, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=worker.WORLD,
-                       join=True, start_method="fork")
+                       join=True, start_method=start_method())
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(worker.WORLD)]
     reference, losses, items = _reference()
     steps = worker.EPOCHS * math.ceil(math.ceil(worker.SAMPLES_PER_RANK / worker.MICRO_BATCH) / worker.ACCUMULATION)
@@ -84,7 +85,7 @@ def _run_case(case: str, tmp_path) -> list[dict]:
     import torch._dynamo  # noqa: F401  (see above: import before forking)
 
     mp.start_processes(worker.run_case, args=(case, str(tmp_path / "init"), str(tmp_path)), nprocs=worker.WORLD,
-                       join=True, start_method="fork")
+                       join=True, start_method=start_method())
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(worker.WORLD)]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from rank_processes import start_method
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -428,7 +429,7 @@ def test_two_gloo_ranks_check_their_shares_and_rank0_reports_the_worst(tmp_path,
     import torch._dynamo  # noqa: F401  # imported before forking, as test_trainer_ddp does
 
     mp.start_processes(_ddp_rank, args=(str(tmp_path / "init"), str(tmp_path), sums), nprocs=WORLD,
-                       join=True, start_method="fork")
+                       join=True, start_method=start_method())
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     items = [sum(r["first_window_items"]) for r in results]
     assert items[0] != items[1]

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from rank_processes import start_method
 from torch.nn.parallel import DistributedDataParallel
 
 from accumcore.data import make_loader
@@ -66,5 +67,5 @@ def run_ranks(spec: dict[str, Any], world: int, out: Path, count: Callable[[Any]
     import torch._dynamo  # noqa: F401  # imported before forking, as tests/accumcore/test_trainer_ddp.py does
 
     mp.start_processes(_rank, args=(world, str(out / "init"), str(out), spec, count), nprocs=world, join=True,
-                       start_method="fork")
+                       start_method=start_method())
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]

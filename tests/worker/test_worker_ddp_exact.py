@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from rank_processes import start_method
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Subset
@@ -103,7 +104,7 @@ def test_a_two_rank_job_equals_the_single_process_big_batch(tmp_path) -> None:
     import torch._dynamo  # noqa: F401  # imported before forking, as tests/accumcore/test_trainer_ddp.py does
 
     mp.start_processes(_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True,
-                       start_method="fork")
+                       start_method=start_method())
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     reference, steps = _big_batch_reference()
     for result in results:
