@@ -76,13 +76,18 @@ def _has_gpu() -> bool:
     return probe.stdout.strip() == "True"
 
 
-def latest(name: str) -> dict[str, Any] | None:
+def latest(name: str) -> list[dict[str, Any]]:
+    """The newest full run of the bench on each kind of device (cpu, then cuda): a GPU run
+    does not hide the CPU figures, nor a later CPU run the GPU's."""
     path = RESULTS / f"{name}.jsonl"
     if not path.exists():
-        return None
+        return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [row for row in rows if not row.get("quick")]  # smoke runs are not figures
-    return rows[-1] if rows else None
+    newest: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if not row.get("quick"):  # smoke runs are not figures
+            newest[str(row.get("machine", {}).get("device", "cpu"))] = row
+    return [newest[device] for device in sorted(newest)]
 
 
 def _fmt(value: Any) -> str:
@@ -264,17 +269,20 @@ def write_doc(names: list[str], doc: Path = DEFAULT_DOC) -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for name in names:
-        result = latest(name)
-        if result is None:
+        results = latest(name)
+        if not results:
             lines.append(f"| {name} | - | - | - | not run yet | - | - |")
-            continue
-        try:
-            figures = rows_for(name, result)
-        except (KeyError, TypeError) as error:
-            figures = [(result.get("figure", name), "-", f"unreadable row ({error})", "-")]
-        for figure, target, measured, verdict in figures:
-            lines.append(f"| {name} | {figure} | {target} | {measured} | {verdict} | "
-                         f"{_machine(result)} | {result.get('when', '?')} |")
+        measured_on_gpu = any(r.get("machine", {}).get("device") == "cuda" for r in results)
+        for result in results:
+            try:
+                figures = rows_for(name, result)
+            except (KeyError, TypeError) as error:
+                figures = [(result.get("figure", name), "-", f"unreadable row ({error})", "-")]
+            for figure, target, measured, verdict in figures:
+                if measured_on_gpu and measured == "-" and "no GPU" in verdict:
+                    continue  # the GPU run's row below holds this figure
+                lines.append(f"| {name} | {figure} | {target} | {measured} | {verdict} | "
+                             f"{_machine(result)} | {result.get('when', '?')} |")
     lines.append("")
     if NOTES.exists():
         lines.append(NOTES.read_text().rstrip() + "\n")

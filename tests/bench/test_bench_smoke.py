@@ -96,3 +96,31 @@ def test_run_all_renders_the_latest_real_row_of_each_bench(tmp_path, monkeypatch
     assert "| memory | peak(m,N) / peak(m,1), Trainer, small_cnn | <= 1.02 | 1.010 | pass | Test CPU x2 cores" in text
     assert "T3" not in text and "T1" not in text  # smoke rows and older rows are not shown
     assert "| exactness | - | - | - | not run yet |" in text
+
+
+def test_run_all_shows_the_newest_row_of_each_device_and_drops_the_cpu_rows_gpu_placeholder(
+    tmp_path, monkeypatch
+) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    cpu = {"cpu": "Test CPU", "cores": 2, "torch": "x", "device": "cpu"}
+    gpu = {"cpu": "Test CPU", "cores": 16, "torch": "x", "device": "cuda", "gpu": "Test GPU"}
+    rows = [
+        {"bench": "resnet50_h100", "quick": False, "when": "T1", "machine": cpu, "target": 3000.0,
+         "measured": None, "verdict": "not measured", "skipped": "no GPU: torch.cuda.is_available() is False"},
+        {"bench": "resnet50_h100", "quick": False, "when": "T2", "machine": gpu, "target": 3000.0,
+         "measured": 3500.0, "verdict": "pass"},
+        {"bench": "memory", "quick": False, "when": "T3", "machine": gpu, "target": 1.02,
+         "measured": 1.0, "verdict": "pass", "big_batch_ratio": 0.22},
+        {"bench": "memory", "quick": False, "when": "T4", "machine": cpu, "target": 1.02,
+         "measured": 1.01, "verdict": "pass", "big_batch_ratio": 0.27},
+    ]
+    for name in ("resnet50_h100", "memory"):
+        (results / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["bench"] == name))
+    monkeypatch.setattr(run_all, "RESULTS", results)
+    doc = tmp_path / "benchmarks.md"
+    run_all.write_doc(["resnet50_h100", "memory"], doc)
+    text = doc.read_text()
+    assert "| 3500.000 | pass | Test GPU" in text
+    assert "T1" not in text  # the CPU run's "no GPU" line: the GPU row holds that figure
+    assert "| 1.010 | pass | Test CPU" in text and "| 1.000 | pass | Test GPU" in text  # a later CPU run hides no GPU row
