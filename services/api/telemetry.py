@@ -134,6 +134,9 @@ LIFECYCLE = (
      "lease_expiries"),
     ("job_failures", "Jobs that failed, by reason: timeout, poison, lease_expired (past "
      "max_restarts), nonfinite, error.", "reason", "failures"),
+    ("process_deaths", "Attempts whose process died under a prefork worker, by cause: "
+     "oom_killer, the signal's name (SIGKILL, SIGSEGV, ...), exit_code, other.", "cause",
+     "process_deaths"),
 )
 
 

@@ -8,6 +8,7 @@ State transitions in ``jobs`` and ``leases`` write their own events in the same 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sqlalchemy import func, select
@@ -66,11 +67,27 @@ def failure_reason(error: dict[str, Any] | None) -> str:
     )
 
 
+_SIGNAL_NAME = re.compile(r"\((SIG[A-Z0-9]+)\)")
+
+
+def death_label(cause: str) -> str:
+    """A bounded label for why an attempt's process died (``process_died``'s cause, written by
+    services/worker/process_death.py): ``oom_killer``, the signal's name (``SIGKILL``,
+    ``SIGSEGV``, ...), ``exit_code``, or ``other``."""
+    if cause.startswith("out of memory"):
+        return "oom_killer"
+    signal = _SIGNAL_NAME.search(cause)
+    if signal:
+        return signal.group(1)
+    return "exit_code" if cause.startswith("exited with code") else "other"
+
+
 def lifecycle_counts(session: Session) -> dict[str, dict[str, int]]:
     """Totals for Prometheus counters, read from the event log (every process writes it, so it
     counts what workers and reapers did too): events by kind, restarts by cause
     (``lease_expired`` or ``worker_shutdown``), lease expiries by whether the lost attempt had
-    written a checkpoint, failures by ``failure_reason``."""
+    written a checkpoint, failures by ``failure_reason``, attempts' process deaths by
+    ``death_label``."""
     by_kind = dict.fromkeys(TRANSITION_KINDS, 0)
     for kind, count in session.execute(
         select(JobEvent.kind, func.count())
@@ -81,14 +98,18 @@ def lifecycle_counts(session: Session) -> dict[str, dict[str, int]]:
     restarts = {"lease_expired": 0, "worker_shutdown": 0}
     expiries = {"no_progress": 0, "after_checkpoint": 0}
     failures: dict[str, int] = {}
+    deaths: dict[str, int] = {}
     rows = session.execute(
         select(JobEvent.kind, JobEvent.data).where(
-            JobEvent.kind.in_(("requeued", "lease_expired", "failed"))
+            JobEvent.kind.in_(("requeued", "lease_expired", "failed", "process_died"))
         )
     )
     for kind, data in rows:
         data = data or {}
-        if kind == "requeued":
+        if kind == "process_died":
+            label = death_label(str(data.get("cause", "")))
+            deaths[label] = deaths.get(label, 0) + 1
+        elif kind == "requeued":
             restarts["worker_shutdown" if data.get("reason") == "worker_shutdown" else "lease_expired"] += 1
         elif kind == "lease_expired":
             expiries["no_progress" if data.get("no_progress") else "after_checkpoint"] += 1
@@ -96,4 +117,4 @@ def lifecycle_counts(session: Session) -> dict[str, dict[str, int]]:
             reason = failure_reason(data.get("error"))
             failures[reason] = failures.get(reason, 0) + 1
     return {"transitions": by_kind, "restarts": restarts, "lease_expiries": expiries,
-            "failures": failures}
+            "failures": failures, "process_deaths": deaths}

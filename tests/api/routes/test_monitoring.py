@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import leases
+from services.store import events, leases
 from services.store.types import utcnow
 
 from ..helpers import claim
@@ -70,6 +70,11 @@ def test_lifecycle_counters_come_from_the_event_log_with_their_causes(
     with session_factory.begin() as session:
         error = {"type": "JobTimeout", "reason": "timeout", "message": "ran past its timeout"}
         assert leases.finish_job(session, ids[2], "w3", "failed", error=error)
+    with session_factory.begin() as session:  # what a prefork worker records (process_death.py)
+        for cause in ("killed by signal 9 (SIGKILL)",
+                      "out of memory (the kernel's OOM killer): killed by signal 9 (SIGKILL)",
+                      "killed by signal 11 (SIGSEGV)", "killed by signal 9 (SIGKILL)", "exited with code 3"):
+            events.add_event(session, ids[0], "process_died", cause, {"cause": cause})
     for _ in range(2):
         client.get("/v1/jobs", headers={"Authorization": "Bearer accum_nope"})
     client.app.state.stream_slots.try_open(1)  # type: ignore[attr-defined]
@@ -86,6 +91,10 @@ def test_lifecycle_counters_come_from_the_event_log_with_their_causes(
     assert counter("lease_expiries", "cause", "no_progress") == 4
     assert counter("job_failures", "reason", "poison") == 2
     assert counter("job_failures", "reason", "timeout") == 1
+    assert counter("process_deaths", "cause", "SIGKILL") == 2
+    assert counter("process_deaths", "cause", "oom_killer") == 1
+    assert counter("process_deaths", "cause", "SIGSEGV") == 1
+    assert counter("process_deaths", "cause", "exit_code") == 1
     assert counter("auth_failures", "answer", "401") == 2
     assert values[("accum_event_streams", ())] == 1
 
