@@ -2,10 +2,14 @@
 
 The worker process keeps the lease and the heartbeat; it spawns k ranks and watches them.
 Rank 0 writes metrics, progress and checkpoints; every rank trains its shard of the data, so
-the effective batch is m x N x k. A cancel (or a lost lease) terminates the ranks at once:
-they are stopped together, never one rank alone (which would leave the others waiting in a
-collective), and nothing is checkpointed, as for a single-process cancel. A worker shutdown
-stops them the same way and hands the job back from its latest periodic checkpoint.
+the effective batch is m x N x k. A cancel, the job's timeout or a worker shutdown (SIGTERM)
+raises a flag the ranks share (``stop``): every rank stops at the same window boundary (the
+trainer all-reduces a stop), they write that boundary's checkpoint together (rank 0 the file,
+every rank its RNG states), rank 0 records it, and the job is cancelled, failed as
+``timeout`` or handed back from there, as a single process does. A lost lease, or ranks that
+have not stopped within the grace period, are terminated at once and nothing is written
+(another worker may hold the job now); a rank is never stopped alone, which would leave the
+others waiting in a collective.
 
 At the end every rank meets the others at a barrier before ``destroy_process_group``, and
 says it finished (``finished[rank]``) first: the parent never signals a rank from then on,
@@ -29,7 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from accumcore import load_checkpoint
+from accumcore import Callback, load_checkpoint
 from services.artifacts import open_store
 from services.ports import free_port
 from services.settings import Settings
@@ -67,36 +71,51 @@ def train_distributed(
     port = free_port()
     # finished[r] = 1 once rank r's fit returned (and, on rank 0, its final checkpoint and
     # metrics are recorded): from then on a rank that dies in teardown does not fail the job.
+    # A rank sets FINISHED, or STOPPED when a stop ended its fit and its checkpoint is recorded.
     finished = mp.get_context("spawn").Array("b", world, lock=False)
+    stop = mp.get_context("spawn").Value("b", 0, lock=False)  # raised by the parent
     context = mp.start_processes(
         _rank_main,
         args=(world, port, settings.model_dump(mode="json"), attempt.spec, asdict(attempt), checkpoint,
-              finished, chosen),
+              finished, chosen, stop),
         nprocs=world,
         join=False,
         start_method="spawn",  # never fork a process that may hold CUDA or DB connections
     )
-    return watch_ranks(context, finished, heartbeat, grace_s=settings.lease_timeout_s)
+    return watch_ranks(context, finished, heartbeat, grace_s=settings.lease_timeout_s, stop=stop)
 
 
-def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float) -> Outcome:
-    """Wait for the ranks; stop them together on a cancel or a lost lease (the heartbeat's
-    outcome), raise when one fails while training. Once any rank has finished its fit the
-    others are past their last collective: they are never sent a signal, and when every
-    rank finished, a rank that dies in teardown (a gloo/NCCL abort at exit) is logged, not
-    a failure. (``ProcessContext.join`` is not used: it SIGTERMs every other rank as soon as
-    one exits with an error, a rank 0 still writing its final checkpoint included.)"""
+FINISHED, STOPPED = 1, 2  # finished[rank]: fit returned at its end / stopped by the stop flag
+
+
+def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, stop: Any = None) -> Outcome:
+    """Wait for the ranks; raise when one fails while training. On a cancel, a timeout or a
+    shutdown (the heartbeat's flags) raise ``stop``: the ranks stop at one window boundary
+    and checkpoint it, and the outcome follows; ranks still running ``grace_s`` later, or a
+    lost lease, are terminated together at once (without ``stop``, any stop is). Once any
+    rank has finished its fit the others are past their last collective: they are never sent
+    a signal, and when every rank finished, a rank that dies in teardown (a gloo/NCCL abort
+    at exit) is logged, not a failure. (``ProcessContext.join`` is not used: it SIGTERMs
+    every other rank as soon as one exits with an error, a rank 0 still writing its final
+    checkpoint included.)"""
     processes = context.processes
+    deadline: float | None = None
     while True:
         failed = next((i for i, p in enumerate(processes) if p.exitcode not in (None, 0)), None)
         if failed is not None:
             return _rank_failed(context, failed, finished, grace_s)
         alive = [p for p in processes if p.exitcode is None]
         if not alive:
+            if any(flag == STOPPED for flag in finished):
+                return outcome(True, heartbeat)  # cancelled, timed out or handed back
             return Outcome.SUCCEEDED
         if heartbeat.should_stop() and not any(finished):
-            _terminate(context)
-            return outcome(True, heartbeat)
+            if stop is None or heartbeat.lease_lost or (deadline is not None and time.monotonic() > deadline):
+                _terminate(context)
+                return outcome(True, heartbeat)
+            if deadline is None:
+                stop.value = 1  # every rank stops at its next window boundary and checkpoints it
+                deadline = time.monotonic() + grace_s
         multiprocessing.connection.wait([p.sentinel for p in alive], timeout=POLL_S)
 
 
@@ -156,8 +175,10 @@ def _rank_main(
     checkpoint: str | None,
     finished: Any,
     chosen: tuple[int, int] | None = None,
+    stop: Any = None,
 ) -> None:
-    """One rank: join the process group, build the run, restore, fit, then tear down in order
+    """One rank: join the process group, build the run, restore, fit (until its end or the
+    parent's ``stop``, then checkpoint where every rank stopped), then tear down in order
     (every rank at a barrier, then ``destroy_process_group``), so no rank closes its
     connections while another still uses them (an abort at exit)."""
     settings = Settings(**settings_data)
@@ -170,7 +191,7 @@ def _rank_main(
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     try:
-        callbacks = []
+        callbacks: list[Callback] = [SharedStop(stop)] if stop is not None else []
         store_callback = None
         if rank == 0:  # one writer: metrics are the same on every rank (the loss is all-reduced)
             store_callback = StoreCallback(
@@ -212,13 +233,28 @@ def _rank_main(
                 store_callback.on_event(run.trainer, kind, message, data)
         if checkpoint is not None:
             run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=device))
-        run.trainer.fit(run.train_loader, **run.fit_kwargs)
+        history = run.trainer.fit(run.train_loader, **run.fit_kwargs)
+        if history.stopped:
+            # Where every rank stopped (the same window: a stop is all-reduced), so `resume`
+            # or the next attempt continues from there with the metrics up to it kept. A
+            # collective: each rank's RNG states go into rank 0's file.
+            run.trainer.checkpoint()
         if store_callback is not None:
             store_callback.close()  # rank 0's last metrics and checkpoint rows are written
             store_callback = None
-        finished[rank] = 1
+        finished[rank] = STOPPED if history.stopped else FINISHED
         dist.barrier()  # every rank is done before any closes its connections
     finally:
         if store_callback is not None:
             store_callback.close()
         dist.destroy_process_group()
+
+
+class SharedStop(Callback):
+    """A rank's stop: the flag its parent raises on a cancel, a timeout or a shutdown."""
+
+    def __init__(self, flag: Any) -> None:
+        self.flag = flag
+
+    def should_stop(self) -> bool:
+        return bool(self.flag.value)

@@ -127,7 +127,7 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
             heartbeat.set_timeout(max(timeout_s - attempt.used_s, 0.0))
             outcome = train(settings, spec, attempt, heartbeat)
             if outcome == Outcome.TIMED_OUT:
-                outcome, error = Outcome.FAILED, timeout_error(attempt, timeout_s, spec.gpus <= 1)
+                outcome, error = Outcome.FAILED, timeout_error(attempt, timeout_s)
         except ArtifactStoreError as exc:
             outcome, fault = Outcome.HANDED_BACK, exc
             log.warning("job %s: artifact store fault: %s", job_id, exc)
@@ -180,14 +180,10 @@ def nudge_next_in_line(settings: Settings, job_id: str) -> None:
         log.warning("job %s: could not nudge its owner's next job", job_id, exc_info=True)
 
 
-def timeout_error(attempt: Attempt, timeout_s: int, checkpointed: bool) -> dict[str, Any]:
-    # A DDP job's ranks are stopped without a checkpoint of their own (services.worker.
-    # distributed): it resumes from its latest periodic one.
-    where = (
-        "stopped and checkpointed at its last finished window"
-        if checkpointed
-        else "stopped (a multi-GPU job keeps its latest periodic checkpoint)"
-    )
+def timeout_error(attempt: Attempt, timeout_s: int) -> dict[str, Any]:
+    # A multi-GPU job's ranks stop together and checkpoint too (services.worker.distributed);
+    # only ranks stuck past the lease timeout are terminated, keeping the latest checkpoint.
+    where = "stopped and checkpointed at its last finished window"
     return {
         "type": "JobTimeout",
         "reason": "timeout",

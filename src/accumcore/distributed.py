@@ -38,6 +38,16 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def gather_objects(value: Any) -> list[Any] | None:
+    """Every rank's ``value``, in rank order (a collective: call it on every rank); None
+    outside DDP."""
+    if world_size() == 1:
+        return None
+    gathered: list[Any] = [None] * world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 def is_main_process() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 

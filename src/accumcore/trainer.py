@@ -613,11 +613,15 @@ class Trainer:
         self._last_checkpoint_step = self.global_step
         # DDP: every rank's RNG states into rank 0's file (a collective, on every rank).
         ranks = gather_by_rank(self._rng_at_boundary or capture_rng_state())
+        # And every rank's sampler state: shards differ in size by up to one sample.
+        samplers = distributed.gather_objects(self._sampler_state)
         if not distributed.is_main_process():
             return None
         state = self.state_dict()
         if ranks:
             state["rng"]["ranks"] = ranks
+        if samplers:
+            state["loader"]["sampler_ranks"] = samplers
         info = save_checkpoint(
             state, self.checkpoint_dir / f"{self.global_step}.pt",
             metrics=self._last_metrics, fsync=self.checkpoint_fsync,
@@ -672,8 +676,11 @@ class Trainer:
         self.oom_split = int(state["accumulation"]["oom_split"])
         self._rng_at_boundary = state["rng"]
         self._pending_rng = state["rng"]
-        self._pending_sampler = state["sampler"]
-        self._sampler_state = state["sampler"]
+        # Under DDP each rank resumes its own shard's sampler (rank 0's is ``sampler``).
+        by_rank = (state.get("loader") or {}).get("sampler_ranks")
+        sampler = by_rank[distributed.rank()] if by_rank and distributed.rank() < len(by_rank) else state["sampler"]
+        self._pending_sampler = sampler
+        self._sampler_state = sampler
         # Format 1 saved no loader states: it resumed make_loader's loaders exactly, as now.
         loader = state.get("loader")
         self._pending_loader = loader["epoch_start"] if loader else None

@@ -36,14 +36,12 @@ def test_two_gloo_ranks_train_one_epoch_with_rank0_writing(
     assert [f.name for f in files] == [f"{expected}.pt"]
 
 
-def test_cancel_stops_every_rank_without_a_checkpoint(
-    settings: Settings, make_job: Callable[..., str]
-) -> None:
-    import multiprocessing
+def _run_then_cancel(settings: Settings, job_id: str, past_step: int) -> tuple[str | None, int]:
+    """Run the job's next attempt on two ranks, cancel it once rank 0 recorded a step past
+    ``past_step``; the attempt's outcome and the step it stopped at."""
     import threading
     import time
 
-    job_id = make_job({**SPEC, "epochs": None, "max_steps": 100_000, "checkpoint_every": 100_000})
     outcome: list[str | None] = []
     runner = threading.Thread(target=lambda: outcome.append(run_job(settings, job_id, "ddp-worker")))
     runner.start()
@@ -53,15 +51,48 @@ def test_cancel_stops_every_rank_without_a_checkpoint(
         with sessions() as session:
             job = jobs.load_job(session, job_id)
             assert job is not None
-            if job.status == "running" and job.progress.get("optimizer_step", 0) > 0:
+            if job.status == "running" and job.progress.get("optimizer_step", 0) > past_step:
                 break
+            assert job.status in ("queued", "running"), job.error  # it must not end first
         time.sleep(0.05)
     with sessions.begin() as session:
         assert jobs.request_cancel(session, jobs.load_job(session, job_id)).status == "cancelling"
-    runner.join(timeout=60)
-    assert outcome == ["cancelled"]
-    assert multiprocessing.active_children() == []  # both ranks are gone
+    runner.join(timeout=120)
     with sessions() as session:
-        assert checkpoints.list_checkpoints(session, job_id) == []
+        job = jobs.load_job(session, job_id)
+        assert job is not None
+        return (outcome[0] if outcome else None), int(job.progress["optimizer_step"])
+
+
+def test_cancel_stops_every_rank_at_one_window_and_resume_continues_from_there(
+    settings: Settings, make_job: Callable[..., str]
+) -> None:
+    import multiprocessing
+
+    from accumcore import load_checkpoint
+
+    job_id = make_job({**SPEC, "epochs": None, "max_steps": 100_000, "checkpoint_every": 100_000})
+    outcome, stopped_at = _run_then_cancel(settings, job_id, past_step=0)
+    assert outcome == "cancelled" and stopped_at > 0
+    assert multiprocessing.active_children() == []  # both ranks are gone
+    sessions = session_factory(settings)
+    with sessions() as session:
         assert jobs.load_job(session, job_id).status == "cancelled"  # type: ignore[union-attr]
-    assert list((settings.artifacts_path / job_id).glob("*.pt")) == []
+        kept = [c.step for c in checkpoints.list_checkpoints(session, job_id)]
+        rows, _ = metrics.read_metrics(session, job_id, name="loss", limit=1_000_000)
+    assert kept == [stopped_at]  # where both ranks stopped, not the start
+    assert [r.step for r in rows] == list(range(1, stopped_at + 1))  # the metrics stay
+    files = list((settings.artifacts_path / job_id).glob("*.pt"))
+    assert [f.name for f in files] == [f"{stopped_at}.pt"]
+    state = load_checkpoint(files[0])
+    assert len(state["rng"]["ranks"]) == 2  # every rank's RNG states: the resume is exact
+
+    with sessions.begin() as session:
+        jobs.request_resume(session, jobs.load_job(session, job_id))
+    outcome, again = _run_then_cancel(settings, job_id, past_step=stopped_at)
+    assert outcome == "cancelled" and again > stopped_at
+    with sessions() as session:
+        rows, _ = metrics.read_metrics(session, job_id, name="loss", limit=1_000_000)
+        kept = [c.step for c in checkpoints.list_checkpoints(session, job_id)]
+    assert [r.step for r in rows] == list(range(1, again + 1))  # continued, each step once
+    assert kept == [again]

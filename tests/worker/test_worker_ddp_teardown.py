@@ -1,7 +1,9 @@
 """The parent of DDP ranks (``services.worker.distributed.watch_ranks``) with real spawned
 processes: a rank that dies in teardown after every rank finished (the gloo/NCCL abort at
 exit) does not fail the job and no finishing rank is signalled; a rank that dies before it
-finished fails the job with the reason. Then a real ``gpus: 2`` job, 20 times in a row."""
+finished fails the job with the reason; a cancel, timeout or shutdown raises the ranks' shared
+stop flag, and ranks that do not stop within the grace period (or any rank, once the lease
+is lost) are terminated. Then a real ``gpus: 2`` job, 20 times in a row."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch.multiprocessing as mp
 from services.settings import Settings
 from services.store import jobs
 from services.store.sessions import session_factory
-from services.worker.distributed import watch_ranks
+from services.worker.distributed import STOPPED, watch_ranks
 from services.worker.runner import run_job
 
 
@@ -45,12 +47,68 @@ def _abort_before_finishing(rank: int, finished, exits) -> None:
     exits[rank] = 1
 
 
-def _start(target: Callable[..., None]):
+def _start(target: Callable[..., None], *extra):
     spawn = mp.get_context("spawn")
     finished = spawn.Array("b", 2, lock=False)
     exits = spawn.Array("b", 2, lock=False)
-    context = mp.start_processes(target, args=(finished, exits), nprocs=2, join=False, start_method="spawn")
+    context = mp.start_processes(target, args=(finished, exits, *extra), nprocs=2, join=False,
+                                 start_method="spawn")
     return context, finished, exits
+
+
+class Stopping(Running):
+    """A heartbeat whose job was cancelled, timed out, or whose lease was lost."""
+
+    timed_out = False
+
+    def __init__(self, **flags: bool) -> None:
+        for name, value in flags.items():
+            setattr(self, name, value)
+
+    def should_stop(self) -> bool:
+        return True
+
+
+def _stop_when_asked(rank: int, finished, exits, stop) -> None:
+    deadline = time.monotonic() + 60
+    while not stop.value and time.monotonic() < deadline:  # training, window after window
+        time.sleep(0.01)
+    finished[rank] = STOPPED  # stopped at a window boundary, checkpoint recorded
+    exits[rank] = 1
+
+
+def _never_stop(rank: int, finished, exits, stop) -> None:
+    time.sleep(60)  # stuck in a collective, say
+    exits[rank] = 1
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ({"cancel_requested": True}, "cancelled"),
+    ({"timed_out": True}, "timed_out"),
+])
+def test_a_stop_raises_the_shared_flag_and_the_ranks_stop_themselves(flags: dict[str, bool], expected: str) -> None:
+    stop = mp.get_context("spawn").Value("b", 0, lock=False)
+    context, finished, exits = _start(_stop_when_asked, stop)
+    assert watch_ranks(context, finished, Stopping(**flags), grace_s=30, stop=stop) == expected
+    assert stop.value == 1 and list(finished) == [STOPPED, STOPPED]
+    assert list(exits) == [1, 1] and [p.exitcode for p in context.processes] == [0, 0]  # not signalled
+
+
+def test_ranks_that_do_not_stop_within_the_grace_period_are_terminated() -> None:
+    stop = mp.get_context("spawn").Value("b", 0, lock=False)
+    context, finished, exits = _start(_never_stop, stop)
+    started = time.monotonic()
+    assert watch_ranks(context, finished, Stopping(cancel_requested=True), grace_s=1, stop=stop) == "cancelled"
+    assert time.monotonic() - started < 30 and stop.value == 1
+    assert list(exits) == [0, 0] and not any(p.is_alive() for p in context.processes)
+
+
+def test_a_lost_lease_terminates_the_ranks_without_asking_them_to_stop() -> None:
+    stop = mp.get_context("spawn").Value("b", 0, lock=False)
+    context, finished, exits = _start(_stop_when_asked, stop)
+    assert watch_ranks(context, finished, Stopping(lease_lost=True), grace_s=30, stop=stop) == "lease_lost"
+    assert stop.value == 0  # no checkpoint: another worker may hold the job now
+    assert list(exits) == [0, 0] and not any(p.is_alive() for p in context.processes)
 
 
 def test_a_rank_dying_in_teardown_after_every_rank_finished_is_not_a_failure() -> None:
