@@ -95,4 +95,4 @@ def test_cancel_stops_every_rank_at_one_window_and_resume_continues_from_there(
         rows, _ = metrics.read_metrics(session, job_id, name="loss", limit=1_000_000)
         kept = [c.step for c in checkpoints.list_checkpoints(session, job_id)]
     assert [r.step for r in rows] == list(range(1, again + 1))  # continued, each step once
-    assert kept == [again]
+    assert kept[-1] == again and len(kept) <= 2  # keep_checkpoints 1, plus the best by val_loss
