@@ -26,13 +26,15 @@ browser:
 test: install browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The inner loop: everything but tests/reliability, the browser tests and the extra cases of
-# sweeps (`sweep`: every torchvision model where one per family is stepped, the second stack of
-# the two-node tests), on two processes that steal work from each other (the long tests do not
-# all end on one). One intra-op thread per process, their workers included: two processes with
-# two threads each on two cores mostly spin (tests/accumcore measured 60 CPU-s against 119).
+# The inner loop: everything but tests/reliability (faults, load, fuzzing; the two-node tests
+# too), tests/bench (the benches' smoke runs), the browser tests and the extra cases of sweeps
+# (`sweep`: every torchvision model where one per family is stepped, the PostgreSQL and
+# PostgreSQL + Redis cases of the backend sweeps: tests/conftest.py FAST_LANE_CASES), on two
+# processes that steal work from each other (the long tests do not all end on one). One
+# intra-op thread per process, their workers included: two processes with two threads each on
+# two cores mostly spin (tests/accumcore measured 60 CPU-s against 119). `make test` runs all.
 test-fast: install
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist worksteal --ignore=tests/reliability \
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist worksteal --ignore=tests/reliability --ignore=tests/bench \
 	  -m "not browser and not reliability_slow and not sweep" $(PYTEST_ARGS)
 
 # Every reliability test, the slow ones too, plus bench/service/load.py; figures land in

@@ -31,14 +31,18 @@ HOW_TO_START = {
 }
 
 
+# The backend sweeps: every test that takes one of these parameters runs once per backend in
+# `make test`; `make test-fast` runs the case named here (for the database and the stack, the
+# one that needs no server: SQLite as database and broker; for the worker's pool, prefork, the
+# one with more moving parts), and the others are marked ``sweep``.
+FAST_LANE_CASES = {"database_backend": "sqlite", "stack": "sqlite", "pool": "prefork"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test module whose subject does not depend on the deployment (an artifact store on S3,
-    say) names the ``stack`` case `make test-fast` runs in ``FAST_LANE_STACK``; its other
-    cases are marked ``sweep`` (`make test` runs them all)."""
+    """Mark the other backends' cases of each backend sweep ``sweep`` (see FAST_LANE_CASES)."""
     for item in items:
-        fast = getattr(getattr(item, "module", None), "FAST_LANE_STACK", None)
-        callspec = getattr(item, "callspec", None)
-        if fast is not None and callspec is not None and callspec.params.get("stack", fast) != fast:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if any(name in params and params[name] != case for name, case in FAST_LANE_CASES.items()):
             item.add_marker(pytest.mark.sweep)
 
 

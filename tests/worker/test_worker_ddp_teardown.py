@@ -7,13 +7,14 @@ is lost) are terminated. Then a real ``gpus: 2`` job, 20 times in a row."""
 
 from __future__ import annotations
 
-import os
+import multiprocessing
 import signal
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
-import torch.multiprocessing as mp
+import stand_in_ranks as ranks
 
 from services.settings import Settings
 from services.store import jobs
@@ -31,28 +32,16 @@ class Running:
         return False
 
 
-def _finish_then_abort(rank: int, finished, exits) -> None:
-    if rank == 1:
-        finished[rank] = 1
-        os.abort()  # what gloo's teardown did: SIGABRT after the rank's work was done
-    time.sleep(1.0)  # rank 0 still writing its final checkpoint
-    finished[rank] = 1
-    exits[rank] = 1  # reached the end: it was not signalled
-
-
-def _abort_before_finishing(rank: int, finished, exits) -> None:
-    if rank == 1:
-        os.abort()
-    time.sleep(30)  # would train on; the parent must stop it
-    exits[rank] = 1
-
-
 def _start(target: Callable[..., None], *extra):
-    spawn = mp.get_context("spawn")
+    """Two stand-in ranks (tests/worker/stand_in_ranks.py) under a context shaped like
+    torch's ``ProcessContext`` (``processes``, ``error_files``: none written here)."""
+    spawn = multiprocessing.get_context("spawn")
     finished = spawn.Array("b", 2, lock=False)
     exits = spawn.Array("b", 2, lock=False)
-    context = mp.start_processes(target, args=(finished, exits, *extra), nprocs=2, join=False,
-                                 start_method="spawn")
+    processes = [spawn.Process(target=target, args=(rank, finished, exits, *extra)) for rank in range(2)]
+    for process in processes:
+        process.start()
+    context = SimpleNamespace(processes=processes, error_files=[f"/nonexistent/rank{r}" for r in range(2)])
     return context, finished, exits
 
 
@@ -69,34 +58,21 @@ class Stopping(Running):
         return True
 
 
-def _stop_when_asked(rank: int, finished, exits, stop) -> None:
-    deadline = time.monotonic() + 60
-    while not stop.value and time.monotonic() < deadline:  # training, window after window
-        time.sleep(0.01)
-    finished[rank] = STOPPED  # stopped at a window boundary, checkpoint recorded
-    exits[rank] = 1
-
-
-def _never_stop(rank: int, finished, exits, stop) -> None:
-    time.sleep(60)  # stuck in a collective, say
-    exits[rank] = 1
-
-
 @pytest.mark.parametrize(("flags", "expected"), [
     ({"cancel_requested": True}, "cancelled"),
     ({"timed_out": True}, "timed_out"),
 ])
 def test_a_stop_raises_the_shared_flag_and_the_ranks_stop_themselves(flags: dict[str, bool], expected: str) -> None:
-    stop = mp.get_context("spawn").Value("b", 0, lock=False)
-    context, finished, exits = _start(_stop_when_asked, stop)
+    stop = multiprocessing.get_context("spawn").Value("b", 0, lock=False)
+    context, finished, exits = _start(ranks.stop_when_asked, stop, STOPPED)
     assert watch_ranks(context, finished, Stopping(**flags), grace_s=30, stop=stop) == expected
     assert stop.value == 1 and list(finished) == [STOPPED, STOPPED]
     assert list(exits) == [1, 1] and [p.exitcode for p in context.processes] == [0, 0]  # not signalled
 
 
 def test_ranks_that_do_not_stop_within_the_grace_period_are_terminated() -> None:
-    stop = mp.get_context("spawn").Value("b", 0, lock=False)
-    context, finished, exits = _start(_never_stop, stop)
+    stop = multiprocessing.get_context("spawn").Value("b", 0, lock=False)
+    context, finished, exits = _start(ranks.never_stop, stop, STOPPED)
     started = time.monotonic()
     assert watch_ranks(context, finished, Stopping(cancel_requested=True), grace_s=1, stop=stop) == "cancelled"
     assert time.monotonic() - started < 30 and stop.value == 1
@@ -104,15 +80,15 @@ def test_ranks_that_do_not_stop_within_the_grace_period_are_terminated() -> None
 
 
 def test_a_lost_lease_terminates_the_ranks_without_asking_them_to_stop() -> None:
-    stop = mp.get_context("spawn").Value("b", 0, lock=False)
-    context, finished, exits = _start(_stop_when_asked, stop)
+    stop = multiprocessing.get_context("spawn").Value("b", 0, lock=False)
+    context, finished, exits = _start(ranks.stop_when_asked, stop, STOPPED)
     assert watch_ranks(context, finished, Stopping(lease_lost=True), grace_s=30, stop=stop) == "lease_lost"
     assert stop.value == 0  # no checkpoint: another worker may hold the job now
     assert list(exits) == [0, 0] and not any(p.is_alive() for p in context.processes)
 
 
 def test_a_rank_dying_in_teardown_after_every_rank_finished_is_not_a_failure() -> None:
-    context, finished, exits = _start(_finish_then_abort)
+    context, finished, exits = _start(ranks.finish_then_abort)
     assert watch_ranks(context, finished, Running(), grace_s=30) == "succeeded"
     assert list(finished) == [1, 1]
     assert exits[0] == 1 and context.processes[0].exitcode == 0  # rank 0 ran to its end
@@ -120,7 +96,7 @@ def test_a_rank_dying_in_teardown_after_every_rank_finished_is_not_a_failure() -
 
 
 def test_a_rank_dying_before_it_finished_fails_the_job_and_stops_the_others() -> None:
-    context, finished, exits = _start(_abort_before_finishing)
+    context, finished, exits = _start(ranks.abort_before_finishing)
     with pytest.raises(RuntimeError, match="a DDP rank died: .*SIGABRT"):
         watch_ranks(context, finished, Running(), grace_s=30)
     assert not any(p.is_alive() for p in context.processes)

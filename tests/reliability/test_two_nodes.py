@@ -24,10 +24,6 @@ from services.api.main import create_app
 from services.store import checkpoints, tokens
 
 pytestmark = pytest.mark.slow
-# The subject is the S3 store and a second node, not the database or broker (the reaper's
-# take-over on both stacks is tests/integration/test_worker_crash.py): `make test-fast` runs
-# the PostgreSQL + Redis case, `make test` both (the SQLite one is marked `sweep`).
-FAST_LANE_STACK = "postgres_redis"
 
 # A 300k-parameter MLP (2.4 MB checkpoints), long enough to be killed mid-run on a busy machine.
 SPEC = {"model": {"name": "mlp", "hidden": 512, "depth": 2}, "max_steps": 600,

@@ -1,0 +1,38 @@
+"""Stand-ins for DDP ranks, for the tests of the parent that watches them
+(``services.worker.distributed.watch_ranks``). Only the standard library: a spawned child
+imports this module and nothing heavier, so it starts in a fraction of a second (a real rank
+imports torch). Each takes its rank, the shared ``finished`` and ``exits`` flags, and extras."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def finish_then_abort(rank: int, finished, exits) -> None:
+    if rank == 1:
+        finished[rank] = 1
+        os.abort()  # what gloo's teardown did: SIGABRT after the rank's work was done
+    time.sleep(1.0)  # rank 0 still writing its final checkpoint
+    finished[rank] = 1
+    exits[rank] = 1  # reached the end: it was not signalled
+
+
+def abort_before_finishing(rank: int, finished, exits) -> None:
+    if rank == 1:
+        os.abort()
+    time.sleep(30)  # would train on; the parent must stop it
+    exits[rank] = 1
+
+
+def stop_when_asked(rank: int, finished, exits, stop, stopped: int) -> None:
+    deadline = time.monotonic() + 60
+    while not stop.value and time.monotonic() < deadline:  # training, window after window
+        time.sleep(0.01)
+    finished[rank] = stopped  # stopped at a window boundary, its checkpoint recorded
+    exits[rank] = 1
+
+
+def never_stop(rank: int, finished, exits, stop, stopped: int) -> None:
+    time.sleep(60)  # stuck in a collective, say
+    exits[rank] = 1
