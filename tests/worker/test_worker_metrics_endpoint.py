@@ -1,8 +1,8 @@
 """The worker's own Prometheus endpoint (ACCUM_WORKER_METRICS_PORT), scraped over HTTP from a
 real ``python -m services.worker`` process: its upload seconds and bytes match the checkpoints
 its jobs recorded, with the default solo pool and with ``--pool prefork``, where each job (and
-its uploads) runs in a child process; a checkpoint it cannot fetch counts as a store error; a
-port it cannot bind stops it with one line."""
+its uploads) runs in a child process, and from a multi-GPU job's rank 0; a checkpoint it cannot
+fetch counts as a store error; a port it cannot bind stops it with one line."""
 
 from __future__ import annotations
 
@@ -83,6 +83,24 @@ def test_uploads_and_store_errors_are_served_from_where_they_ran(sqlite_stack: S
     fetch_errors = ("accum_worker_store_errors_total", (("error", "ObjectMissing"), ("operation", "fetch")))
     assert after[fetch_errors] == faults
     assert after[("accum_worker_checkpoint_upload_bytes_count", ())] == len(uploads) + 2  # broken's own
+
+
+@pytest.mark.slow
+def test_a_multi_gpu_jobs_uploads_are_served_from_its_rank_0(sqlite_stack: Stack) -> None:
+    # Rank 0 of a `gpus: 2` job is a spawned process of its own: it inherits the worker's
+    # multiprocess directory, and the endpoint sums its files with the worker's.
+    stack, port = sqlite_stack, free_port()
+    stack.start_worker(ACCUM_WORKER_METRICS_PORT=str(port))
+    try:
+        job = stack.create(max_steps=8, checkpoint_every=4, gpus=2)
+        stack.wait(job)
+        served = scrape(port)
+    finally:
+        stack.stop_workers()
+    uploads = checkpoint_events(stack, job)
+    assert len(uploads) == 2  # steps 4 and 8, written and uploaded by rank 0 alone
+    assert served[("accum_worker_checkpoint_upload_bytes_count", ())] == 2
+    assert served[("accum_worker_checkpoint_upload_bytes_sum", ())] == sum(u["size_bytes"] for u in uploads)
 
 
 @pytest.mark.slow
