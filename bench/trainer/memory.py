@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from accumcore import Trainer
-from accumcore.peak_memory import memory_events
+from accumcore.peak_memory import cuda_fit_peak, memory_events
 from accumcore.window_source import reads_window_ahead
 from bench.harness import common as _common
 from bench.harness import workloads as w
@@ -63,14 +63,11 @@ def peak_bytes(make_model: Callable[[], nn.Module], data, m: int, n_acc: int, me
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        if method == "accum":
-            # The Trainer takes (and resets) the allocator's peak at every optimizer step, its
-            # `peak_memory_bytes` metric: after fit the counter holds only what came after the
-            # last step, so the run's peak is its largest step's.
+        if method == "accum":  # the trainer resets the counter at each step: cuda_fit_peak
             trainer = Trainer(model, optimizer, loss_fn=loss_fn, accumulation_steps=n_acc, device=device)
             steps = trainer.fit(loader, epochs=1).steps
             torch.cuda.synchronize()
-            return int(max([torch.cuda.max_memory_allocated()] + [s["peak_memory_bytes"] for s in steps]))
+            return cuda_fit_peak(steps, device)
         run()
         torch.cuda.synchronize()
         return int(torch.cuda.max_memory_allocated())

@@ -69,11 +69,12 @@ def train_distributed(
     checkpoint = str(path) if path is not None else None
     chosen = recorded_choice(session_factory(settings), attempt.job_id) if spec.micro_batch_size == "auto" else None
     port = free_port()
-    # finished[r] = 1 once rank r's fit returned (and, on rank 0, its final checkpoint and
-    # metrics are recorded): from then on a rank that dies in teardown does not fail the job.
-    # A rank sets FINISHED, or STOPPED when a stop ended its fit and its checkpoint is recorded.
-    finished = mp.get_context("spawn").Array("b", world, lock=False)
-    stop = mp.get_context("spawn").Value("b", 0, lock=False)  # raised by the parent
+    # finished[r]: FINISHED once rank r's fit returned, STOPPED when ``stop`` ended it (on rank 0,
+    # after its last checkpoint and metrics are recorded): from then on a rank that dies in
+    # teardown does not fail the job. ``stop`` is raised by this process (watch_ranks).
+    spawn = mp.get_context("spawn")
+    finished = spawn.Array("b", world, lock=False)
+    stop = spawn.Value("b", 0, lock=False)
     context = mp.start_processes(
         _rank_main,
         args=(world, port, settings.model_dump(mode="json"), attempt.spec, asdict(attempt), checkpoint,
@@ -88,11 +89,11 @@ def train_distributed(
 FINISHED, STOPPED = 1, 2  # finished[rank]: fit returned at its end / stopped by the stop flag
 
 
-def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, stop: Any = None) -> Outcome:
+def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, stop: Any) -> Outcome:
     """Wait for the ranks; raise when one fails while training. On a cancel, a timeout or a
     shutdown (the heartbeat's flags) raise ``stop``: the ranks stop at one window boundary
     and checkpoint it, and the outcome follows; ranks still running ``grace_s`` later, or a
-    lost lease, are terminated together at once (without ``stop``, any stop is). Once any
+    lost lease, are terminated together at once. Once any
     rank has finished its fit the others are past their last collective: they are never sent
     a signal, and when every rank finished, a rank that dies in teardown (a gloo/NCCL abort
     at exit) is logged, not a failure. (``ProcessContext.join`` is not used: it SIGTERMs
@@ -110,7 +111,7 @@ def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, sto
                 return outcome(True, heartbeat)  # cancelled, timed out or handed back
             return Outcome.SUCCEEDED
         if heartbeat.should_stop() and not any(finished):
-            if stop is None or heartbeat.lease_lost or (deadline is not None and time.monotonic() > deadline):
+            if heartbeat.lease_lost or (deadline is not None and time.monotonic() > deadline):
                 _terminate(context)
                 return outcome(True, heartbeat)
             if deadline is None:
@@ -174,8 +175,8 @@ def _rank_main(
     attempt_data: dict[str, Any],
     checkpoint: str | None,
     finished: Any,
-    chosen: tuple[int, int] | None = None,
-    stop: Any = None,
+    chosen: tuple[int, int] | None,
+    stop: Any,
 ) -> None:
     """One rank: join the process group, build the run, restore, fit (until its end or the
     parent's ``stop``, then checkpoint where every rank stopped), then tear down in order
@@ -191,7 +192,7 @@ def _rank_main(
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     try:
-        callbacks: list[Callback] = [SharedStop(stop)] if stop is not None else []
+        callbacks: list[Callback] = [SharedStop(stop)]
         store_callback = None
         if rank == 0:  # one writer: metrics are the same on every rank (the loss is all-reduced)
             store_callback = StoreCallback(

@@ -183,15 +183,15 @@ def nudge_next_in_line(settings: Settings, job_id: str) -> None:
 def timeout_error(attempt: Attempt, timeout_s: int) -> dict[str, Any]:
     # A multi-GPU job's ranks stop together and checkpoint too (services.worker.distributed);
     # only ranks stuck past the lease timeout are terminated, keeping the latest checkpoint.
-    where = "stopped and checkpointed at its last finished window"
     return {
         "type": "JobTimeout",
         "reason": "timeout",
         "message": (
             f"the job ran for its timeout of {timeout_s} s (spec timeout, counted over its "
             "attempts since submit or the last resume; at most ACCUM_MAX_JOB_SECONDS) and was "
-            f"{where}; `accum resume {attempt.job_id}` continues from there for another "
-            f"timeout (`--timeout 2h` sets a new one)"
+            "stopped and checkpointed at its last finished window; "
+            f"`accum resume {attempt.job_id}` continues from there for another timeout "
+            "(`--timeout 2h` sets a new one)"
         ),
     }
 

@@ -34,7 +34,7 @@ from accumcore import distributed, items
 from accumcore.callbacks import Callback
 from accumcore.data import make_loader
 from accumcore.oom import MicroBatchTooSmall, is_oom, release_memory
-from accumcore.peak_memory import cpu_peak_added, tensor_bytes
+from accumcore.peak_memory import cpu_peak_added, cuda_fit_peak, tensor_bytes
 from accumcore.rng import capture_rng_state, restore_rng_state
 from accumcore.trainer import Trainer
 
@@ -191,11 +191,7 @@ def measure_footprint(
             torch.cuda.reset_peak_memory_stats(device)
             steps = window()
             torch.cuda.synchronize(device)
-            # The trainer takes and resets the allocator's peak at each optimizer step (its
-            # peak_memory_bytes metric): the window's peak is in its step's metrics, and the
-            # counter holds only what came after (the same for every size).
-            used = int(max([torch.cuda.max_memory_allocated(device)]
-                           + [step.get("peak_memory_bytes", 0) for step in steps]))
+            used = cuda_fit_peak(steps, device)
         else:
             alive = tensor_bytes(list(model.parameters()) + list(model.buffers()))
             alive += tensor_bytes(list(probe_optimizer.state.values()))

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,15 @@ def memory_events(run: Callable[[], object]) -> list[dict[str, Any]]:
     finally:
         os.unlink(path)
     return sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e.get("ts", 0))
+
+
+def cuda_fit_peak(steps: Sequence[Mapping[str, Any]], device: torch.device | str) -> int:
+    """The CUDA allocator's peak over a ``Trainer.fit`` whose ``history.steps`` are ``steps``
+    (the counter reset before it, read after it). The trainer takes and resets that counter
+    at every optimizer step (its ``peak_memory_bytes`` metric), so afterwards it holds only
+    what came after the last step: the fit's peak is the largest of those."""
+    return int(max([torch.cuda.max_memory_allocated(device)]
+                   + [step.get("peak_memory_bytes", 0) for step in steps]))
 
 
 def cpu_peak_added(run: Callable[[], object]) -> int:

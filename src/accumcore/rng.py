@@ -5,8 +5,8 @@ turns a capture into tensors and plain Python values so checkpoints load with
 ``torch.load(weights_only=True)``.
 
 Under DDP each rank draws from its own generators (dropout on its own GPU), and rank 0 alone
-writes the checkpoint: ``gather_by_rank`` collects every rank's states into it (``ranks``,
-one collective per checkpoint), and ``restore_rng_state`` gives each rank its own back.
+writes the checkpoint: the trainer gathers every rank's states into it (``ranks``, one
+collective per checkpoint, ``accumcore.distributed.gather_objects``), and ``restore_rng_state`` gives each rank its own back.
 CUDA states are restored per device index for the devices both sides have (a worker that
 sees fewer GPUs than the one that saved resumes instead of failing), and the generator of
 the device the saving process trained on goes to the device this one trains on.
@@ -36,18 +36,8 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
-def gather_by_rank(state: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """Every rank's serialised states, in rank order (a collective: call it on every rank);
-    None outside DDP."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, serialise_rng_state(state))
-    return gathered
-
-
 def serialise_rng_state(state: dict[str, Any], ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``state`` as tensors and plain values; ``ranks``: every DDP rank's (``gather_by_rank``)."""
+    """``state`` as tensors and plain values; ``ranks``: every DDP rank's (serialised)."""
     np_state = state["numpy"]
     if isinstance(np_state, tuple):
         np_state = {

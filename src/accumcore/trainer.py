@@ -49,7 +49,7 @@ from accumcore.fast_path import host_loader
 from accumcore.loss import ModelLossOrCrossEntropy, check_loss_fn, check_mean_over_items
 from accumcore.oom import MicroBatchTooSmall, is_oom, next_split, release_memory
 from accumcore.precision import Precision
-from accumcore.rng import capture_rng_state, gather_by_rank, restore_rng_state, serialise_rng_state
+from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
 from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
 from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
@@ -611,17 +611,18 @@ class Trainer:
     def _write_checkpoint(self) -> CheckpointInfo | None:
         assert self.checkpoint_dir is not None
         self._last_checkpoint_step = self.global_step
-        # DDP: every rank's RNG states into rank 0's file (a collective, on every rank).
-        ranks = gather_by_rank(self._rng_at_boundary or capture_rng_state())
-        # And every rank's sampler state: shards differ in size by up to one sample.
-        samplers = distributed.gather_objects(self._sampler_state)
+        # DDP: every rank's RNG states and sampler state (shards differ in size by up to one
+        # sample) into rank 0's file; one collective, on every rank.
+        ranks = distributed.gather_objects({
+            "rng": serialise_rng_state(self._rng_at_boundary or capture_rng_state()),
+            "sampler": self._sampler_state,
+        })
         if not distributed.is_main_process():
             return None
         state = self.state_dict()
         if ranks:
-            state["rng"]["ranks"] = ranks
-        if samplers:
-            state["loader"]["sampler_ranks"] = samplers
+            state["rng"]["ranks"] = [own["rng"] for own in ranks]
+            state["loader"]["sampler_ranks"] = [own["sampler"] for own in ranks]
         info = save_checkpoint(
             state, self.checkpoint_dir / f"{self.global_step}.pt",
             metrics=self._last_metrics, fsync=self.checkpoint_fsync,

@@ -45,6 +45,10 @@ def _start(target: Callable[..., None], *extra):
     return context, finished, exits
 
 
+def _flag():
+    return multiprocessing.get_context("spawn").Value("b", 0, lock=False)
+
+
 class Stopping(Running):
     """A heartbeat whose job was cancelled, timed out, or whose lease was lost."""
 
@@ -63,7 +67,7 @@ class Stopping(Running):
     ({"timed_out": True}, "timed_out"),
 ])
 def test_a_stop_raises_the_shared_flag_and_the_ranks_stop_themselves(flags: dict[str, bool], expected: str) -> None:
-    stop = multiprocessing.get_context("spawn").Value("b", 0, lock=False)
+    stop = _flag()
     context, finished, exits = _start(ranks.stop_when_asked, stop, STOPPED)
     assert watch_ranks(context, finished, Stopping(**flags), grace_s=30, stop=stop) == expected
     assert stop.value == 1 and list(finished) == [STOPPED, STOPPED]
@@ -71,7 +75,7 @@ def test_a_stop_raises_the_shared_flag_and_the_ranks_stop_themselves(flags: dict
 
 
 def test_ranks_that_do_not_stop_within_the_grace_period_are_terminated() -> None:
-    stop = multiprocessing.get_context("spawn").Value("b", 0, lock=False)
+    stop = _flag()
     context, finished, exits = _start(ranks.never_stop, stop, STOPPED)
     started = time.monotonic()
     assert watch_ranks(context, finished, Stopping(cancel_requested=True), grace_s=1, stop=stop) == "cancelled"
@@ -80,7 +84,7 @@ def test_ranks_that_do_not_stop_within_the_grace_period_are_terminated() -> None
 
 
 def test_a_lost_lease_terminates_the_ranks_without_asking_them_to_stop() -> None:
-    stop = multiprocessing.get_context("spawn").Value("b", 0, lock=False)
+    stop = _flag()
     context, finished, exits = _start(ranks.stop_when_asked, stop, STOPPED)
     assert watch_ranks(context, finished, Stopping(lease_lost=True), grace_s=30, stop=stop) == "lease_lost"
     assert stop.value == 0  # no checkpoint: another worker may hold the job now
@@ -89,7 +93,7 @@ def test_a_lost_lease_terminates_the_ranks_without_asking_them_to_stop() -> None
 
 def test_a_rank_dying_in_teardown_after_every_rank_finished_is_not_a_failure() -> None:
     context, finished, exits = _start(ranks.finish_then_abort)
-    assert watch_ranks(context, finished, Running(), grace_s=30) == "succeeded"
+    assert watch_ranks(context, finished, Running(), grace_s=30, stop=_flag()) == "succeeded"
     assert list(finished) == [1, 1]
     assert exits[0] == 1 and context.processes[0].exitcode == 0  # rank 0 ran to its end
     assert context.processes[1].exitcode == -signal.SIGABRT
@@ -98,7 +102,7 @@ def test_a_rank_dying_in_teardown_after_every_rank_finished_is_not_a_failure() -
 def test_a_rank_dying_before_it_finished_fails_the_job_and_stops_the_others() -> None:
     context, finished, exits = _start(ranks.abort_before_finishing)
     with pytest.raises(RuntimeError, match="a DDP rank died: .*SIGABRT"):
-        watch_ranks(context, finished, Running(), grace_s=30)
+        watch_ranks(context, finished, Running(), grace_s=30, stop=_flag())
     assert not any(p.is_alive() for p in context.processes)
     assert exits[0] == 0  # stopped, not left training
 
