@@ -119,12 +119,13 @@ def train_tokenizer(directory: Path, vocab_size: int = 120) -> Path:
 
 
 def ensure_example_plugin() -> None:
-    """Install examples/plugin into this environment unless it is (`make install` does it)."""
+    """Install examples/plugin into this environment unless it is, with its option
+    declarations (0.2.0; `make install` does it)."""
     import subprocess
     import sys
     from importlib.metadata import entry_points
 
-    if any(ep.name == "example_mlp" for ep in entry_points(group="accum.models")):
+    if any(ep.name == "example_mlp" for ep in entry_points(group="accum.model_options")):
         return
     root = Path(__file__).resolve().parents[1] / "examples" / "plugin"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",

@@ -32,9 +32,8 @@ class ModelInfo:
 
     `min_input_size` and `input_multiple` describe what the image side is resized to for
     torchvision models: side = round_up(max(dataset side, min_input_size), input_multiple).
-    `options` are the keyword options a spec may pass (`{"name": "mlp", "hidden": 256}`);
-    with `free_options` any other key passes through too (timm's `create_model` arguments,
-    a Hugging Face config's overrides), checked by the worker when it builds the model.
+    `options` are the keyword options a spec may pass (`{"name": "mlp", "hidden": 256}`), the
+    only ones (`timm:`, `hf:` and plugin models too: `served.declared_options` has their types).
     `task` None: the task follows from the dataset (`hf:` models, plugins).
     """
 
@@ -45,7 +44,6 @@ class ModelInfo:
     min_input_size: int | None = None
     input_multiple: int = 1
     options: tuple[str, ...] = ()
-    free_options: bool = False
 
 
 @dataclass(frozen=True)

@@ -21,21 +21,22 @@ from dataclasses import replace
 from typing import Any
 
 from services.catalog import names, plugins
+from services.catalog.family_options import HF_CONFIG_OPTIONS, TIMM_OPTIONS
 from services.catalog.names import DatasetInfo, ModelInfo
+from services.catalog.option_types import Option, OptionError, check_declared
 
 MODEL_NAMESPACES = {
     "timm": (
         "timm:<name>: any timm model (timm.list_models()), randomly initialised; pretrained: true "
-        "loads the node's cached weights or `weights` (a file under a data root)"
+        "loads the node's cached weights or `weights` (a file under a data root); options: "
+        f"{', '.join(TIMM_OPTIONS)}"
     ),
     "hf": (
-        "hf:<model_type>: a Hugging Face transformers model built from its config class, other "
-        "keys override the config; hf:<directory under a data root>: a saved model"
+        "hf:<model_type>: a Hugging Face transformers model built from its config class, the "
+        "listed options override the config; hf:<directory under a data root>: a saved model "
+        "(no options)"
     ),
 }
-# `pretrained`, `weights`: the namespace's own options; other keys pass to timm.create_model
-# or override the Hugging Face config.
-NAMESPACE_OPTIONS = ("pretrained", "weights")
 _TIMM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _HF_MODEL_TYPE = re.compile(r"[a-z0-9][a-z0-9_\-]*")
 
@@ -120,7 +121,7 @@ def require_model(name: str) -> ModelInfo:
         if not _TIMM_NAME.fullmatch(rest):
             raise _unknown("model", name, " (a timm name is letters, digits, '_', '.', '-')")
         return ModelInfo(name=name, description=f"timm model {rest}", task="classification",
-                         source="timm", options=NAMESPACE_OPTIONS, free_options=True)
+                         source="timm", options=tuple(TIMM_OPTIONS))
     if sep and namespace == "hf":
         if rest.startswith("/"):
             return ModelInfo(name=name, description=f"Hugging Face model saved in {rest}",
@@ -128,14 +129,14 @@ def require_model(name: str) -> ModelInfo:
         if not _HF_MODEL_TYPE.fullmatch(rest):
             raise _unknown("model", name, " (hf: takes a model_type such as gpt2, or an absolute directory)")
         return ModelInfo(name=name, description=f"Hugging Face {rest} from its config", task=None,
-                         source="hf", free_options=True)
+                         source="hf", options=tuple(HF_CONFIG_OPTIONS))
     if sep and namespace not in MODEL_NAMESPACES:
         raise _unknown("model", name, f" (namespace {namespace!r} is not one of: {', '.join(MODEL_NAMESPACES)})")
     entry = plugins.installed(plugins.MODEL_GROUP).get(name)
     if entry is None:
         raise _unknown("model", name)
     return ModelInfo(name=name, description=plugins.describe(entry), task=None, source="plugin",
-                     free_options=True)
+                     options=tuple(plugins.declared_options(plugins.MODEL_GROUP, name)))
 
 
 def require_dataset(name: str) -> DatasetInfo:
@@ -150,6 +151,7 @@ def require_dataset(name: str) -> DatasetInfo:
             return DatasetInfo(
                 name=name, description=plugins.describe(entry), task="classification",
                 num_classes=None, train_size=None, val_size=None, source="plugin",
+                options=tuple(plugins.declared_options(plugins.DATASET_GROUP, name)),
             )
     raise _unknown("dataset", name)
 
@@ -162,13 +164,9 @@ def model_path(name: str) -> str | None:
 def check_options(kind: str, name: str, options: Mapping[str, Any]) -> str | None:
     """None when every key of `options` is accepted by model/dataset `name`, else a reason."""
     if kind == "model":
-        model = require_model(name)
-        if model.free_options:
-            return None
-        return _refused(kind, name, options, model.options)
+        return _refused(kind, name, options, require_model(name).options)
     if kind == "dataset":
-        dataset = require_dataset(name)
-        return None if dataset.source == "plugin" else _refused(kind, name, options, dataset.options)
+        return _refused(kind, name, options, require_dataset(name).options)
     raise ValueError(f"kind must be 'model' or 'dataset', got {kind!r}")
 
 
@@ -187,18 +185,23 @@ def configured_model(name: str, options: Mapping[str, Any] | None = None) -> Mod
     if info.source in ("builtin", "torchvision"):
         return names.configured_model(name, options)
     options = dict(options or {})
-    if reason := check_options("model", name, options):
-        raise ValueError(reason)
-    if "pretrained" in options and not isinstance(options["pretrained"], bool):
-        raise ValueError(f"model {name!r} option pretrained must be true or false; got {options['pretrained']!r}")
-    weights = options.get("weights")
-    if weights is not None and not (isinstance(weights, str) and weights.startswith("/")):
-        raise ValueError(
-            f"model {name!r} option weights must be an absolute path to a file under a data root; got {weights!r}"
-        )
-    if weights is not None and info.source == "timm" and options.get("pretrained") is not True:
-        raise ValueError(f"model {name!r} option weights needs pretrained: true")
+    check_declared(f"model {name!r}", options, declared_options("model", name))
+    if "weights" in options and options.get("pretrained") is not True:
+        raise OptionError("weights", f"model {name!r} option weights needs pretrained: true")
     return info
+
+
+def declared_options(kind: str, name: str) -> dict[str, Option]:
+    """The typed allow-list of a `timm:`, `hf:` or plugin model, or of a plugin dataset
+    (`family_options.py`, a plugin's declaration); `hf:<directory>` accepts none."""
+    if kind == "model":
+        info = require_model(name)
+        if info.source == "timm":
+            return TIMM_OPTIONS
+        if info.source == "hf":
+            return {} if model_path(name) else HF_CONFIG_OPTIONS
+        return plugins.declared_options(plugins.MODEL_GROUP, name)
+    return plugins.declared_options(plugins.DATASET_GROUP, name)
 
 
 def _fraction(name: str, key: str, value: Any) -> float:
@@ -284,10 +287,11 @@ def configured_dataset(name: str, options: Mapping[str, Any] | None = None) -> D
     if info.source == "builtin":
         return names.configured_dataset(name, options)
     options = dict(options or {})
+    if info.source == "plugin":
+        check_declared(f"dataset {name!r}", options, declared_options("dataset", name))
+        return info
     if reason := check_options("dataset", name, options):
         raise ValueError(reason)
-    if info.source == "plugin":
-        return info
     if "val_fraction" in options:
         _fraction(name, "val_fraction", options["val_fraction"])
     if name == "imagefolder":
@@ -387,13 +391,13 @@ def models_listing() -> list[dict[str, Any]]:
     """JSON-ready `GET /v1/catalog/models` items: the catalog, the namespaces, the plugins."""
     namespaces = [
         {"name": f"{namespace}:", "description": description, "task": None, "source": namespace,
-         "options": list(NAMESPACE_OPTIONS) if namespace == "timm" else [],
+         "options": list(TIMM_OPTIONS if namespace == "timm" else HF_CONFIG_OPTIONS),
          "min_input_size": None, "compatible_datasets": compatible_datasets(f"{namespace}:x")}
         for namespace, description in MODEL_NAMESPACES.items()
     ]
     found = [
         {"name": name, "description": plugins.describe(ep), "task": None, "source": "plugin",
-         "entry_point": ep.value, "options": [], "min_input_size": None,
+         "entry_point": ep.value, "options": list(require_model(name).options), "min_input_size": None,
          "compatible_datasets": compatible_datasets(name)}
         for name, ep in sorted(plugins.installed(plugins.MODEL_GROUP).items())
     ]

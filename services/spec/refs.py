@@ -5,9 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails
 
 from services import catalog
+from services.catalog.option_types import OptionError
 from services.spec.errors import not_allowed, spec_error
 from services.spec.fields import Bool
 
@@ -19,14 +29,20 @@ _REF_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
 def _check_options(kind: str, name: str, options: Mapping[str, Any]) -> None:
     if not options:
         return
-    if reason := catalog.check_options(kind, name, options):
-        entry = catalog.require_model(name) if kind == "model" else catalog.require_dataset(name)
-        raise spec_error("unknown_option", reason, list(entry.options))
+    reason = catalog.check_options(kind, name, options)
     # The catalog owns option ranges (the same checks `build_model` and `build_dataset` make).
     configured = catalog.configured_model if kind == "model" else catalog.configured_dataset
     try:
         configured(name, options)
+    except OptionError as exc:  # a typed allow-list (timm:, hf:, plugins): the option's own field
+        error = spec_error("unknown_option" if exc.unknown else "option_value", str(exc), exc.allowed)
+        raise ValidationError.from_exception_data(
+            kind, [InitErrorDetails(type=error, loc=(exc.key,), input=options.get(exc.key))]
+        ) from None
     except ValueError as exc:
+        if reason:
+            entry = catalog.require_model(name) if kind == "model" else catalog.require_dataset(name)
+            raise spec_error("unknown_option", reason, list(entry.options)) from None
         raise spec_error("option_value", str(exc)) from None
 
 

@@ -36,8 +36,17 @@ def test_unknown_timm_name_lists_close_names() -> None:
 def test_timm_options_pass_to_create_model_and_bad_ones_fail_clearly() -> None:
     model = build_model("timm:resnet18", IMAGES, drop_rate=0.25)
     assert model.drop_rate == 0.25
-    with pytest.raises(ValueError, match="refused options"):
-        build_model("timm:resnet18", IMAGES, no_such_argument=1)
+    with pytest.raises(ValueError, match="refused options"):  # allowed, but not by this model
+        build_model("timm:resnet18", IMAGES, img_size=64)
+
+
+@pytest.mark.parametrize("option", ["checkpoint_path", "pretrained_cfg_overlay", "no_such_argument"])
+def test_timm_options_outside_the_allow_list_never_reach_timm(option: str, tmp_path: Path) -> None:
+    """timm's `checkpoint_path` loaded any file the worker could read (issue 25, item 1)."""
+    stolen = tmp_path / "other_owner.pt"
+    torch.save(build_model("timm:resnet18", IMAGES).state_dict(), stolen)
+    with pytest.raises(ValueError, match=f"does not accept option '{option}'.*; accepted options: true or false: pretrained"):
+        build_model("timm:resnet18", IMAGES, **{option: str(stolen)})
 
 
 def test_pretrained_without_weights_says_what_was_tried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,8 +81,8 @@ def test_hf_model_from_its_config_with_overrides() -> None:
 
 @pytest.mark.parametrize(("name", "options", "message"), [
     ("hf:gpt3", {}, r"no model_type 'gpt3'; close: .*gpt2"),
-    ("hf:gpt2", {"n_layers": 2}, r"no option\(s\) n_layers; its options: .*n_layer"),
-    ("hf:gpt2", {"n_layer": "two"}, r"n_layer must be int like its default 12; got 'two'"),
+    ("hf:gpt2", {"n_layers": 2}, r"does not accept option 'n_layers' \(did you mean n_layer or .*; accepted options: .*n_layer"),
+    ("hf:gpt2", {"n_layer": "two"}, r"option n_layer must be integer 1\.\.1048576; got 'two'"),
     ("hf:gpt2", {**TINY_GPT2, "n_positions": 16}, "n_positions 16 is below the dataset's max_len 32"),
     ("hf:gpt2", {**TINY_GPT2, "vocab_size": 100}, "vocab_size 100 is smaller than the tokenizer's 256"),
 ])

@@ -41,11 +41,11 @@ def test_namespaces_resolve_without_torch() -> None:
 
 def test_namespace_models_and_their_tasks() -> None:
     timm = require_model("timm:resnet18")
-    assert (timm.source, timm.task, timm.free_options) == ("timm", "classification", True)
+    assert (timm.source, timm.task) == ("timm", "classification") and "checkpoint_path" not in timm.options
     hf = require_model("hf:gpt2")
     assert (hf.source, hf.task) == ("hf", None)  # the task follows from the dataset
     saved = require_model("hf:/data/models/tiny")
-    assert saved.source == "hf" and not saved.free_options
+    assert saved.source == "hf" and not saved.options
 
 
 @pytest.mark.parametrize("name", ["torchhub:resnet18", "timm:", "timm:a b", "hf:GPT 2", "nosuchmodel"])
