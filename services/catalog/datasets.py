@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from services.catalog.contained import check_links
 from services.catalog.names import DIGITS_VAL_SIZE, DatasetInfo
 from services.catalog.text import CharSequences, pad_collate
 from services.catalog.text_corpus import split
@@ -166,6 +167,8 @@ def from_data_root(info: DatasetInfo, data_root: Path, download: bool) -> Datase
     import torchvision.datasets
 
     cls = getattr(torchvision.datasets, _TORCHVISION_CLASS[info.name])
+    # CIFAR-10's batches are unpickled: a link out of the data root must not reach them.
+    check_links(data_root, f"{info.name} file", under=_EXPECTED_FILES[info.name][0].split("/")[0])
     try:
         splits = [cls(str(data_root), train=train, download=download) for train in (True, False)]
     except RuntimeError as exc:  # torchvision's "Dataset not found" and failed downloads

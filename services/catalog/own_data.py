@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from services.catalog.contained import check_links, inside
 from services.catalog.names import DatasetInfo
 from services.catalog.served import DEFAULT_IMAGE_SIZE, DEFAULT_MAX_LEN, columns_of
 from services.catalog.text import IGNORE_INDEX
@@ -84,6 +85,7 @@ def imagefolder(info: DatasetInfo, root: Path, seed: int, options: Mapping[str, 
 
     if not root.is_dir():
         raise ValueError(f"dataset 'imagefolder': data_root {root} is not a directory")
+    check_links(root, "image folder entry")  # ImageFolder follows every link it meets
     train_tf, val_tf = image_transforms(options)
     try:
         if (root / "train").is_dir() and (root / "val").is_dir():
@@ -123,10 +125,14 @@ def load_rows(name: str, root: Path, options: Mapping[str, Any]) -> tuple[Any, A
 
     datasets.disable_progress_bars()  # a worker's log is not a terminal
     if name == "hf_disk":
+        check_links(root, "saved dataset file")
+        check_saved_references(root)
         try:
             loaded = datasets.load_from_disk(str(root))
         except FileNotFoundError as exc:
             raise ValueError(f"dataset 'hf_disk': no dataset saved with save_to_disk at {root} ({exc})") from exc
+        except Exception as exc:  # noqa: BLE001 - the reader's message may quote the file
+            raise unreadable("hf_disk", "a dataset saved with save_to_disk", exc) from None
         if isinstance(loaded, datasets.DatasetDict):
             val_name = next((s for s in ("val", "validation", "test") if s in loaded), None)
             train_name = "train" if "train" in loaded else next(iter(loaded))
@@ -134,7 +140,8 @@ def load_rows(name: str, root: Path, options: Mapping[str, Any]) -> tuple[Any, A
         return loaded, None
     spec = options["data_files"]
     parts = spec if isinstance(spec, Mapping) else {"train": spec}
-    files = {split: [str(root / f) for f in (p if isinstance(p, list) else [p])] for split, p in parts.items()}
+    files = {split: [str(inside(root, f, "data file")) for f in (p if isinstance(p, list) else [p])]
+             for split, p in parts.items()}
     every = [f for group in files.values() for f in group]
     missing = [f for f in every if not Path(f).is_file()]
     if missing:
@@ -145,8 +152,41 @@ def load_rows(name: str, root: Path, options: Mapping[str, Any]) -> tuple[Any, A
             f"dataset 'files': cannot tell the format of {every[0]} from its suffix; set format to one of "
             "parquet, json, csv (suffixes .parquet, .jsonl, .json, .csv are known)"
         )
-    loaded = datasets.load_dataset(fmt, data_files=files)
+    try:
+        loaded = datasets.load_dataset(fmt, data_files=files)
+    except Exception as exc:  # noqa: BLE001 - a parse error quotes the line it failed on
+        raise unreadable("files", f"{fmt} (format)", exc) from None
     return loaded["train"], loaded.get("val")
+
+
+def unreadable(name: str, expected: str, exc: Exception) -> ValueError:
+    """The reader's failure without its message: a CSV or JSON parse error quotes the line it
+    failed on, and the file's content must never reach a job's error or events (the worker
+    records both). `from None` keeps the original out of the traceback event too."""
+    return ValueError(
+        f"dataset {name!r}: the data could not be read as {expected} ({type(exc).__name__}; the "
+        "reader's message is not shown, as it can quote the file). Check the file with the same "
+        "reader locally, e.g. datasets.load_dataset or load_from_disk"
+    )
+
+
+def check_saved_references(root: Path) -> None:
+    """The files a `save_to_disk` directory names in its JSON (`dataset_dict.json` splits,
+    `state.json` data files) lie inside it: `load_from_disk` joins them as they are."""
+    import json
+
+    def names(path: Path, key: str) -> list[Any]:
+        try:
+            value = json.loads(path.read_text("utf-8")).get(key, [])
+        except (OSError, ValueError, AttributeError):
+            return []  # absent or malformed: load_from_disk refuses it (its message is not shown)
+        return value if isinstance(value, list) else []
+
+    splits = [inside(root, str(split), "split") for split in names(root / "dataset_dict.json", "splits")]
+    for directory in splits or [Path(root)]:
+        for data_file in names(directory / "state.json", "_data_files"):
+            filename = data_file.get("filename") if isinstance(data_file, Mapping) else None
+            inside(directory, str(filename), "saved data file")
 
 
 def require_columns(rows: Any, columns: Mapping[str, Any], name: str) -> None:
@@ -171,14 +211,20 @@ class Tokenizer:
             return
         from tokenizers import Tokenizer as HFTokenizer
 
-        path = root / spec
-        file = path / "tokenizer.json" if path.is_dir() else path
+        path = inside(root, spec, "tokenizer")
+        file = inside(root, path / "tokenizer.json", "tokenizer") if path.is_dir() else path
         if not file.is_file():
             raise ValueError(
-                f"tokenizer {spec!r}: no tokenizer.json at {file} (save one with tokenizers' "
+                f"tokenizer {spec!r}: no tokenizer.json at {root / spec} (save one with tokenizers' "
                 'Tokenizer.save or a transformers tokenizer\'s save_pretrained), or use tokenizer: "bytes"'
             )
-        self._tok = HFTokenizer.from_file(str(file))
+        try:
+            self._tok = HFTokenizer.from_file(str(file))
+        except Exception as exc:  # noqa: BLE001 - the parser's message may quote the file
+            raise ValueError(
+                f"tokenizer {spec!r}: not a tokenizers tokenizer.json ({type(exc).__name__}; the message "
+                "is not shown, as it can quote the file); save one with Tokenizer.save"
+            ) from None
         self.vocab_size = self._tok.get_vocab_size()
         self.eos = next((i for n in _EOS_NAMES if (i := self._tok.token_to_id(n)) is not None), None)
         self.pad = next((i for n in _PAD_NAMES if (i := self._tok.token_to_id(n)) is not None), None)
@@ -278,11 +324,14 @@ def _text_classes(info: DatasetInfo, root: Path, options: Mapping[str, Any], col
 
 
 class RowImages(Dataset[tuple[torch.Tensor, int]]):
-    """(image, label) from an image column (PIL images, or {"bytes"/"path"} records)."""
+    """(image, label) from an image column (PIL images, or {"bytes"/"path"} records). A path
+    in the data is opened only inside `root` (the data_root): the data is the owner's, the
+    path in it could name any file the worker can read."""
 
-    def __init__(self, rows: Any, image: str, labels: list[int], transform: Any) -> None:
+    def __init__(self, rows: Any, image: str, labels: list[int], transform: Any, root: Path) -> None:
         self.rows, self.image, self.labels, self.transform = rows, image, labels, transform
         self.targets = labels
+        self.root = root
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -294,8 +343,19 @@ class RowImages(Dataset[tuple[torch.Tensor, int]]):
 
         value = self.rows[index][self.image]
         if isinstance(value, Mapping):
-            value = Image.open(io.BytesIO(value["bytes"])) if value.get("bytes") else Image.open(value["path"])
+            value = (Image.open(io.BytesIO(value["bytes"])) if value.get("bytes")
+                     else Image.open(inside(self.root, str(value["path"]), "image path")))
         return self.transform(value), self.labels[index]
+
+
+def undecoded(rows: Any, column: str) -> Any:
+    """`rows` with an Image column left as {"bytes", "path"} records: `datasets` would
+    otherwise open a record's path itself, wherever it points (RowImages checks it)."""
+    import datasets
+
+    if isinstance(rows.features.get(column), datasets.Image):
+        return rows.cast_column(column, datasets.Image(decode=False))
+    return rows
 
 
 def _label_ids(train: Any, val: Any, column: str) -> tuple[list[int], list[int], int]:
@@ -344,8 +404,9 @@ def table(info: DatasetInfo, root: Path, seed: int, options: Mapping[str, Any],
     if "image" in columns:
         train_tf, val_tf = image_transforms(options)
         size = int(options.get("image_size", DEFAULT_IMAGE_SIZE))
-        train_ds: Dataset[Any] = RowImages(train_rows, columns["image"], train_y, train_tf)
-        val_ds: Dataset[Any] = RowImages(val_rows, columns["image"], val_y, val_tf)
+        train_rows, val_rows = (undecoded(rows, columns["image"]) for rows in (train_rows, val_rows))
+        train_ds: Dataset[Any] = RowImages(train_rows, columns["image"], train_y, train_tf, root)
+        val_ds: Dataset[Any] = RowImages(val_rows, columns["image"], val_y, val_tf, root)
         info = replace(info, channels=3, image_size=size)
     else:
         feats = columns["features"]

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.catalog.contained import check_links
 from services.catalog.names import DatasetInfo, ModelInfo
 from services.catalog.plugins import MODEL_GROUP, installed
 from services.catalog.text import IGNORE_INDEX
@@ -135,6 +136,7 @@ def build_hf(info: ModelInfo, dataset: DatasetInfo, options: Mapping[str, Any]) 
     if target.startswith("/"):
         if not (Path(target) / "config.json").is_file():
             raise ValueError(f"model {info.name!r}: no saved Hugging Face model in {target} (config.json missing)")
+        check_links(Path(target), "saved model file")  # from_pretrained opens what the links name
         extra: dict[str, Any] = {} if task == "language_modeling" else {
             "num_labels": dataset.num_classes, "ignore_mismatched_sizes": True}
         if dataset.text_classification:
