@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from accumcore import distributed, items, loader_state, metrics
+from accumcore import distributed, items, label_shift, loader_state, metrics
 from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
@@ -108,9 +108,10 @@ class Trainer:
             ``fn(inputs, targets) -> int``, or None to infer it (``items.ItemCounter``;
             an ambiguous count is refused, never guessed).
         shift_labels: the model (or ``loss_fn``) scores ``labels[..., 1:]``, as a causal LM
-            does: count those. None: True for ``*ForCausalLM`` / ``*LMHeadModel`` models
-            returning their own loss, False with a ``loss_fn``; a mapping batch with
-            sequence labels for any other model is refused until it is set.
+            does: count those. None: False with a ``loss_fn``; for the model's own loss, told
+            once at fit start from what it computes (``accumcore.label_shift``: its loss
+            against its logits' cross-entropy with the labels shifted and in place, float64),
+            refused with a ``ValueError`` when neither matches.
         ignore_index: integer targets equal to this are not items (and not scored).
         checkpoint_every: write ``checkpoint_dir/<step>.pt`` every this many optimizer steps.
         checkpoint_dir: where checkpoints go; also written at the end of ``fit``.
@@ -184,7 +185,10 @@ class Trainer:
         self.loss_fn = loss_fn if loss_fn is not None else ModelLossOrCrossEntropy(ignore_index)
         custom_counter = callable(count_items)
         check_loss_fn(self.loss_fn, ignore_index, custom_counter=custom_counter)
-        self.shift_labels = _shift_labels(model, loss_fn, shift_labels)
+        self.shift_labels = _shift_labels(loss_fn, shift_labels)
+        # The model's own loss: whether it shifts its labels is told from what it computes on
+        # the first micro-batch of a fit (accumcore.label_shift), once.
+        self._detect_shift = self.shift_labels is None
         # A loss that does not say it is a mean is checked on the first micro-batch.
         self._check_loss_scale = not hasattr(self.loss_fn, "reduction")
         self.schedule = AccumulationSchedule(accumulation_steps)
@@ -426,6 +430,8 @@ class Trainer:
         self._window_was_last = False
         if window:
             self._largest_batch = max(self._largest_batch, *(_batch_samples(b) for b in window))
+        if self._detect_shift and window:
+            self._set_shift_labels(window[0])
         while True:
             micro_batches = make_micro_batches(window, self.oom_split, self.count_items)
             if self._check_loss_scale:
@@ -474,6 +480,26 @@ class Trainer:
                 f"{data['accumulation_steps']} micro-batches per step (same effective batch)",
                 data,
             )
+
+    def _set_shift_labels(self, batch: Any) -> None:
+        """``shift_labels`` from what the model's own loss scores (``accumcore.label_shift``)."""
+        self._detect_shift = False
+        if isinstance(batch, PendingBatch):
+            rng = capture_rng_state()  # loading draws random transforms: the window loads it again
+            batch = batch.source.load(batch.indices)
+            restore_rng_state(rng)
+        shift = label_shift.detect(distributed.unwrap(self.model), batch, self.device, self.ignore_index)
+        if shift is None:
+            return
+        self.shift_labels = shift
+        if isinstance(self.count_items, items.ItemCounter):
+            self.count_items.shift = shift
+        self._emit(
+            "shift_labels_detected",
+            f"the model's own loss scores its labels {'shifted (labels[..., 1:])' if shift else 'in place'}: "
+            f"counting them so (pass Trainer(shift_labels=...) to set it)",
+            {"shift_labels": shift},
+        )
 
     def _step(self, outcome: StepOutcome, started: float) -> dict[str, float]:
         self.global_step += 1
@@ -691,12 +717,12 @@ class Trainer:
         self._last_eval_step = None
 
 
-def _shift_labels(model: torch.nn.Module, loss_fn: Any, shift_labels: bool | None) -> bool | None:
-    """Whether labels are scored shifted (causal LM), where it can be told; see Trainer."""
+def _shift_labels(loss_fn: Any, shift_labels: bool | None) -> bool | None:
+    """Whether labels are scored shifted (causal LM) as given, False for a user's loss_fn
+    (which says so with shift_labels=True), None for the model's own loss: told at fit start."""
     if shift_labels is not None or loss_fn is not None:
         return bool(shift_labels)
-    name = type(distributed.unwrap(model)).__name__
-    return True if name.endswith(("ForCausalLM", "LMHeadModel")) else None
+    return None
 
 
 def _check_model_and_optimizer(model: Any, optimizer: Any, loss_fn: Any) -> None:
