@@ -53,7 +53,7 @@ from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_st
 from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
 from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
-from accumcore.verify_window import check_first_window, check_option
+from accumcore.verify_window import check_option, verify
 from accumcore.window import EXHAUSTED, STOPPED, WindowRunner, make_micro_batches
 from accumcore.window_source import PendingBatch, target_source
 
@@ -133,8 +133,12 @@ class Trainer:
         verify_window: before the first optimizer step of a fit from step 0, compare the
             first window's accumulated gradient with its big batch's (eval mode, fp32;
             ``accumcore.verify_window``) and report it as an ``exactness_check`` event.
-            ``True`` raises ``ExactnessError`` (naming the likely cause) above the tolerance,
-            ``"warn"`` reports and trains on, ``False`` (default) skips the check.
+            ``True`` raises ``ExactnessError`` (naming the fix that made the comparison pass
+            when re-run with it) above the tolerance, ``"warn"`` reports and trains on,
+            ``"strict"`` also fails when the check cannot run, ``False`` (default) skips it.
+            A window whose parts could not differ (one micro-batch: compared as two unequal
+            parts; rows of equal length, where a row mean is a token mean) reports
+            ``pending``, never ``passed``, and later windows are checked until one can.
         verify_memory_limit_bytes: cap on the check's big-batch peak memory; the check then
             uses the first micro-batches that fit (a sub-window, said in the event).
 
@@ -179,6 +183,7 @@ class Trainer:
             raise ValueError(f"verify_memory_limit_bytes must be >= 1 or None, got {verify_memory_limit_bytes}")
         self.verify_memory_limit_bytes = verify_memory_limit_bytes
         self._verify_pending = False  # set by fit: the check runs on a fresh fit's first window
+        self._verify_ran = False  # ... and on later windows while its result is "pending"
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
@@ -277,6 +282,7 @@ class Trainer:
             )
         history = self._history = FitHistory()
         self._verify_pending = bool(self.verify_window) and self.global_step == 0
+        self._verify_ran = False
         self.callbacks.on_fit_start(self)
         if not self.model.training:
             # Only a model left in eval mode as a whole is switched: submodules the user put
@@ -438,9 +444,9 @@ class Trainer:
                 self._check_loss_scale = not check_mean_over_items(
                     distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
                 )
-            if self._verify_pending:  # before the first optimizer step (rule 16)
-                self._verify_pending = False
-                check_first_window(self, micro_batches)
+            if self._verify_pending:  # before the first optimizer step, and later while pending (rule 16)
+                self._verify_pending = verify(self, micro_batches, first=not self._verify_ran)
+                self._verify_ran = True
             try:
                 result = self._runner.run(micro_batches, windows_left)
             except RuntimeError as exc:
