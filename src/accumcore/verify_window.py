@@ -33,6 +33,7 @@ import torch
 
 from accumcore import distributed, items
 from accumcore.oom import OOM_ERRORS, release_memory
+from accumcore.pad_batch import pad_concat, pad_id_of
 from accumcore.peak_memory import cpu_peak_added
 from accumcore.precision import Precision
 from accumcore.rng import capture_rng_state, restore_rng_state
@@ -198,7 +199,7 @@ def _compare(
     # (b) the big batch, on the first k micro-batches that fit.
     k = len(loaded)
     while True:
-        big, why_not = _big_batch(micro_batches[:k], loaded[:k], rng)
+        big, why_not = _big_batch(micro_batches[:k], loaded[:k], rng, pad_id_of(module), ignore_index)
         if big is None:
             result.note = f"skipped: {why_not}"
             return
@@ -269,13 +270,21 @@ def _load(micro_batches: list[MicroBatch], rng: dict[str, Any]) -> list[MicroBat
 
 
 def _big_batch(
-    micro_batches: list[MicroBatch], loaded: list[MicroBatch], rng: dict[str, Any]
+    micro_batches: list[MicroBatch], loaded: list[MicroBatch], rng: dict[str, Any], pad_id: int,
+    ignore_index: int,
 ) -> tuple[tuple[Any, Any] | None, str]:
     """(inputs, targets) of the micro-batches as one batch, or None and the reason."""
     try:
         return (concat([mb.inputs for mb in loaded]), concat([mb.targets for mb in loaded])), ""
     except (RuntimeError, TypeError, ValueError) as exc:
         reason = str(exc).splitlines()[0]
+    if all(isinstance(mb.inputs, Mapping) for mb in loaded):
+        # Keyword batches padded per micro-batch: padded again to the window's longest row.
+        try:
+            big = pad_concat([mb.inputs for mb in loaded], pad_id, ignore_index)
+            return (big, big.get("labels")), ""
+        except ValueError as exc:
+            reason = str(exc)
     pending = [mb.pending for mb in micro_batches]
     if pending and all(p is not None for p in pending):
         # The loader gives the samples' indices: collate them as one batch, as the loader's

@@ -200,3 +200,57 @@ def test_kl_div_batchmean_is_counted_as_a_row_mean() -> None:
     assert max_diff(model, reference) <= 1e-12
     [(_, data)] = events.checks
     assert data["status"] == "passed" and data["item_counts"] == [4.0, 4.0]
+
+
+# ------------------------------------------- item 4: padded per micro-batch, no hook
+def tiny_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=8, n_layer=1, n_head=2, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0)
+    return GPT2LMHeadModel(config).double()
+
+
+def padded_per_micro_batch(extra: bool = False) -> list[dict[str, torch.Tensor]]:
+    """The README's causal-LM shape: each micro-batch padded to its own longest row, so the
+    micro-batches differ in length and cannot be concatenated as they are."""
+    g = torch.Generator().manual_seed(9)
+    batches = []
+    for lengths in ([5, 2], [3, 7], [4, 4], [6, 2]):
+        longest = max(lengths)
+        ids = torch.zeros(2, longest, dtype=torch.long)
+        mask = torch.zeros(2, longest, dtype=torch.long)
+        labels = torch.full((2, longest), -100)
+        for row, n in enumerate(lengths):
+            ids[row, :n] = torch.randint(1, VOCAB, (n,), generator=g)
+            mask[row, :n] = 1
+            labels[row, :n] = ids[row, :n]
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        if extra:
+            batch["special"] = torch.zeros(2, longest, dtype=torch.long)
+        batches.append(batch)
+    return batches
+
+
+def test_dict_batches_padded_per_micro_batch_are_padded_again_and_checked() -> None:
+    events = Events()
+    model = tiny_gpt2()
+    history = trainer(model, events, accumulation_steps=2, verify_window=True).fit(padded_per_micro_batch())
+    assert len(history.steps) == 2
+    [(message, data)] = events.checks
+    assert data["status"] == "passed" and data["rel_error"] <= TOLERANCE, message
+    assert data["micro_batches"] == 2 and data["item_counts"] == [5.0, 8.0]  # shifted: (4 + 1), (2 + 6)
+
+
+def test_strict_fails_when_the_check_cannot_run() -> None:
+    batches = padded_per_micro_batch(extra=True)
+    events = Events()
+    model = tiny_gpt2()
+    with pytest.raises(ExactnessError, match="'special' differs in length.*verify_window='strict'") as raised:
+        trainer(model, events, accumulation_steps=2, verify_window="strict").fit(batches)
+    assert raised.value.cause == "not_run"
+    [(_, data)] = events.checks
+    assert data["status"] == "skipped" and data["passed"] is None
+    model = tiny_gpt2()  # True trains on without a verdict, and says why
+    trainer(model, Events(), accumulation_steps=2, verify_window=True).fit(batches)
