@@ -280,6 +280,15 @@ class Trainer:
                 "ReduceLROnPlateau steps on the validation loss: pass val_loader to fit (it is "
                 "stepped after each epoch's evaluation, and every eval_every steps)"
             )
+        if loader_state.persistent_workers(train_loader) and (
+            self.checkpoint_dir is not None or self.global_step > 0
+        ):
+            # Checkpoints promise an exact resume, which these workers' RNG states break.
+            raise ValueError(
+                f"the training DataLoader has persistent_workers=True and this fit "
+                f"{'writes checkpoints' if self.global_step == 0 else 'resumes from a checkpoint'}: "
+                f"{loader_state.PERSISTENT_WORKERS}"
+            )
         history = self._history = FitHistory()
         self._verify_pending = bool(self.verify_window) and self.global_step == 0
         self._verify_ran = False
