@@ -208,7 +208,7 @@ def tiny_gpt2() -> nn.Module:
 
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=8, n_layer=1, n_head=2, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0)
+                        embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=1)
     return GPT2LMHeadModel(config).double()
 
 
@@ -254,3 +254,33 @@ def test_strict_fails_when_the_check_cannot_run() -> None:
     assert data["status"] == "skipped" and data["passed"] is None
     model = tiny_gpt2()  # True trains on without a verdict, and says why
     trainer(model, Events(), accumulation_steps=2, verify_window=True).fit(batches)
+
+
+# ------------------------------------------- item 7: the model's own loss is float32
+def _shifted_ce(outputs, labels: torch.Tensor) -> torch.Tensor:
+    logits = outputs.logits
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+_shifted_ce.reduction = "mean"  # type: ignore[attr-defined]
+
+
+def test_a_stock_hugging_face_loss_is_float32_even_in_a_float64_model() -> None:
+    """GPT-2's own loss casts its logits to float32: a float64 run is exact to ~1e-8, not 1e-12;
+    the same loss on the float64 logits (a loss_fn) is exact to 1e-12 (the docs give both)."""
+    from accumcore.pad_batch import pad_concat
+
+    batches = padded_per_micro_batch() * 2
+    model = tiny_gpt2()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for start in range(0, len(batches), 2):
+        big = pad_concat(batches[start:start + 2], 0, -100)
+        _shifted_ce(reference(**big), big["labels"]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    own, float64 = copy.deepcopy(model), copy.deepcopy(model)
+    trainer(own, Events(), accumulation_steps=2).fit(batches)
+    trainer(float64, Events(), loss_fn=_shifted_ce, accumulation_steps=2, shift_labels=True).fit(batches)
+    assert max_diff(float64, reference) <= 1e-12
+    assert 1e-12 < max_diff(own, reference) <= 1e-6
