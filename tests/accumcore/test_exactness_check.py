@@ -20,6 +20,7 @@ from trainer_reference import VOCAB, TokenCrossEntropy, token_dataset, token_mod
 
 from accumcore import Callback, ExactnessError, Trainer
 from accumcore.verify_window import TOLERANCE
+from bench.trainer.exactness_detection import RowMean as RowMeanCrossEntropy
 
 
 class Events(Callback):
@@ -29,18 +30,6 @@ class Events(Callback):
     def on_event(self, trainer, kind, message, data) -> None:
         if kind == "exactness_check":
             self.checks.append((message, data))
-
-
-class RowMeanCrossEntropy(nn.Module):
-    """The mean over rows of each row's mean token cross-entropy: declares 'mean', is not the
-    token mean the trainer counts by default."""
-
-    reduction = "mean"
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        per_token = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
-        valid = (targets != -100).to(per_token.dtype)
-        return ((per_token * valid).sum(1) / valid.sum(1).clamp(min=1)).mean()
 
 
 class LyingSum(nn.Module):

@@ -17,8 +17,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from accumcore import Callback, Trainer
-
-VOCAB = 11
+from bench.trainer.exactness_detection import VOCAB
+from bench.trainer.exactness_detection import lm_batches as padded_batches
 
 
 def tiny_xlnet() -> nn.Module:
@@ -52,20 +52,6 @@ class TinyDecoder(nn.Module):
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1),
                                ignore_index=-100, label_smoothing=self.smoothing)
         return Output(logits, loss)
-
-
-def padded_batches() -> list[dict[str, torch.Tensor]]:
-    """Six micro-batches of two rows padded to 6 tokens; valid lengths vary, so a shifted and an
-    in-place count weigh the micro-batches differently."""
-    g = torch.Generator().manual_seed(8)
-    batches = []
-    for valid in ([6, 2], [3, 6], [2, 5], [5, 5], [2, 3], [6, 4]):
-        ids = torch.randint(1, VOCAB, (2, 6), generator=g)
-        labels, mask = ids.clone(), torch.ones(2, 6, dtype=torch.float64)
-        for row, n in enumerate(valid):
-            ids[row, n:], labels[row, n:], mask[row, n:] = 0, -100, 0
-        batches.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
-    return batches
 
 
 def big_batch_training(model: nn.Module, batches: list[dict], n: int, lr: float) -> nn.Module:
