@@ -18,6 +18,9 @@ or a step the big batch does not take, counts as error 1.0 (NaN if that update i
 Two more rows (bench/trainer/exactness_corners.py): `plain_loader_resume` (bitwise yes/no, after a
 stop and a resume on `DataLoader(shuffle=True)` with dropout) and `ddp_uneven_shards` (2 gloo
 ranks, one without a micro-batch in the last window: relative error of the final weights).
+Three more (bench/trainer/exactness_detection.py, issue 28): `unshifted_lm_head` (a tiny XLNet
+LM head, float64), `one_micro_batch_first_window` (schedule {0: 1, 1: 2}) and `detection` (each
+usual mistake: caught at which window, with the fix the check re-ran and saw pass, or pending).
 Target: accum <= 1e-6; the table shows the others.
 
     .venv/bin/python -m bench.trainer.exactness [--quick] [--out]
@@ -37,6 +40,7 @@ from bench.harness import common as _common
 from bench.harness import peers as _peers
 from bench.harness import workloads as w
 from bench.trainer import exactness_corners as _corners
+from bench.trainer import exactness_detection as _detection
 
 LR = 0.1
 VOCAB, SEQ = 16, 6
@@ -199,11 +203,14 @@ def main() -> None:
         for peer in _peers.PEERS:
             row.setdefault(peer, {"status": peers_reason})
     ours = max(ours, corners["ddp_uneven_shards"]["accum"]["error"])
+    issue_28 = _detection.rows()  # float64 rows: their own figure, max abs weight difference
+    for name in ("unshifted_lm_head", "one_micro_batch_first_window"):
+        issue_28[name].update({peer: {"status": "not run for this row"} for peer in (*_peers.PEERS, "hf_trainer")})
     _common.emit("exactness", {
         "machine": _common.machine("cpu"),
         "figure": "max relative error of the accumulated update vs the big batch (fp32)",
         "target": 1e-6, "measured": ours, "verdict": _common.verdict(ours, 1e-6, False),
-        "peers": _peers.peer_versions(), "errors": table, "corners": corners,
+        "peers": _peers.peer_versions(), "errors": table, "corners": corners, **issue_28,
     }, args)
 
 

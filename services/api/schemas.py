@@ -102,7 +102,12 @@ class AttemptPublic(BaseModel):
 
 
 class Exactness(BaseModel):
-    checked: bool = Field(description="whether the first window was compared with its big batch")
+    status: Literal["passed", "failed", "pending", "not_checked"] = Field(
+        default="not_checked", description="passed: a window was compared with its big batch where "
+        "a wrong weighting would have shown, and they agree; failed: they differ; pending: compared "
+        "only where every weighting agrees (one micro-batch, rows of equal length), checking later "
+        "windows; not_checked: see note")
+    checked: bool = Field(description="whether a window was compared with its big batch and a verdict given")
     rel_error: float | None = Field(
         default=None, description="relative error of the first window's accumulated gradient against "
         "the big batch's (fp32, eval mode); null when not checked or not finite")
@@ -120,8 +125,17 @@ def exactness(spec: dict[str, Any], event: Any | None) -> Exactness:
         return Exactness(checked=False, note=note)
     data = event.data or {}
     rel = data.get("rel_error")
+    passed = data.get("passed")
+    # accumcore's status (its "skipped" is not_checked here); events written before it had
+    # one: a verdict is passed or failed.
+    status: Literal["passed", "failed", "pending", "not_checked"] = "not_checked"
+    if data.get("status") == "pending":
+        status = "pending"
+    elif passed is not None:
+        status = "passed" if passed else "failed"
     return Exactness(
-        checked=data.get("passed") is not None,
+        status=status,
+        checked=passed is not None,
         rel_error=float(rel) if isinstance(rel, int | float) and math.isfinite(rel) else None,
         tolerance=data.get("tolerance"),
         passed=data.get("passed"),

@@ -212,6 +212,8 @@ def exactness_line(check: Any) -> str | None:
         bound = f" > {tolerance:g}" if isinstance(tolerance, int | float) and shown else ""
         return f"NOT exact{shown}{bound} (cause: accum watch ID)"
     note = str(check.get("note") or "not checked")
+    if check.get("status") == "pending":
+        return cut("pending: " + note.removeprefix("exactness check pending: "), 60)
     return cut(note.removeprefix("exactness check not run: "), 60)
 
 

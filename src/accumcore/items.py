@@ -72,7 +72,8 @@ class ItemCounter:
     ``mode``:
     - ``"tokens"``: integer targets: the elements not equal to ``ignore_index``; float targets:
       every position: B for [B], B x T for [B, T], B x T for a [B, T, V] distribution per token;
-    - ``"rows"``: the first dimension of the targets (samples);
+    - ``"rows"``: the first dimension of the targets (samples); inferred for
+      ``KLDivLoss(reduction="batchmean")``;
     - ``None``: inferred. Integer targets: tokens. Float targets: the elements for the
       element-wise losses (MSE, L1, smooth L1, Huber, BCE); numel / C for cross-entropy on
       [B, C, ...] class probabilities; rows for [B] or [B, 1]; for any other loss, rows as
@@ -85,6 +86,8 @@ class ItemCounter:
     def __init__(self, mode: str | None, ignore_index: int, shift: bool | None, loss_fn: Any) -> None:
         if mode is not None and mode not in COUNT_MODES:
             raise ValueError(f"count_items must be 'tokens', 'rows', a callable or None, got {mode!r}")
+        if mode is None and isinstance(loss_fn, torch.nn.KLDivLoss) and loss_fn.reduction == "batchmean":
+            mode = "rows"  # batchmean is the sum over a sample's elements, averaged over samples
         self.mode = mode
         self.ignore_index = ignore_index
         self.shift = shift
@@ -184,16 +187,18 @@ def empty_rows(value: Any) -> Any:
     return value
 
 
-def split(value: Any, parts: int) -> list[Any]:
-    """Split along the first dimension into ``parts`` nearly equal chunks (OOM back-off)."""
+def split(value: Any, parts: int | list[int]) -> list[Any]:
+    """Split along the first dimension into ``parts`` nearly equal chunks (OOM back-off), or
+    at the row indices ``parts`` lists (``torch.tensor_split``'s two forms)."""
+    count = parts if isinstance(parts, int) else len(parts) + 1
     if isinstance(value, torch.Tensor):
         if value.dim() == 0:
-            return [value] * parts
+            return [value] * count
         return list(torch.tensor_split(value, parts, dim=0))
     if isinstance(value, Mapping):
         pieces = {k: split(v, parts) for k, v in value.items()}
-        return [{k: pieces[k][i] for k in value} for i in range(parts)]
+        return [{k: pieces[k][i] for k in value} for i in range(count)]
     if isinstance(value, tuple | list):
         columns = [split(v, parts) for v in value]
-        return [type(value)(col[i] for col in columns) for i in range(parts)]
-    return [value] * parts
+        return [type(value)(col[i] for col in columns) for i in range(count)]
+    return [value] * count

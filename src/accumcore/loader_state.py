@@ -17,7 +17,8 @@ base seed), and ``accumcore.data.make_loader``'s batch sampler (order from (seed
 An ``IterableDataset`` that saves its own position (``state_dict`` / ``load_state_dict``, read
 without worker processes) is restored to it instead (``stateful_dataset``). ``inexact_reason``
 names the others: any other ``IterableDataset``, a custom sampler, persistent workers (their
-RNG states outlive the epoch and are not saved).
+RNG states outlive the epoch and are not saved; the trainer refuses them where a fit writes
+or resumes from checkpoints, ``persistent_workers``).
 """
 
 from __future__ import annotations
@@ -178,9 +179,21 @@ def inexact_reason(loader: Any) -> str | None:
             "(sequential, random, subset-random, weighted-random, distributed, or "
             "accumcore.data.make_loader's); give it state_dict/load_state_dict and set_epoch"
         )
-    if loader.num_workers > 0 and loader.persistent_workers:
-        return (
-            "its persistent worker processes keep their RNG states from epoch to epoch, and those "
-            "are not saved: random transforms in a resumed run draw other numbers"
-        )
+    if persistent_workers(loader):
+        return PERSISTENT_WORKERS
     return None
+
+
+PERSISTENT_WORKERS = (
+    "its persistent worker processes keep their RNG states from epoch to epoch, and those are not "
+    "saved: random transforms in a resumed run draw other numbers (0.058 off in the audit's run). "
+    "Pass persistent_workers=False: workers are then started at each epoch from the base seed "
+    "the trainer's saved RNG states reproduce, and a resume is bitwise exact"
+)
+
+
+def persistent_workers(loader: Any) -> bool:
+    """A plain DataLoader (not one that replays itself) whose workers outlive the epoch."""
+    inner = _data_loader(loader)
+    return (inner is not None and not _replays_itself(inner) and inner.num_workers > 0
+            and bool(inner.persistent_workers))

@@ -44,6 +44,8 @@ def check_loss_fn(
 ) -> None:
     """Refuse losses whose value is not a mean over the items the trainer counts."""
     reduction = getattr(loss_fn, "reduction", "mean")
+    if reduction == "batchmean" and isinstance(loss_fn, torch.nn.KLDivLoss):
+        return  # the KL divergence per sample, averaged over rows: counted as rows (items.ItemCounter)
     if reduction != "mean":
         raise ValueError(
             f"loss_fn has reduction={reduction!r}; accumcore weights each micro-batch's mean "

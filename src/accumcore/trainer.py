@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from accumcore import distributed, items, loader_state, metrics
+from accumcore import distributed, items, label_shift, loader_state, metrics
 from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
@@ -53,7 +53,7 @@ from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_st
 from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
 from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
-from accumcore.verify_window import check_first_window, check_option
+from accumcore.verify_window import check_option, verify
 from accumcore.window import EXHAUSTED, STOPPED, WindowRunner, make_micro_batches
 from accumcore.window_source import PendingBatch, target_source
 
@@ -108,9 +108,10 @@ class Trainer:
             ``fn(inputs, targets) -> int``, or None to infer it (``items.ItemCounter``;
             an ambiguous count is refused, never guessed).
         shift_labels: the model (or ``loss_fn``) scores ``labels[..., 1:]``, as a causal LM
-            does: count those. None: True for ``*ForCausalLM`` / ``*LMHeadModel`` models
-            returning their own loss, False with a ``loss_fn``; a mapping batch with
-            sequence labels for any other model is refused until it is set.
+            does: count those. None: False with a ``loss_fn``; for the model's own loss, told
+            once at fit start from what it computes (``accumcore.label_shift``: its loss
+            against its logits' cross-entropy with the labels shifted and in place, float64),
+            refused with a ``ValueError`` when neither matches.
         ignore_index: integer targets equal to this are not items (and not scored).
         checkpoint_every: write ``checkpoint_dir/<step>.pt`` every this many optimizer steps.
         checkpoint_dir: where checkpoints go; also written at the end of ``fit``.
@@ -132,8 +133,12 @@ class Trainer:
         verify_window: before the first optimizer step of a fit from step 0, compare the
             first window's accumulated gradient with its big batch's (eval mode, fp32;
             ``accumcore.verify_window``) and report it as an ``exactness_check`` event.
-            ``True`` raises ``ExactnessError`` (naming the likely cause) above the tolerance,
-            ``"warn"`` reports and trains on, ``False`` (default) skips the check.
+            ``True`` raises ``ExactnessError`` (naming the fix that made the comparison pass
+            when re-run with it) above the tolerance, ``"warn"`` reports and trains on,
+            ``"strict"`` also fails when the check cannot run, ``False`` (default) skips it.
+            A window whose parts could not differ (one micro-batch: compared as two unequal
+            parts; rows of equal length, where a row mean is a token mean) reports
+            ``pending``, never ``passed``, and later windows are checked until one can.
         verify_memory_limit_bytes: cap on the check's big-batch peak memory; the check then
             uses the first micro-batches that fit (a sub-window, said in the event).
 
@@ -178,13 +183,17 @@ class Trainer:
             raise ValueError(f"verify_memory_limit_bytes must be >= 1 or None, got {verify_memory_limit_bytes}")
         self.verify_memory_limit_bytes = verify_memory_limit_bytes
         self._verify_pending = False  # set by fit: the check runs on a fresh fit's first window
+        self._verify_ran = False  # ... and on later windows while its result is "pending"
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
         self.loss_fn = loss_fn if loss_fn is not None else ModelLossOrCrossEntropy(ignore_index)
         custom_counter = callable(count_items)
         check_loss_fn(self.loss_fn, ignore_index, custom_counter=custom_counter)
-        self.shift_labels = _shift_labels(model, loss_fn, shift_labels)
+        self.shift_labels = _shift_labels(loss_fn, shift_labels)
+        # The model's own loss: whether it shifts its labels is told from what it computes on
+        # the first micro-batch of a fit (accumcore.label_shift), once.
+        self._detect_shift = self.shift_labels is None
         # A loss that does not say it is a mean is checked on the first micro-batch.
         self._check_loss_scale = not hasattr(self.loss_fn, "reduction")
         self.schedule = AccumulationSchedule(accumulation_steps)
@@ -271,8 +280,18 @@ class Trainer:
                 "ReduceLROnPlateau steps on the validation loss: pass val_loader to fit (it is "
                 "stepped after each epoch's evaluation, and every eval_every steps)"
             )
+        if loader_state.persistent_workers(train_loader) and (
+            self.checkpoint_dir is not None or self.global_step > 0
+        ):
+            # Checkpoints promise an exact resume, which these workers' RNG states break.
+            raise ValueError(
+                f"the training DataLoader has persistent_workers=True and this fit "
+                f"{'writes checkpoints' if self.global_step == 0 else 'resumes from a checkpoint'}: "
+                f"{loader_state.PERSISTENT_WORKERS}"
+            )
         history = self._history = FitHistory()
         self._verify_pending = bool(self.verify_window) and self.global_step == 0
+        self._verify_ran = False
         self.callbacks.on_fit_start(self)
         if not self.model.training:
             # Only a model left in eval mode as a whole is switched: submodules the user put
@@ -426,15 +445,17 @@ class Trainer:
         self._window_was_last = False
         if window:
             self._largest_batch = max(self._largest_batch, *(_batch_samples(b) for b in window))
+        if self._detect_shift and window:
+            self._set_shift_labels(window[0])
         while True:
             micro_batches = make_micro_batches(window, self.oom_split, self.count_items)
             if self._check_loss_scale:
                 self._check_loss_scale = not check_mean_over_items(
                     distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
                 )
-            if self._verify_pending:  # before the first optimizer step (rule 16)
-                self._verify_pending = False
-                check_first_window(self, micro_batches)
+            if self._verify_pending:  # before the first optimizer step, and later while pending (rule 16)
+                self._verify_pending = verify(self, micro_batches, first=not self._verify_ran)
+                self._verify_ran = True
             try:
                 result = self._runner.run(micro_batches, windows_left)
             except RuntimeError as exc:
@@ -474,6 +495,26 @@ class Trainer:
                 f"{data['accumulation_steps']} micro-batches per step (same effective batch)",
                 data,
             )
+
+    def _set_shift_labels(self, batch: Any) -> None:
+        """``shift_labels`` from what the model's own loss scores (``accumcore.label_shift``)."""
+        self._detect_shift = False
+        if isinstance(batch, PendingBatch):
+            rng = capture_rng_state()  # loading draws random transforms: the window loads it again
+            batch = batch.source.load(batch.indices)
+            restore_rng_state(rng)
+        shift = label_shift.detect(distributed.unwrap(self.model), batch, self.device, self.ignore_index)
+        if shift is None:
+            return
+        self.shift_labels = shift
+        if isinstance(self.count_items, items.ItemCounter):
+            self.count_items.shift = shift
+        self._emit(
+            "shift_labels_detected",
+            f"the model's own loss scores its labels {'shifted (labels[..., 1:])' if shift else 'in place'}: "
+            f"counting them so (pass Trainer(shift_labels=...) to set it)",
+            {"shift_labels": shift},
+        )
 
     def _step(self, outcome: StepOutcome, started: float) -> dict[str, float]:
         self.global_step += 1
@@ -691,12 +732,12 @@ class Trainer:
         self._last_eval_step = None
 
 
-def _shift_labels(model: torch.nn.Module, loss_fn: Any, shift_labels: bool | None) -> bool | None:
-    """Whether labels are scored shifted (causal LM), where it can be told; see Trainer."""
+def _shift_labels(loss_fn: Any, shift_labels: bool | None) -> bool | None:
+    """Whether labels are scored shifted (causal LM) as given, False for a user's loss_fn
+    (which says so with shift_labels=True), None for the model's own loss: told at fit start."""
     if shift_labels is not None or loss_fn is not None:
         return bool(shift_labels)
-    name = type(distributed.unwrap(model)).__name__
-    return True if name.endswith(("ForCausalLM", "LMHeadModel")) else None
+    return None
 
 
 def _check_model_and_optimizer(model: Any, optimizer: Any, loss_fn: Any) -> None:

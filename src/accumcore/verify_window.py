@@ -33,13 +33,15 @@ import torch
 
 from accumcore import distributed, items
 from accumcore.oom import OOM_ERRORS, release_memory
+from accumcore.pad_batch import pad_concat, pad_id_of
 from accumcore.peak_memory import cpu_peak_added
 from accumcore.precision import Precision
 from accumcore.rng import capture_rng_state, restore_rng_state
+from accumcore.verify_weights import find_fix, grads, inconclusive_reason, relative_errors
 from accumcore.window import MicroBatch, WindowRunner
 
 TOLERANCE = 1e-6  # relative, fp32: float32 rounding of a window sum is ~1e-7
-MODES = (False, True, "warn")
+MODES = (False, True, "warn", "strict")
 # Loss values this close are "the same" when naming the cause (fp32 forward passes).
 _LOSS_MATCH = 1e-5
 
@@ -59,9 +61,9 @@ class ExactnessError(RuntimeError):
 
 def check_option(value: Any) -> bool | str:
     """``verify_window`` as given, or a ValueError naming the allowed values."""
-    if value is False or value is True or value == "warn":
+    if value is False or value is True or value in ("warn", "strict"):
         return value
-    raise ValueError(f"verify_window must be False, True or 'warn', got {value!r}")
+    raise ValueError(f"verify_window must be False, True, 'warn' or 'strict', got {value!r}")
 
 
 @dataclass
@@ -77,28 +79,47 @@ class CheckResult:
     note: str = ""
     cause: str | None = None
     fix: str | None = None
+    # Why the parts compared could not differ (one part, counts proportional to the rows'):
+    # a pass then proves nothing and the check waits for a window that can tell.
+    pending: str | None = None
 
     @property
     def items(self) -> float:
         return float(sum(self.item_counts))
 
 
-def check_first_window(trainer: Any, micro_batches: list[MicroBatch]) -> None:
-    """The trainer's one call: check, report (event ``exactness_check``), raise on failure
-    unless ``trainer.verify_window == "warn"``."""
+def verify(trainer: Any, micro_batches: list[MicroBatch], first: bool) -> bool:
+    """The trainer's one call, before a window runs: check, report (event ``exactness_check``),
+    raise on failure unless ``trainer.verify_window == "warn"``. True while the check is
+    ``pending``: then the trainer calls again on its next windows, and a later window is
+    compared only when its item counts can tell the usual mistakes apart (read from the
+    counts already made; under DDP one small all-reduce of that flag)."""
+    shift = bool(trainer.shift_labels)
+    if not first:
+        local = inconclusive_reason(micro_batches, trainer.loss_fn, trainer.ignore_index, shift) is None
+        if distributed.ddp_wrapped(trainer.model):
+            local = bool(distributed.all_reduce_sum([float(local)], distributed.comm_device(trainer.model))[0] > 0)
+        if not local:
+            return True
     result = check_window(
         trainer.model, trainer.loss_fn, micro_batches, trainer.device,
         memory_limit_bytes=trainer.verify_memory_limit_bytes,
-        ignore_index=trainer.ignore_index, shift_labels=trainer.shift_labels,
+        ignore_index=trainer.ignore_index, shift_labels=shift, counter=trainer.count_items,
     )
     data = _reduce_over_ranks(trainer.model, result)
+    data["step"] = trainer.global_step  # the window before this optimizer step
     passed = data["passed"]
     message = _message(data)
     if distributed.is_main_process():
         trainer._emit("exactness_check", message, data)
-    if passed is False and trainer.verify_window is True:
+    if passed is False and trainer.verify_window in (True, "strict"):
         raise ExactnessError(message + ". Pass verify_window='warn' to train anyway",
                              rel_error=data["rel_error"], tolerance=TOLERANCE, cause=data["cause"] or "unknown")
+    if data["status"] == "skipped" and trainer.verify_window == "strict":
+        raise ExactnessError(message + ". verify_window='strict' needs the check to run: fix what the "
+                             "note says, or pass verify_window=True to train without it",
+                             rel_error=math.nan, tolerance=TOLERANCE, cause="not_run")
+    return data["status"] == "pending"
 
 
 def check_window(
@@ -110,8 +131,13 @@ def check_window(
     memory_limit_bytes: int | None = None,
     ignore_index: int = -100,
     shift_labels: bool | None = None,
+    counter: Callable[[Any, Any], Any] | None = None,
 ) -> CheckResult:
     """Compare the accumulated gradient of ``micro_batches`` with their big batch's.
+
+    A window of one micro-batch is compared as two parts of unequal rows (``counter`` counts
+    them; default: the trainer's inferred count), so a sum or a wrong count can show; a
+    window whose parts cannot tell the usual mistakes apart leaves ``result.pending`` set.
 
     ``memory_limit_bytes``: the big batch's peak (fp32 forward and backward; on the CPU the
     profiler's allocator peak, on CUDA ``max_memory_allocated``) must stay below it, else the
@@ -133,7 +159,8 @@ def check_window(
         module.eval()
         with torch.autocast(device.type, enabled=False):
             _compare(module, loss_fn, micro_batches, device, params, rng, result,
-                     memory_limit_bytes, ignore_index, shift_labels)
+                     memory_limit_bytes, ignore_index, bool(shift_labels),
+                     counter or items.ItemCounter(None, ignore_index, bool(shift_labels), loss_fn))
     finally:
         for (_, param), grad in zip(params, saved_grads, strict=True):
             param.grad = grad
@@ -156,19 +183,23 @@ def _compare(
     result: CheckResult,
     memory_limit_bytes: int | None,
     ignore_index: int,
-    shift_labels: bool | None,
+    shift_labels: bool,
+    counter: Callable[[Any, Any], Any],
 ) -> None:
     if not micro_batches:
-        result.note = "this rank has no micro-batch in the first window"
+        result.note = "this rank has no micro-batch in the window"
         return
     loaded = _load(micro_batches, rng)
     if float(sum(mb.items for mb in loaded)) == 0:
-        result.note = "the first window has no items (every target ignore_index): nothing to compare"
+        result.note = "the window has no items (every target ignore_index): nothing to compare"
         return
+    if len(loaded) == 1:  # its own big batch: compare two unequal parts of it instead
+        loaded = _unequal_parts(loaded[0], counter, loss_fn, ignore_index, shift_labels)
+        micro_batches = []  # the parts re-join by concatenation; no sample indices needed
     # (b) the big batch, on the first k micro-batches that fit.
     k = len(loaded)
     while True:
-        big, why_not = _big_batch(micro_batches[:k], loaded[:k], rng)
+        big, why_not = _big_batch(micro_batches[:k], loaded[:k], rng, pad_id_of(module), ignore_index)
         if big is None:
             result.note = f"skipped: {why_not}"
             return
@@ -186,7 +217,7 @@ def _compare(
             )
             return
         k = max(k // 2, 2)
-    reference = _grads(params)
+    reference = grads(params)
     for _, param in params:
         param.grad = None
     # (a) the accumulated gradient, by the trainer's own window code in fp32.
@@ -196,7 +227,7 @@ def _compare(
     except OOM_ERRORS:
         result.note = "skipped: the window's micro-batches do not fit in fp32 (the job trains in lower precision)"
         return
-    accumulated = _grads(params)
+    accumulated = grads(params)
     for _, param in params:
         param.grad = None
     result.micro_batches = k
@@ -205,16 +236,19 @@ def _compare(
         # Not a question of accumulation: training's own non-finite check (on_nonfinite) decides.
         result.note = "skipped: the first window's gradient is not finite (inf/NaN)"
         return
-    result.rel_error, result.max_tensor_rel_error, result.worst_tensor = _relative_errors(
+    result.rel_error, result.max_tensor_rel_error, result.worst_tensor = relative_errors(
         [name for name, _ in params], accumulated, reference)
-    if len(loaded) == 1:
-        result.note = "a window of one micro-batch is its own big batch"
+    if not micro_batches:
+        result.note = f"one micro-batch, compared as two parts of {loaded[0].samples} and {loaded[1].samples if len(loaded) > 1 else 0} rows"
     elif k < len(loaded):
         result.note = (f"sub-window: the first {k} of {len(loaded)} micro-batches (the big batch "
                        "of the whole window does not fit)")
     if result.rel_error > TOLERANCE:
-        result.cause, result.fix = _diagnose(module, loss_fn, loaded[:k], big_loss, device,
-                                             ignore_index, shift_labels)
+        found = find_fix(module, loss_fn, loaded[:k], reference, params, device, ignore_index,
+                         shift_labels, TOLERANCE)
+        result.cause, result.fix = found or _unexplained(module, loss_fn, loaded[:k], big_loss, device)
+    else:
+        result.pending = inconclusive_reason(loaded[:k], loss_fn, ignore_index, shift_labels)
 
 
 def _named_params(module: torch.nn.Module, loss_fn: Any) -> list[tuple[str, torch.nn.Parameter]]:
@@ -236,15 +270,23 @@ def _load(micro_batches: list[MicroBatch], rng: dict[str, Any]) -> list[MicroBat
 
 
 def _big_batch(
-    micro_batches: list[MicroBatch], loaded: list[MicroBatch], rng: dict[str, Any]
+    micro_batches: list[MicroBatch], loaded: list[MicroBatch], rng: dict[str, Any], pad_id: int,
+    ignore_index: int,
 ) -> tuple[tuple[Any, Any] | None, str]:
     """(inputs, targets) of the micro-batches as one batch, or None and the reason."""
     try:
         return (concat([mb.inputs for mb in loaded]), concat([mb.targets for mb in loaded])), ""
     except (RuntimeError, TypeError, ValueError) as exc:
         reason = str(exc).splitlines()[0]
+    if all(isinstance(mb.inputs, Mapping) for mb in loaded):
+        # Keyword batches padded per micro-batch: padded again to the window's longest row.
+        try:
+            big = pad_concat([mb.inputs for mb in loaded], pad_id, ignore_index)
+            return (big, big.get("labels")), ""
+        except ValueError as exc:
+            reason = str(exc)
     pending = [mb.pending for mb in micro_batches]
-    if all(p is not None for p in pending) and pending:
+    if pending and all(p is not None for p in pending):
         # The loader gives the samples' indices: collate them as one batch, as the loader's
         # collate_fn would (from the same RNG states, for random transforms).
         source = pending[0].source  # type: ignore[union-attr]
@@ -307,92 +349,44 @@ def _big_backward(
         return False, math.nan
 
 
-def _grads(params: list[tuple[str, torch.nn.Parameter]]) -> list[torch.Tensor | None]:
-    return [None if p.grad is None else p.grad.detach().clone() for _, p in params]
+def _unequal_parts(
+    mb: MicroBatch, counter: Callable[[Any, Any], Any], loss_fn: Any, ignore_index: int, shift: bool
+) -> list[MicroBatch]:
+    """One micro-batch as two parts of unequal rows, split where their counts can tell a row
+    mean from a token mean if any split can (else at the first row); itself when it has one row."""
+    rows = mb.samples
+    if rows < 2:
+        return [mb]
+    best: list[MicroBatch] = []
+    for cut in dict.fromkeys((rows // 3 or 1, 1, rows - 1, rows // 2)):  # unequal first
+        parts = [MicroBatch(i, t, items.normalise_count(counter(i, t)), items.first_dim(i))
+                 for i, t in zip(items.split(mb.inputs, [cut]), items.split(mb.targets, [cut]), strict=True)]
+        if inconclusive_reason(parts, loss_fn, ignore_index, shift) is None:
+            return parts
+        best = best or parts
+    return best
 
 
-def _relative_errors(
-    names: list[str], accumulated: list[torch.Tensor | None], reference: list[torch.Tensor | None]
-) -> tuple[float, float, str | None]:
-    """(||a - b|| / ||b|| over all gradients, the largest per-tensor one, that tensor's name),
-    in float64; a missing gradient counts as zeros."""
-    diff_sq = ref_sq = 0.0
-    worst, worst_name = 0.0, None
-    for name, a, b in zip(names, accumulated, reference, strict=True):
-        if a is None and b is None:
-            continue
-        a64 = a.double() if a is not None else torch.zeros_like(b, dtype=torch.float64)  # type: ignore[arg-type]
-        b64 = b.double() if b is not None else torch.zeros_like(a64)
-        d, r = float((a64 - b64).square().sum()), float(b64.square().sum())
-        diff_sq, ref_sq = diff_sq + d, ref_sq + r
-        tensor_error = _ratio(d, r)
-        if tensor_error > worst or worst_name is None:
-            worst, worst_name = tensor_error, name
-    return _ratio(diff_sq, ref_sq), worst, worst_name
-
-
-def _ratio(diff_sq: float, ref_sq: float) -> float:
-    if ref_sq == 0:
-        return 0.0 if diff_sq == 0 else math.inf
-    return math.sqrt(diff_sq / ref_sq)
-
-
-def _diagnose(
+def _unexplained(
     module: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor], loaded: list[MicroBatch],
-    big_loss: float, device: torch.device, ignore_index: int, shift_labels: bool | None,
+    big_loss: float, device: torch.device,
 ) -> tuple[str, str]:
-    """The likely cause and its fix, from the loss values: the big batch's loss is the mean of
-    the micro-batches' losses weighted by what the loss really averages over."""
+    """No other weighting passes: the loss values say whether the model depends on its batch."""
     with torch.no_grad():
         losses = [float(loss_fn(items.forward(module, items.to_device(mb.inputs, device)),
                                 items.to_device(mb.targets, device))) for mb in loaded]
     counts = [float(mb.items) for mb in loaded]
-
-    def matches(weights: list[float]) -> bool:
-        total = sum(weights)
-        if total <= 0:
-            return False
-        mean = sum(w * v for w, v in zip(weights, losses, strict=True)) / total
-        return abs(mean - big_loss) <= _LOSS_MATCH * max(abs(big_loss), 1e-12)
-
-    if len(losses) > 1 and abs(sum(losses) - big_loss) <= _LOSS_MATCH * max(abs(big_loss), 1e-12):
-        return "reduction", (
-            "loss_fn returns a sum over the micro-batch, not a mean (the big batch's loss is the "
-            "sum of the micro-batches' losses): use reduction='mean', or divide by the item count")
-    for shift in (not bool(shift_labels), bool(shift_labels)):
-        for mode in ("tokens", "rows"):
-            try:
-                counter = items.ItemCounter(mode, ignore_index, shift, loss_fn)
-                weights = [float(items.normalise_count(counter(mb.inputs, mb.targets))) for mb in loaded]
-            except (TypeError, ValueError):
-                continue
-            if _proportional(weights, counts) or not matches(weights):
-                continue
-            if shift != bool(shift_labels):
-                return "shift_labels", (
-                    f"the loss scores labels{'[..., 1:]' if shift else ' unshifted'} but the trainer "
-                    f"counts them {'unshifted' if shift else 'shifted'}: pass "
-                    f"Trainer(shift_labels={shift}) (spec: set it in the model's options)")
-            return "count_items", (
-                f"the loss averages over {'samples' if mode == 'rows' else 'every non-ignored target'} "
-                f"but the trainer counts other items: pass Trainer(count_items={mode!r}) or "
-                "count_items=fn(inputs, targets) counting what the loss averages over")
-    if matches(counts):
+    mean = sum(c * v for c, v in zip(counts, losses, strict=True)) / max(sum(counts), 1e-30)
+    if abs(mean - big_loss) <= _LOSS_MATCH * max(abs(big_loss), 1e-12):
         return "batch_dependent", (
             "the loss values agree but the gradients do not: in eval mode the model's output "
             "for a sample depends on the rest of its batch (padding to the batch's longest "
             "sequence, a collate that pads differently, batch statistics); make it per-sample")
     return "unknown", (
-        "the loss is not the mean over the items the trainer counts: check loss_fn's "
-        "reduction ('mean'), count_items ('tokens', 'rows' or a function counting what the loss "
-        "averages over) and shift_labels (True when the model scores labels[..., 1:])")
-
-
-def _proportional(a: list[float], b: list[float]) -> bool:
-    total_a, total_b = sum(a), sum(b)
-    if total_a <= 0 or total_b <= 0:
-        return False
-    return all(abs(x / total_a - y / total_b) <= 1e-12 for x, y in zip(a, b, strict=True))
+        "the loss is not the mean over the items the trainer counts, and no other count, shift "
+        "or reduction made the window equal the big batch: check loss_fn's reduction ('mean'), "
+        "count_items ('tokens', 'rows' or a function counting what the loss averages over) and "
+        "shift_labels (True when the model scores labels[..., 1:])")
 
 
 def _reduce_over_ranks(model: torch.nn.Module, result: CheckResult) -> dict[str, Any]:
@@ -406,14 +400,22 @@ def _reduce_over_ranks(model: torch.nn.Module, result: CheckResult) -> dict[str,
         "item_counts": counts, "micro_batches": result.micro_batches,
         "window_micro_batches": result.window_micro_batches, "note": result.note,
         "cause": result.cause, "fix": result.fix, "precision": "fp32", "mode": "eval",
+        "pending": result.pending,
     }
     if distributed.ddp_wrapped(model):
         slots = [0.0] * (2 * world)
         if result.rel_error is not None:
             slots[rank] = 1.0 + result.rel_error
             slots[world + rank] = 1.0 + (result.max_tensor_rel_error or 0.0)
-        reduced = distributed.all_reduce_sum([result.items, *slots], distributed.comm_device(model)).tolist()
-        errors = [(e - 1.0, t - 1.0, r) for r, (e, t) in enumerate(zip(reduced[1:1 + world], reduced[1 + world:], strict=True)) if e > 0]
+        # The last slot: ranks whose parts could tell the mistakes apart (one is enough: every
+        # rank runs the same loss and counts).
+        told = float(result.rel_error is not None and result.pending is None)
+        reduced = distributed.all_reduce_sum([result.items, *slots, told], distributed.comm_device(model)).tolist()
+        errors = [(e - 1.0, t - 1.0, r) for r, (e, t) in enumerate(zip(reduced[1:1 + world], reduced[1 + world:-1], strict=True)) if e > 0]
+        if reduced[-1] > 0:
+            data["pending"] = None
+        elif errors and data["pending"] is None:
+            data["pending"] = "no rank's parts could tell the usual mistakes apart"
         data["items"] = reduced[0]  # W over all ranks
         data["ranks_checked"] = len(errors)
         if errors:
@@ -425,6 +427,11 @@ def _reduce_over_ranks(model: torch.nn.Module, result: CheckResult) -> dict[str,
                 data.update(cause=None, fix=None)  # this rank passed: the cause is another's
     rel = data["rel_error"]
     data["passed"] = None if rel is None else bool(rel <= TOLERANCE)
+    if data["passed"]:
+        # Equal where nothing could differ proves nothing: not "passed" until a window can.
+        data["passed"] = None if data["pending"] else True
+    data["status"] = ("skipped" if rel is None else "failed" if rel > TOLERANCE
+                      else "pending" if data["pending"] else "passed")
     return data
 
 
@@ -435,12 +442,16 @@ def _message(data: dict[str, Any]) -> str:
     if rel is None:
         return f"exactness check not run: {data['note']}"
     extra = f"; {data['note']}" if data["note"] else ""
+    name = "first window" if not data.get("step") else f"window {data['step'] + 1}"
+    if data["status"] == "pending":
+        return (f"exactness check pending: {data['pending']}. The {name} equals its big batch (relative "
+                f"error {rel:.2g}; {window}{extra}) but could not differ; checking the next windows until one can")
     if data["passed"]:
-        return (f"first window = big batch: relative error {rel:.2g} (tolerance {TOLERANCE:g}; "
+        return (f"{name} = big batch: relative error {rel:.2g} (tolerance {TOLERANCE:g}; "
                 f"{window}){extra}")
     where = f" (worst tensor {data['worst_tensor']})" if data.get("worst_tensor") else ""
     rank = f"rank {data['worst_rank']} fails; " if data.get("worst_rank") is not None else ""
-    cause = f": likely cause {data['cause']}: {data['fix']}" if data["fix"] else (
+    cause = f": cause {data['cause']}: {data['fix']}" if data["fix"] else (
         f": {rank}check loss_fn's reduction ('mean'), count_items and shift_labels")
-    return (f"first window != big batch: relative error {rel:.2g} > tolerance {TOLERANCE:g}"
+    return (f"{name} != big batch: relative error {rel:.2g} > tolerance {TOLERANCE:g}"
             f"{where}, {window}{extra}{cause}")

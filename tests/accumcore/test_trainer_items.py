@@ -5,8 +5,8 @@ The trainer weights micro-batch i by n_i / W, so n_i must count what the loss av
   averages over B x T elements, not B rows; inferred for the element-wise losses torch ships;
 - soft token targets [B, T, V]: ``count_items="tokens"`` counts the B x T positions; with a
   loss the trainer does not know and a varying T, the count is ambiguous and refused;
-- labels a causal LM shifts before its loss: ``shift_labels=True`` (inferred for
-  ``*ForCausalLM`` models) counts the non-ignored labels[..., 1:];
+- labels a causal LM shifts before its loss: ``shift_labels=True`` (told from the model's
+  own loss, ``accumcore.label_shift``) counts the non-ignored labels[..., 1:];
 - dict batches are passed as keyword arguments, and ``loss_fn=None`` uses the model's own
   loss when its output carries one (the count then comes from the batch's ``labels``);
 - a loss callable without a ``reduction`` attribute is checked once, on the first
@@ -225,13 +225,11 @@ def test_shift_labels_for_a_user_loss_that_shifts() -> None:
     assert _max_diff(model, reference) <= 1e-12
 
 
-def test_a_model_whose_shifting_cannot_be_told_is_refused() -> None:
+def test_a_causal_lm_under_any_name_is_told_shifted_by_its_loss() -> None:
     model = TinyLM()
     trainer = Trainer(model, _sgd(model), loss_fn=None, accumulation_steps=2)
-    with pytest.raises(ValueError, match=r"shift_labels=True.*shift_labels=False"):
-        trainer.fit(_lm_batches(), epochs=1)
-    model = TinyLM()
-    Trainer(model, _sgd(model), loss_fn=None, accumulation_steps=2, shift_labels=True).fit(_lm_batches(), epochs=1)
+    trainer.fit(_lm_batches(), epochs=1)
+    assert trainer.shift_labels is True
     assert _max_diff(model, _big_batch(TinyLM(), _windows(_lm_batches(), 2), _shifted_loss_sum)) <= 1e-12
 
 

@@ -255,3 +255,46 @@ def test_an_unknown_format_is_refused_with_the_formats_it_knows() -> None:
     state["format"] = "accumcore.trainer/9"
     with pytest.raises(ValueError, match=r"format 'accumcore.trainer/9'.*accumcore.trainer/2"):
         _trainer().load_state_dict(state)
+
+
+# ------------------------------------------------------------ worker processes
+def test_persistent_workers_are_refused_where_checkpoints_promise_a_resume(tmp_path) -> None:
+    """Their RNG states outlive the epoch and are not saved: refused with the fix, not warned."""
+    def loader(persistent: bool) -> DataLoader:
+        return DataLoader(Augmented(expose_targets=False), batch_size=2, shuffle=True, num_workers=1,
+                          persistent_workers=persistent)
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                      accumulation_steps=2, checkpoint_dir=tmp_path)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="persistent_workers=True and this fit writes checkpoints.*"
+                                         "Pass persistent_workers=False"):
+        trainer.fit(loader(True), epochs=2)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    trainer.fit(loader(False), epochs=1)  # the fix trains, and resumes (below)
+    resumed = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                      accumulation_steps=2)
+    resumed.load_state_dict(trainer.state_dict())
+    with pytest.raises(ValueError, match="resumes from a checkpoint"):
+        resumed.fit(loader(True), epochs=2)
+
+
+def test_resume_with_worker_processes_started_each_epoch_is_bitwise_equal(tmp_path) -> None:
+    def loader() -> DataLoader:
+        return DataLoader(Augmented(expose_targets=False), batch_size=2, shuffle=True, num_workers=1)
+
+    seed_everything(1)
+    full = _trainer()
+    full_losses = [s["loss"] for s in full.fit(loader(), epochs=EPOCHS).steps]
+    seed_everything(1)
+    first = _trainer()
+    first_losses = [s["loss"] for s in first.fit(loader(), epochs=EPOCHS, max_steps=4).steps]  # mid-epoch 1
+    save_checkpoint(first.state_dict(), tmp_path / "state.pt")
+    seed_everything(777)
+    resumed = _trainer()
+    resumed.load_state_dict(load_checkpoint(tmp_path / "state.pt"))
+    resumed_losses = [s["loss"] for s in resumed.fit(loader(), epochs=EPOCHS).steps]
+    assert first_losses + resumed_losses == full_losses
+    assert all(torch.equal(p, q) for p, q in zip(full.model.parameters(), resumed.model.parameters(), strict=True))

@@ -288,7 +288,7 @@ def test_a_nonfinite_first_window_is_left_to_on_nonfinite() -> None:
 
 def test_verify_window_refuses_other_values() -> None:
     model = mlp()
-    with pytest.raises(ValueError, match="verify_window must be False, True or 'warn'"):
+    with pytest.raises(ValueError, match="verify_window must be False, True, 'warn' or 'strict'"):
         Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), verify_window="yes")
     with pytest.raises(ValueError, match="verify_memory_limit_bytes must be >= 1"):
         Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), verify_memory_limit_bytes=0)

@@ -59,6 +59,17 @@ def test_bench_script_prints_valid_json_in_quick_mode(name: str, capsys, monkeyp
         # Even in quick mode the figure is real: ours is exact, the tutorial loop is not.
         assert result["measured"] <= 1e-6
         assert result["errors"]["tutorial_loop"]["short_last_window"] > 0.1
+        # Issue 28: the LM head's shift told from its loss; every mistake caught with its fix.
+        lm_head = result["unshifted_lm_head"]
+        assert lm_head["accum"]["max_abs_diff"] <= 1e-12 < lm_head["accum_name_guess"]["max_abs_diff"]
+        assert result["one_micro_batch_first_window"]["accum"]["check_status"] == "passed"
+        fixes = {"reduction": "reduction='mean'", "count_items": "count_items=", "shift_labels": "shift_labels="}
+        for name, row in result["detection"].items():
+            if name == "row_mean_on_full_rows_only":  # no mistake on this data: never "passed"
+                assert row["status"] == "pending" and row["pending"], row
+            else:
+                assert row["caught"] and fixes[row["cause"]] in row["fix"], (name, row)
+        assert result["detection"]["row_mean_counted_as_tokens_first_window_full_rows"]["at_window"] == 2
     if name == "prefetch_memory":  # the device-resident peak no longer grows with N
         assert result["measured"] < result["before_fix_max_ratio"]
     if name == "resnet50_h100" and result["machine"]["device"] == "cpu":

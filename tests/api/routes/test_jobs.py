@@ -242,7 +242,7 @@ def test_read_one_job_carries_its_exactness_check(
     session_factory: sessionmaker[Session],
 ) -> None:
     job_id = submitted["id"]
-    assert submitted["exactness"] == {"checked": False, "rel_error": None, "tolerance": None,
+    assert submitted["exactness"] == {"status": "not_checked", "checked": False, "rel_error": None, "tolerance": None,
                                       "passed": None, "note": "not checked yet"}
     # What the worker's store callback writes for accumcore's exactness_check event.
     message = "first window = big batch: relative error 3.1e-08 (tolerance 1e-06; W = 64 items)"
@@ -250,7 +250,7 @@ def test_read_one_job_carries_its_exactness_check(
         events.add_event(session, job_id, "exactness_check", message,
                          {"rel_error": 3.1e-8, "tolerance": 1e-6, "passed": True, "items": 64.0})
     job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
-    assert job["exactness"] == {"checked": True, "rel_error": 3.1e-8, "tolerance": 1e-6,
+    assert job["exactness"] == {"status": "passed", "checked": True, "rel_error": 3.1e-8, "tolerance": 1e-6,
                                 "passed": True, "note": message}
     # A later attempt's check is the one shown; an infinite error is answered as null.
     with session_factory.begin() as session:
@@ -258,7 +258,15 @@ def test_read_one_job_carries_its_exactness_check(
                          {"rel_error": "inf", "tolerance": 1e-6, "passed": False})
     job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
     assert job["exactness"]["passed"] is False and job["exactness"]["rel_error"] is None
-    assert job["exactness"]["note"] == "first window != big batch"
+    assert job["exactness"]["note"] == "first window != big batch" and job["exactness"]["status"] == "failed"
+    # Compared only where nothing could differ (issue 28): pending, never passed.
+    pending = "exactness check pending: fewer than two parts with items"
+    with session_factory.begin() as session:
+        events.add_event(session, job_id, "exactness_check", pending,
+                         {"rel_error": 0.0, "tolerance": 1e-6, "passed": None, "status": "pending"})
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert job["exactness"] == {"status": "pending", "checked": False, "rel_error": 0.0, "tolerance": 1e-6,
+                                "passed": None, "note": pending}
     # Listings leave it out (one query per page, not per job).
     listed = client.get("/v1/jobs", headers=alice).json()["items"]
     assert [j["exactness"] for j in listed] == [None]
@@ -278,7 +286,7 @@ def test_a_skipped_check_and_verify_window_false_say_so(
         events.add_event(session, on["id"], "exactness_check", skipped,
                          {"rel_error": None, "tolerance": 1e-6, "passed": None})
     job = client.get(f"/v1/jobs/{on['id']}", headers=alice).json()
-    assert job["exactness"] == {"checked": False, "rel_error": None, "tolerance": 1e-6,
+    assert job["exactness"] == {"status": "not_checked", "checked": False, "rel_error": None, "tolerance": 1e-6,
                                 "passed": None, "note": skipped}
 
 

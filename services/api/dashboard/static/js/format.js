@@ -132,6 +132,10 @@ export function uniqueLabel(job) {
 // the API reports one: `exactness: {checked, rel_error, tolerance, passed, note}`.
 export function exactnessBadge(job) {
   const check = job.exactness;
+  if (check && check.status === "pending") {
+    // Compared only where every weighting agrees: not a pass (issue 28); later windows decide.
+    return el("span", { class: "exactness pending", id: "exactness", title: check.note || "" }, "exactness pending");
+  }
   if (!check || !check.checked) return null;
   const value = check.rel_error;
   const error = typeof value === "number" ? `, rel. error ${value === 0 ? "0" : value.toExponential(1)}` : "";
@@ -143,8 +147,9 @@ export function exactnessBadge(job) {
 export function exactnessOfEvent(event) {
   const data = event.data || {};
   const checked = data.passed === true || data.passed === false;
+  const status = data.status === "skipped" ? "not_checked" : data.status || (checked ? (data.passed ? "passed" : "failed") : "not_checked");
   return {
-    checked, passed: checked ? data.passed : null, tolerance: data.tolerance ?? null, note: event.message || "",
+    status, checked, passed: checked ? data.passed : null, tolerance: data.tolerance ?? null, note: event.message || "",
     rel_error: typeof data.rel_error === "number" && Number.isFinite(data.rel_error) ? data.rel_error : null,
   };
 }
