@@ -19,8 +19,10 @@ from services.catalog import (
     require_model,
     served_names,
 )
+from services.catalog.option_types import from_declaration
 from services.spec import parse_spec
 from tests.job_specs import MINIMAL_SPEC
+from tests.own_data_files import ensure_example_plugin
 
 
 def errors_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -72,6 +74,42 @@ def test_model_options() -> None:
         configured_model("timm:resnet18", {"pretrained": True, "weights": "w.pt"})
     with pytest.raises(ValueError, match="does not accept option"):
         configured_model("hf:/data/models/tiny", {"n_layer": 2})
+
+
+@pytest.mark.parametrize(("model", "key"), [
+    ({"name": "timm:resnet18", "checkpoint_path": "/data/alice/5.pt"}, "checkpoint_path"),
+    ({"name": "timm:resnet18", "pretrained_cfg_overlay": {"file": "/etc/passwd"}}, "pretrained_cfg_overlay"),
+    ({"name": "hf:gpt2", "name_or_path": "/data/alice/model"}, "name_or_path"),
+    ({"name": "hf:/data/bob/model", "cache_dir": "/data/alice"}, "cache_dir"),
+    ({"name": "example_mlp", "path": "/etc/passwd"}, "path"),
+])
+def test_options_outside_a_familys_allow_list_are_refused_at_their_field(model: dict[str, Any], key: str) -> None:
+    """Issue 25, item 1: free options reached timm, transformers and plugins, and named files."""
+    ensure_example_plugin()
+    [error] = errors_of({**MINIMAL_SPEC, "model": model})
+    assert error["loc"] == ("model", key) and error["type"] == "unknown_option"
+    assert f"does not accept option {key!r}" in error["msg"] and key not in error["ctx"]["allowed"]
+    assert error["ctx"]["allowed"] == list(require_model(model["name"]).options)
+
+
+def test_option_values_are_checked_against_their_type_and_bounds() -> None:
+    [error] = errors_of({**MINIMAL_SPEC, "model": {"name": "timm:resnet18", "global_pool": "/etc/passwd"}})
+    assert error["loc"] == ("model", "global_pool") and "must be one of 'avg'" in error["msg"]
+    assert error["ctx"]["allowed"] == ["avg", "max", "avgmax", "catavgmax", "token"]
+    [error] = errors_of({**MINIMAL_SPEC, "model": {"name": "hf:gpt2", "n_layer": 0}})
+    assert error["loc"] == ("model", "n_layer") and "must be integer 1..1048576; got 0" in error["msg"]
+
+
+def test_a_plugin_takes_the_options_it_declares_and_no_other() -> None:
+    ensure_example_plugin()
+    assert require_model("example_mlp").options == ("hidden",)
+    assert configured_model("example_mlp", {"hidden": 8}).source == "plugin"
+    with pytest.raises(ValueError, match="option size must be integer 2..1000000; got 1"):
+        configured_dataset("example_blobs", {"size": 1})
+    assert from_declaration("x", {"hidden": {"type": "integer", "minimum": 1}})["hidden"].accepts(3)
+    for bad in ({"hidden": {"type": "data_file"}}, {"hidden": {"type": "string"}}, {"act": {"type": "choice"}}, []):
+        with pytest.raises(ValueError, match="plugin x"):
+            from_declaration("plugin x", bad)
 
 
 def test_own_datasets_need_a_data_root_and_checked_options() -> None:
