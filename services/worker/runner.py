@@ -243,13 +243,12 @@ def _renew(sessions: sessionmaker[Session], attempt: Attempt, lease_timeout_s: f
 def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> Outcome:
     """Train on this process (or on ``spec.gpus`` DDP processes); returns ``SUCCEEDED``,
     ``CANCELLED``, ``HANDED_BACK``, ``TIMED_OUT`` or ``LEASE_LOST``."""
+    for _, path in spec.local_paths():  # the API checked them too; an s3 root before its sync
+        require_allowed_data_root(path, settings)
     if is_s3(spec.dataset.data_root):
-        spec = with_local_data_root(settings, spec)  # our own cache: no allow-list to check
+        spec = with_local_data_root(settings, spec)  # our own cache, trusted as the s3 root
         # DDP ranks build from the attempt's spec: they read the local copy too.
         attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
-    for where, path in spec.local_paths():  # the API checked them too
-        if where != ("dataset", "data_root") or not is_s3(path):
-            require_allowed_data_root(path, settings)
     if spec.gpus > 1:
         # Lazy: torch.distributed must stay out of a prefork worker's parent (the runner is
         # preloaded there); with it imported, the forked child hung before its first job on
