@@ -60,8 +60,9 @@ class Settings(BaseSettings):
     # An owner's checkpoints may take this many bytes in the store; a job whose next checkpoint
     # would pass it fails (nothing written) with how to make room. 0: no quota.
     max_artifact_bytes_per_owner: int = Field(default=0, ge=0)
-    # /readyz writes, reads and deletes a small object at most this often.
-    store_probe_ttl_s: float = Field(default=30.0, ge=0)
+    # /readyz writes, reads and deletes a small object at most this often (in the background:
+    # an answer never waits for the store more than 0.5 s).
+    store_probe_ttl_s: float = Field(default=5.0, ge=0)
     presign_expires_s: int = Field(default=300, gt=0, le=7 * 24 * 3600)
     lease_timeout_s: float = Field(default=60.0, gt=0)
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
