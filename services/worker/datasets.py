@@ -56,3 +56,9 @@ def with_local_data_root(settings: Any, spec: Any) -> Any:
     this node's cache, outside ACCUM_DATA_ROOTS, trusted as the root it was synced from."""
     local = synced_data_root(settings, spec.dataset.data_root)
     return spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"data_root": local})})
+
+
+def named_as_synced(settings: Any, text: str) -> str:
+    """``text`` (a job's error, its traceback) with this node's synced copies named by the s3
+    root they came from: the cache's paths are the server's, not for the job's owner."""
+    return text.replace(f"{settings.cache_path / 'data'}/", "s3://")

@@ -4,14 +4,20 @@ parts), checked before the store is asked anything, synced once into the node's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from job_specs import TINY_SPEC
 
 from services.artifacts import open_store
 from services.data_roots import DataRootNotAllowed, data_root_refusal
 from services.settings import Settings
+from services.store.events import list_events
+from services.store.jobs import load_job
+from services.store.sessions import session_factory
 from services.worker.datasets import synced_data_root
+from services.worker.runner import run_job
 
 
 def test_an_s3_data_root_is_allowed_under_a_listed_s3_root_only(tmp_path: Path) -> None:
@@ -78,3 +84,25 @@ def test_an_empty_prefix_says_so(settings: Settings, s3_url: str) -> None:
     settings = settings.model_copy(update={"data_roots": [s3_url]})
     with pytest.raises(FileNotFoundError, match="holds no objects"):
         synced_data_root(settings, s3_url + "/nothing-here")
+
+
+def test_a_failure_on_the_synced_copy_names_the_s3_root_not_the_cache(
+    settings: Settings, s3_url: str, tmp_path: Path, make_job: Callable[..., str]
+) -> None:
+    source = tmp_path / "notes.txt"
+    source.write_text("no class folders here")
+    open_store(s3_url).put("notes.txt", source)
+    settings = settings.model_copy(update={"data_roots": [s3_url]})
+    job_id = make_job({**TINY_SPEC, "model": "small_cnn",
+                       "dataset": {"name": "imagefolder", "data_root": s3_url, "image_size": 16}})
+
+    assert run_job(settings, job_id, "s3-worker") == "failed"
+
+    with session_factory(settings)() as session:
+        job = load_job(session, job_id)
+        assert job is not None and job.error is not None
+        shown = [job.error["message"], *(str(e.data) for e in list_events(session, job_id, limit=100)
+                                         if e.kind == "traceback")]
+    assert len(shown) == 2 and s3_url in shown[0]  # the owner's own root, as given
+    for text in shown:
+        assert str(settings.cache_path) not in text, text
