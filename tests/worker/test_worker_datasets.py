@@ -11,7 +11,7 @@ import pytest
 from job_specs import TINY_SPEC
 
 from services.artifacts import open_store
-from services.data_roots import DataRootNotAllowed, data_root_refusal
+from services.data_roots import DataRootNotAllowed, allowed_data_roots, data_root_refusal
 from services.settings import Settings
 from services.store.events import list_events
 from services.store.jobs import load_job
@@ -29,6 +29,16 @@ def test_an_s3_data_root_is_allowed_under_a_listed_s3_root_only(tmp_path: Path) 
     assert "outside the allowed data roots" in (data_root_refusal("s3://datasets/public", [tmp_path]) or "")
     assert "s3://bucket/prefix" in (data_root_refusal("s3:///mnist", roots) or "")
     assert ".." in (data_root_refusal("s3://datasets/public/../secrets", roots) or "")
+
+
+def test_accum_data_roots_keeps_s3_entries_as_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCUM_DATA_ROOTS", f'["{tmp_path}", "s3://datasets/public/"]')
+    roots = allowed_data_roots(Settings(home=tmp_path))
+    assert roots == [tmp_path.resolve(), "s3://datasets/public"]  # not Path's "s3:/datasets/public"
+    assert data_root_refusal("s3://datasets/public/mnist", roots) is None
+    monkeypatch.setenv("ACCUM_DATA_ROOTS", '["s3:///public"]')
+    with pytest.raises(ValueError, match="names no bucket; use s3://bucket/prefix"):
+        Settings(home=tmp_path)
 
 
 def test_the_roots_are_named_to_admins_only(tmp_path: Path) -> None:
