@@ -77,9 +77,7 @@ def reap_once(
         )
         requeued = [(job_id, queue_of(session, job_id)) for job_id in requeued_ids]
     # Enqueue after the commit: a worker that takes the message must see the job queued.
-    for job_id, queue in requeued:
-        enqueue_job(settings, job_id, queue)
-        log.warning("job %s lost its worker; re-queued on %s", job_id, queue)
+    send_in_order(settings, requeued, "job %s lost its worker; re-queued on %s")
     return [job_id for job_id, _ in requeued]
 
 
@@ -92,15 +90,21 @@ def resend_stale_once(settings: Settings, clock: Clock = time.time) -> list[str]
     older_than = now - timedelta(seconds=float(settings.requeue_after_s))
     with session_factory(settings).begin() as session:
         stale = stale_queued_jobs(session, older_than=older_than, now=now)
-    for index, (job_id, queue) in enumerate(stale):
+    send_in_order(settings, stale, "job %s was queued with no recent message; enqueued again on %s")
+    return [job_id for job_id, _ in stale]
+
+
+def send_in_order(settings: Settings, jobs: list[tuple[str, str]], logged: str) -> None:
+    """Enqueue each ``(id, queue)`` in turn (``logged`` % both after each); at the first failed
+    send, that job and the rest are marked unsent (the next pass sends them) and it raises."""
+    for index, (job_id, queue) in enumerate(jobs):
         try:
             enqueue_job(settings, job_id, queue)
         except Exception:
             with session_factory(settings).begin() as session:
-                mark_unsent(session, [unsent for unsent, _ in stale[index:]])
+                mark_unsent(session, [unsent for unsent, _ in jobs[index:]])
             raise
-        log.warning("job %s was queued with no recent message; enqueued again on %s", job_id, queue)
-    return [job_id for job_id, _ in stale]
+        log.warning(logged, job_id, queue)
 
 
 class LeaseReaper:
