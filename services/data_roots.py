@@ -9,9 +9,11 @@ otherwise read any file the worker can. The API refuses such a spec at submit (4
 servers) and the worker checks again before it touches the data (a job stored earlier, or under
 another allow-list, fails with the reason). Both read the same setting, ACCUM_DATA_ROOTS.
 
-An ``s3://bucket/prefix`` data_root is allowed as well (no ``..`` parts): the worker syncs it
-once into its node cache (``services.worker.datasets``) and reads it there; what it may read
-is what its AWS credentials may.
+An ``s3://bucket/prefix`` data_root is allowed when it lies under an ``s3://`` entry of the
+same list (no ``..`` parts): the worker checks it before it lists or downloads a single object
+(its AWS credentials may read far more: other buckets, the checkpoints of every owner), syncs
+it once into its node cache (``services.worker.datasets``) and reads it there, trusted as the
+root it came from.
 
 Rules: a local path must be absolute (a relative path or `~` would depend on the worker's working
 directory or user); it is resolved (`..` removed, symlinks followed as far as they exist)
@@ -20,27 +22,36 @@ before it is compared, so `/datasets/../etc` and a link out of `/datasets` are b
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from services.settings import Settings
 
+log = logging.getLogger(__name__)
+
 MAX_DATA_ROOT_LENGTH = 4096  # PATH_MAX on Linux
 
 
-def allowed_data_roots(settings: Settings) -> list[Path]:
-    """ACCUM_DATA_ROOTS, resolved; `<home>/data` when it is empty."""
+# A resolved local directory, or an s3://bucket/prefix URL (without the trailing slash).
+DataRoot = Path | str
+
+
+def allowed_data_roots(settings: Settings) -> list[DataRoot]:
+    """ACCUM_DATA_ROOTS, local entries resolved; `<home>/data` when it is empty."""
     roots = settings.data_roots or [Path(settings.home) / "data"]
-    return [Path(os.path.realpath(root)) for root in roots]
+    return [root.rstrip("/") if isinstance(root, str) and is_s3(root) else Path(os.path.realpath(root))
+            for root in roots]
 
 
 def data_root_refusal(
-    data_root: str, roots: Sequence[Path], show_roots: bool = True
+    data_root: str, roots: Sequence[DataRoot], show_roots: bool = True
 ) -> str | None:
     """Why `data_root` is refused (a message that says what to do), or None when it lies
-    inside one of `roots` (already resolved, as `allowed_data_roots` returns them). The roots
-    are named only with `show_roots` (an admin, a worker's log): they are the servers' paths."""
+    inside one of `roots` (as `allowed_data_roots` returns them). The roots, and where a
+    symlink leads, are named only with `show_roots` (an admin, a worker's log): they are the
+    servers' paths."""
     if show_roots:
         allowed = ", ".join(str(root) for root in roots)
         hint = f"use a directory inside one of: {allowed} (ACCUM_DATA_ROOTS)"
@@ -52,17 +63,26 @@ def data_root_refusal(
     if "\x00" in data_root or len(data_root) > MAX_DATA_ROOT_LENGTH:
         return f"data_root must be at most {MAX_DATA_ROOT_LENGTH} characters, without NUL; {hint}"
     if is_s3(data_root):
-        parts = data_root.removeprefix("s3://").split("/")
+        parts = data_root.removeprefix("s3://").rstrip("/").split("/")
         if not parts[0] or any(p in (".", "..") for p in parts):
             return f"data_root {data_root!r} must be s3://bucket/prefix, without . or .. parts"
-        return None
+        if any(isinstance(root, str) and _s3_within(parts, root) for root in roots):
+            return None
+        return f"data_root {data_root!r} is outside the allowed data roots; {hint}"
     if not os.path.isabs(data_root):
         return f"data_root {data_root!r} is not an absolute path; {hint}"
     resolved = Path(os.path.realpath(data_root))
-    if any(resolved.is_relative_to(root) for root in roots):
+    if any(isinstance(root, Path) and resolved.is_relative_to(root) for root in roots):
         return None
-    shown = f"{data_root!r}" if str(resolved) == data_root else f"{data_root!r} (= {resolved})"
+    shown = f"{data_root!r}" if str(resolved) == data_root or not show_roots else f"{data_root!r} (= {resolved})"
     return f"data_root {shown} is outside the allowed data roots; {hint}"
+
+
+def _s3_within(parts: list[str], root: str) -> bool:
+    """Whether the bucket and key parts lie under the ``s3://bucket/prefix`` root, part by part
+    (``s3://data/mnist`` does not cover ``s3://data/mnist-v2``)."""
+    root_parts = [p for p in root.removeprefix("s3://").split("/") if p]
+    return parts[: len(root_parts)] == root_parts
 
 
 def is_s3(data_root: str | None) -> bool:
@@ -74,8 +94,12 @@ class DataRootNotAllowed(ValueError):
 
 
 def require_allowed_data_root(data_root: str | None, settings: Settings) -> None:
-    """The worker's check before it reads data; raises DataRootNotAllowed with the reason."""
+    """The worker's check before it reads (or syncs) data; raises DataRootNotAllowed with a
+    reason its owner may read (the job's error is no admin's view), after logging the one
+    that names the allowed roots for the worker's operator."""
     if data_root is None:
         return
-    if (reason := data_root_refusal(data_root, allowed_data_roots(settings))) is not None:
+    roots = allowed_data_roots(settings)
+    if (reason := data_root_refusal(data_root, roots, show_roots=False)) is not None:
+        log.warning("refused a job's path: %s", data_root_refusal(data_root, roots))
         raise DataRootNotAllowed(reason)

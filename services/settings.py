@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -59,8 +60,9 @@ class Settings(BaseSettings):
     # An owner's checkpoints may take this many bytes in the store; a job whose next checkpoint
     # would pass it fails (nothing written) with how to make room. 0: no quota.
     max_artifact_bytes_per_owner: int = Field(default=0, ge=0)
-    # /readyz writes, reads and deletes a small object at most this often.
-    store_probe_ttl_s: float = Field(default=30.0, ge=0)
+    # /readyz writes, reads and deletes a small object at most this often (in the background:
+    # an answer never waits for the store more than 0.5 s).
+    store_probe_ttl_s: float = Field(default=5.0, ge=0)
     presign_expires_s: int = Field(default=300, gt=0, le=7 * 24 * 3600)
     lease_timeout_s: float = Field(default=60.0, gt=0)
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
@@ -74,10 +76,13 @@ class Settings(BaseSettings):
     # Where a job's `dataset.data_root` may point: one list that the API (at submit) and every
     # worker (before reading) check, so give them the same. Empty: <home>/data, which is the
     # same directory only where API and workers share a home (one host, `accum up`).
-    # Env: a JSON list, ACCUM_DATA_ROOTS='["/datasets", "/mnt/shared/data"]'.
-    data_roots: list[Path] = Field(
+    # Env: a JSON list, ACCUM_DATA_ROOTS='["/datasets", "/mnt/shared/data", "s3://datasets/public"]'.
+    # An s3:// entry allows that bucket and prefix: without one, no s3 data_root is allowed (a
+    # worker would otherwise sync whatever bucket its credentials read, checkpoints included).
+    data_roots: list[Path | str] = Field(
         default_factory=list,
-        description="Directories a job's dataset.data_root may be in (default: <home>/data).",
+        description="Directories or s3://bucket/prefix a job's dataset.data_root may be in "
+                    "(default: <home>/data).",
     )
     # Per-owner cap on jobs that are queued or running; a submit past it is 429.
     max_active_jobs_per_owner: int = Field(default=1000, gt=0)
@@ -164,6 +169,18 @@ class Settings(BaseSettings):
                 f"unset for the embedded SQLite broker (schemes: {', '.join(BROKER_SCHEMES)})"
             )
         return url
+
+    @field_validator("data_roots", mode="before")
+    @classmethod
+    def _s3_roots_stay_urls(cls, roots: Any) -> Any:
+        # A Path would fold "s3://b/p" into "s3:/b/p"; keep those entries as URLs.
+        if not isinstance(roots, list):
+            return roots
+        for root in roots:
+            if isinstance(root, str) and root.startswith("s3://") \
+                    and not root.removeprefix("s3://").split("/")[0]:
+                raise ValueError(f"ACCUM_DATA_ROOTS entry {root!r} names no bucket; use s3://bucket/prefix")
+        return [root if isinstance(root, str) and root.startswith("s3://") else Path(root) for root in roots]
 
     @model_validator(mode="after")
     def _defaults_under_home_and_sane_timing(self) -> Settings:

@@ -7,7 +7,8 @@ UPDATE per job in the store (``reap_expired_leases``), so several reapers at onc
 each re-queued job gets a fresh broker message (the old one died with its worker).
 A job still ``queued`` whose last message is older than ``ACCUM_REQUEUE_AFTER_S``
 (``stale_queued_jobs``: the broker was down when the API submitted it, or a worker died
-between taking its message and claiming it) is enqueued again, at most once per period.
+between taking its message and claiming it) is enqueued again, at most once per period; a job
+whose publish failed (marked unsent: ``enqueued_at`` NULL) on the next pass, in submit order.
 
     reaper = LeaseReaper(settings).start()
     ...
@@ -37,7 +38,7 @@ from services.dispatch.broker import DEFAULT_QUEUE
 from services.dispatch.enqueue import enqueue_job
 from services.dispatch.retention import sweep_retention
 from services.settings import Settings
-from services.store.leases import reap_expired_leases, stale_queued_jobs
+from services.store.leases import mark_unsent, reap_expired_leases, stale_queued_jobs
 from services.store.models import Job
 from services.store.sessions import session_factory
 
@@ -47,6 +48,10 @@ log = logging.getLogger(__name__)
 # fork goes ahead rather than block the worker (and the child may hang, as before the guard).
 FORK_WAIT_S = 30.0
 
+
+# While a send fails (the broker is down), the reaper's passes come this often (seconds), so
+# the jobs waiting for it are sent within this long of the broker's return.
+UNSENT_RETRY_S = 2.0
 
 # Seconds since the epoch, as time.time; tests pass one that runs ahead instead of sleeping.
 Clock = Callable[[], float]
@@ -72,24 +77,34 @@ def reap_once(
         )
         requeued = [(job_id, queue_of(session, job_id)) for job_id in requeued_ids]
     # Enqueue after the commit: a worker that takes the message must see the job queued.
-    for job_id, queue in requeued:
-        enqueue_job(settings, job_id, queue)
-        log.warning("job %s lost its worker; re-queued on %s", job_id, queue)
+    send_in_order(settings, requeued, "job %s lost its worker; re-queued on %s")
     return [job_id for job_id, _ in requeued]
 
 
 def resend_stale_once(settings: Settings, clock: Clock = time.time) -> list[str]:
-    """Enqueue again every queued job whose last message is older than
-    ``settings.requeue_after_s`` at ``clock()``; returns their ids. A failed send leaves
-    ``enqueued_at`` set, so it is retried one period later, not on every pass."""
+    """Enqueue again, in submit order, every queued job never sent (``enqueued_at`` NULL: its
+    publish failed) or whose last message is older than ``settings.requeue_after_s`` at
+    ``clock()``; returns their ids. A failed send (the broker still down) marks that job and
+    the rest unsent again and raises: the next pass, soon, tries them in the same order."""
     now = _now(clock)
     older_than = now - timedelta(seconds=float(settings.requeue_after_s))
     with session_factory(settings).begin() as session:
         stale = stale_queued_jobs(session, older_than=older_than, now=now)
-    for job_id, queue in stale:
-        enqueue_job(settings, job_id, queue)
-        log.warning("job %s was queued with no recent message; enqueued again on %s", job_id, queue)
+    send_in_order(settings, stale, "job %s was queued with no recent message; enqueued again on %s")
     return [job_id for job_id, _ in stale]
+
+
+def send_in_order(settings: Settings, jobs: list[tuple[str, str]], logged: str) -> None:
+    """Enqueue each ``(id, queue)`` in turn (``logged`` % both after each); at the first failed
+    send, that job and the rest are marked unsent (the next pass sends them) and it raises."""
+    for index, (job_id, queue) in enumerate(jobs):
+        try:
+            enqueue_job(settings, job_id, queue)
+        except Exception:
+            with session_factory(settings).begin() as session:
+                mark_unsent(session, [unsent for unsent, _ in jobs[index:]])
+            raise
+        log.warning(logged, job_id, queue)
 
 
 class LeaseReaper:
@@ -123,7 +138,9 @@ class LeaseReaper:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stopped.wait(self.interval_s):
+        wait_s = self.interval_s
+        while not self._stopped.wait(wait_s):
+            wait_s = self.interval_s
             with self.pass_lock:
                 steps: tuple[Callable[[], object], ...] = (
                     lambda: reap_once(self.settings, self.clock, self.queues),
@@ -134,8 +151,11 @@ class LeaseReaper:
                     try:
                         step()
                     except Exception:  # keep reaping after a database or broker blip
-                        log.exception("reaper step %s failed; retrying in %.1fs", name,
-                                      self.interval_s)
+                        if name == "resend":
+                            # Jobs wait for this send (a 20 s broker cut delayed one by
+                            # ACCUM_REQUEUE_AFTER_S, 300 s): try again soon, not a period later.
+                            wait_s = min(self.interval_s, UNSENT_RETRY_S)
+                        log.exception("reaper step %s failed; retrying in %.1fs", name, wait_s)
 
 
 _running: weakref.WeakSet[LeaseReaper] = weakref.WeakSet()

@@ -434,7 +434,8 @@ def stale_queued_jobs(
     broker was down at submit time, or a worker died between taking it and claiming the job),
     so enqueue them again. Each returned job's ``enqueued_at`` is set to ``now``, so the next
     call skips it until it is stale again: at most one extra message per period for a job that
-    merely waits for a free worker (a duplicate is harmless: the claim drops it).
+    merely waits for a free worker (a duplicate is harmless: the claim drops it). In submit
+    order (ids grow with time), so they start in that order.
     Safe with many reapers at once: the staleness test is repeated on the row being updated,
     so only one of them gets each job. Does not commit.
     """
@@ -452,6 +453,16 @@ def stale_queued_jobs(
         .execution_options(synchronize_session=False)
     ).all()
     return sorted((row.id, row.queue) for row in rows)
+
+
+def mark_unsent(session: Session, job_ids: list[str]) -> None:
+    """Their broker message could not be sent: ``enqueued_at`` NULL makes them stale for the
+    next reaper pass (every ``ACCUM_REAPER_INTERVAL_S``), not one ``ACCUM_REQUEUE_AFTER_S``
+    later. Only jobs still ``queued``. Does not commit."""
+    session.execute(
+        update(Job).where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
+        .values(enqueued_at=None).execution_options(synchronize_session=False)
+    )
 
 
 def requeue_after_fault(

@@ -17,12 +17,16 @@ import uuid
 from typing import Any
 
 from services.artifacts import open_store
+from services.data_roots import require_allowed_data_root
 
 log = logging.getLogger(__name__)
 
 
 def synced_data_root(settings: Any, data_root: str) -> str:
-    """The local directory holding ``data_root``'s objects (synced now if not yet)."""
+    """The local directory holding ``data_root``'s objects (synced now if not yet); raises
+    ``DataRootNotAllowed`` before it asks the store anything when ACCUM_DATA_ROOTS does not
+    allow ``data_root``."""
+    require_allowed_data_root(data_root, settings)
     bucket_and_prefix = data_root.removeprefix("s3://").strip("/")
     local = settings.cache_path / "data" / bucket_and_prefix
     if local.is_dir():
@@ -48,6 +52,13 @@ def synced_data_root(settings: Any, data_root: str) -> str:
 
 
 def with_local_data_root(settings: Any, spec: Any) -> Any:
-    """The spec with an ``s3://`` data_root replaced by its synced local copy."""
+    """The spec with an ``s3://`` data_root replaced by its synced local copy: a directory of
+    this node's cache, outside ACCUM_DATA_ROOTS, trusted as the root it was synced from."""
     local = synced_data_root(settings, spec.dataset.data_root)
     return spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"data_root": local})})
+
+
+def named_as_synced(settings: Any, text: str) -> str:
+    """``text`` (a job's error, its traceback) with this node's synced copies named by the s3
+    root they came from: the cache's paths are the server's, not for the job's owner."""
+    return text.replace(f"{settings.cache_path / 'data'}/", "s3://")

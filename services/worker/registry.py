@@ -203,9 +203,10 @@ class Registration:
 
     def __init__(
         self, settings: Any, name: str, queues: Sequence[str],
-        description: dict[str, Any] | None = None,
+        description: dict[str, Any] | None = None, on_beat: Callable[[], object] | None = None,
     ) -> None:
         self.settings = settings
+        self.on_beat = on_beat  # more upkeep on the same beat (the node cache's sweep)
         self.name = name
         self.description = description or describe(name, queues)
         self.interval_s = float(settings.heartbeat_interval_s)
@@ -232,6 +233,12 @@ class Registration:
             except Exception:
                 log.warning("worker registry: could not write %s's row; retrying in %.1fs",
                             self.name, self.interval_s, exc_info=True)
+            if self.on_beat is not None:
+                try:
+                    self.on_beat()
+                except Exception:
+                    log.warning("worker %s: upkeep on the heartbeat failed; retrying at the next",
+                                self.name, exc_info=True)
 
     def stop(self) -> None:
         self._stopped.set()

@@ -17,6 +17,7 @@ from services.store.checkpoints import get_checkpoint, list_checkpoints
 from services.store.metrics import delete_metrics_after
 from services.store.status import resume_hint
 from services.worker.attempt import Attempt
+from services.worker.cache_sweep import job_exists
 from services.worker.checkpoints import remove_orphans
 from services.worker.heartbeat import Heartbeat
 from services.worker.store_metrics import observe_fetch
@@ -33,7 +34,8 @@ def checkpoint_uploads(settings: Settings, attempt: Attempt, heartbeat: Heartbea
 
 
 def node_cache(settings: Settings) -> NodeCache:
-    return NodeCache(settings.cache_path, settings.cache_max_bytes)
+    # A job deleted since its row was read is not served from here (services.worker.cache_sweep).
+    return NodeCache(settings.cache_path, settings.cache_max_bytes, job_exists=job_exists(settings))
 
 
 def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, store: ArtifactStore,

@@ -41,7 +41,7 @@ from services.store.sessions import session_factory
 from services.store.status import JobStatus
 from services.worker import shutdown
 from services.worker.attempt import Attempt, Outcome
-from services.worker.datasets import with_local_data_root
+from services.worker.datasets import named_as_synced, with_local_data_root
 from services.worker.db_retry import retry_while_unreachable
 from services.worker.heartbeat import Heartbeat
 from services.worker.registry import nvml_devices, visible
@@ -134,12 +134,13 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
             back_off(heartbeat, FAULT_BACKOFF_S * 2 ** min(attempt.attempt - 1, 5),
                      settings.lease_timeout_s / 2)
         except Exception as exc:
-            outcome, error = Outcome.FAILED, {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
+            outcome, error = Outcome.FAILED, {"type": type(exc).__name__,
+                                              "message": named_as_synced(settings, str(exc) or repr(exc))}
             log.exception("job %s failed", job_id)
             if not heartbeat.lease_lost:
                 with sessions.begin() as session:
                     add_event(session, job_id, "traceback", f"{error['type']}: {error['message']}",
-                              {"traceback": traceback.format_exc()[-TRACEBACK_LIMIT:]},
+                              {"traceback": named_as_synced(settings, traceback.format_exc()[-TRACEBACK_LIMIT:])},
                               attempt=attempt.attempt)
     if heartbeat.lease_lost or outcome == Outcome.LEASE_LOST:
         log.error("job %s: lease lost; leaving the job to its new owner", job_id)
@@ -243,13 +244,12 @@ def _renew(sessions: sessionmaker[Session], attempt: Attempt, lease_timeout_s: f
 def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> Outcome:
     """Train on this process (or on ``spec.gpus`` DDP processes); returns ``SUCCEEDED``,
     ``CANCELLED``, ``HANDED_BACK``, ``TIMED_OUT`` or ``LEASE_LOST``."""
+    for _, path in spec.local_paths():  # the API checked them too; an s3 root before its sync
+        require_allowed_data_root(path, settings)
     if is_s3(spec.dataset.data_root):
-        spec = with_local_data_root(settings, spec)  # our own cache: no allow-list to check
+        spec = with_local_data_root(settings, spec)  # our own cache, trusted as the s3 root
         # DDP ranks build from the attempt's spec: they read the local copy too.
         attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
-    for where, path in spec.local_paths():  # the API checked them too
-        if where != ("dataset", "data_root") or not is_s3(path):
-            require_allowed_data_root(path, settings)
     if spec.gpus > 1:
         # Lazy: torch.distributed must stay out of a prefork worker's parent (the runner is
         # preloaded there); with it imported, the forked child hung before its first job on

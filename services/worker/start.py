@@ -24,6 +24,7 @@ from services.dispatch.broker import DEFAULT_QUEUE, is_embedded_broker, make_cel
 from services.dispatch.reaper import LeaseReaper
 from services.settings import Settings
 from services.worker import shutdown
+from services.worker.cache_sweep import sweep_deleted_jobs
 from services.worker.metrics_server import serve_metrics
 from services.worker.registry import Registration
 from services.worker.tasks import register_tasks
@@ -90,7 +91,9 @@ def start_worker(
     # The node name as Celery expands it: what tasks see as their hostname and record on jobs.
     nodename = host_format(default_nodename(hostname or default_hostname()))
     # Registered once the worker consumes (listed idle only when it can take a job).
-    registration = Registration(settings, nodename, names)
+    # Its beat also drops the node cache's files of deleted jobs.
+    registration = Registration(settings, nodename, names,
+                                on_beat=lambda: sweep_deleted_jobs(settings))
 
     def register(**_: Any) -> None:
         registration.start()

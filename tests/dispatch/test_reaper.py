@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
 from kombu import Connection
 
 from services.dispatch.broker import TASK_NAME, make_celery
@@ -89,6 +90,25 @@ def test_queued_job_with_a_lost_message_is_enqueued_again_once_per_period(
     assert queued_job_ids(settings, "a100") == [lost_id]
     # still queued a period after the re-send: once more
     assert resend_stale_once(settings, clock=ahead(602)) == [lost_id]
+
+
+def test_a_failed_send_is_retried_at_the_next_pass_in_submit_order(
+    settings: Settings, make_job: Callable[..., str]
+) -> None:
+    """A reaped job whose message cannot be sent (the broker down: nothing listens on port 1)
+    is marked unsent with the jobs after it, and the next pass sends them all, oldest first,
+    without waiting ACCUM_REQUEUE_AFTER_S."""
+    settings = settings.model_copy(update={"requeue_after_s": 300})
+    first, second = make_job(), make_job()
+    for job_id in (first, second):
+        claim_with_lease(settings, job_id)
+    down = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+    with pytest.raises(Exception, match="127.0.0.1:1|Connection refused|Error 111"):
+        reap_once(down, clock=ahead(LEASE_S + 1))
+    with session_factory(settings)() as session:
+        assert [jobs.load_job(session, j).enqueued_at for j in (first, second)] == [None, None]  # type: ignore[union-attr]
+    assert resend_stale_once(settings) == [first, second]  # no clock ahead: the very next pass
+    assert queued_job_ids(settings, "default") == [first, second]
 
 
 def test_reaper_thread_resends_lost_messages(settings: Settings, make_job: Callable[..., str]) -> None:

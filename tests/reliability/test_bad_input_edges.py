@@ -11,7 +11,7 @@ back intact.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -282,3 +282,44 @@ def test_worker_fails_a_stored_job_whose_data_root_is_outside_the_allow_list(
         assert failed is not None and failed.error is not None
         assert failed.error["type"] == "DataRootNotAllowed"
         assert "outside the allowed data roots" in failed.error["message"]
+
+
+def test_the_workers_refusal_names_no_server_path_to_the_owner(
+    api_settings: Settings,  # noqa: F811
+    session_factory: sessionmaker[Session],
+    dirs: dict[str, Path],
+    caplog: pytest.LogCaptureFixture,
+    record_figure: Callable[..., None],
+) -> None:
+    """The job's error and traceback event are the owner's to read: they say the data_root is
+    outside the allowed roots and how to fix it, but name neither the roots nor where a symlink
+    leads; the worker's log (its operator's) names both."""
+    settings = api_settings.model_copy(update={"data_roots": [dirs["allowed"] / "images", "s3://datasets/public"]})
+    with session_factory.begin() as session:
+        owner, _ = tokens.create_owner_with_token(session, "mallory")
+        job, _ = store_jobs.create_job(session, owner=owner, spec=mnist(str(dirs["allowed"] / "link-out")))
+        job_id = job.id
+
+    assert run_job(settings, job_id, "edge-worker") == "failed"
+
+    with session_factory() as session:
+        failed = store_jobs.load_job(session, job_id)
+        assert failed is not None and failed.error is not None
+        shown = [failed.error["message"], *session.scalars(
+            select(JobEvent.message).where(JobEvent.job_id == job_id, JobEvent.kind == "traceback"))]
+    assert failed.error["type"] == "DataRootNotAllowed" and len(shown) == 2
+    for message in shown:
+        assert "outside the allowed data roots" in message and "ACCUM_DATA_ROOTS" in message
+        for server_path in (str(dirs["outside"]), str(dirs["allowed"] / "images"), "s3://datasets/public"):
+            assert server_path not in message, message
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert str(dirs["outside"]) in logged and "s3://datasets/public" in logged
+    record_figure(
+        "worker_refusal_no_server_path",
+        area="bad input",
+        check="a stored job whose data_root is a symlink out of the allowed roots, refused by the "
+              "worker: its error and traceback event (the owner's) vs the worker's log (the operator's)",
+        figure=f"{len(shown)}/2 owner-visible messages name no allowed root and no symlink target; "
+               "the worker's log names both",
+        passed=True,
+    )

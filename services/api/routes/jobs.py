@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Annotated
 
@@ -17,7 +16,7 @@ from services.api.job_view import job_view
 from services.api.schemas import JobPage, JobPublic, JobStatus, ResumeRequest
 from services.artifacts import StoreUnavailable
 from services.data_roots import allowed_data_roots, data_root_refusal
-from services.dispatch.enqueue import enqueue_job
+from services.dispatch.unsent import publish_in_order
 from services.fleet import FleetView, fleet_refusals
 from services.settings import Settings
 from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
@@ -33,8 +32,6 @@ from services.store.errors import (
 )
 from services.store.models import Job, Owner
 from services.store.queue_order import PRIORITIES
-
-log = logging.getLogger(__name__)
 
 router = APIRouter(
     prefix="/v1/jobs",
@@ -158,11 +155,9 @@ def check_priority(spec: JobSpec, owner: Owner) -> None:
 
 def enqueue_after_commit(settings: Settings, job: Job) -> None:
     """Nudge a worker. The row is committed already, so a broker failure must not turn into
-    an error for a job that exists: it stays queued (and `/readyz` reports the broker down)."""
-    try:
-        enqueue_job(settings, job.id, job.queue, job.priority)
-    except Exception:
-        log.exception("could not enqueue job %s on %r; it stays queued", job.id, job.queue)
+    an error for a job that exists: it stays queued, marked unsent, and is sent in submit order
+    once the broker is back (`/readyz` reports the broker down meanwhile)."""
+    publish_in_order(settings, job.id, job.queue, job.priority)
 
 
 @router.post(

@@ -1,5 +1,5 @@
-"""Health probes: /healthz always, /readyz only when the database and the broker answer
-(503 problem+json naming what is down)."""
+"""Health probes: /healthz always, /readyz only when the database, the broker and the artifact
+store answer (503 problem+json naming what is failing; why, with hosts and paths, for admins)."""
 
 from __future__ import annotations
 
@@ -52,15 +52,28 @@ def test_readyz_is_503_naming_what_is_down(
 
     assert response.status_code == 503
     assert response.headers["content-type"].startswith(PROBLEM_JSON)
-    assert f"{down} unreachable" in response.json()["detail"]
-    assert up not in response.json()["detail"]
-    assert list(response.json()["down"]) == [down]
+    body = response.json()
+    assert f"{down} failing" in body["detail"] and up not in body["detail"]
+    assert body["down"] == {down: "failing"} and body[down] == "failing" and body[up] == "ok"
+    assert "127.0.0.1" not in response.text and ":1" not in response.text  # no host, no port
     assert elapsed < 5  # short timeouts: a probe must not hang
     assert alive.status_code == 200  # alive, just not ready
 
 
+def test_readyz_tells_an_admin_why(
+    api_settings: Settings, admin: dict[str, str], alice: dict[str, str]
+) -> None:
+    settings = api_settings.model_copy(update={"broker_url": DEAD_REDIS})
+    with TestClient(create_app(settings, run_reaper=False), raise_server_exceptions=False) as client:
+        for_admin = client.get("/readyz", headers=admin)
+        for_owner = client.get("/readyz", headers=alice)
+    assert for_admin.status_code == for_owner.status_code == 503
+    assert "broker unreachable" in for_admin.json()["detail"] and "127.0.0.1:1" in for_admin.text
+    assert "127.0.0.1" not in for_owner.text and for_owner.json()["down"] == {"broker": "failing"}
+
+
 def test_readyz_probes_the_artifact_store_and_caches_the_answer(
-    api_settings: Settings, tmp_path: Path
+    api_settings: Settings, tmp_path: Path, admin: dict[str, str]
 ) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the store's directory should be")
@@ -68,9 +81,9 @@ def test_readyz_probes_the_artifact_store_and_caches_the_answer(
         update={"artifacts_url": (blocker / "artifacts").as_uri(), "store_probe_ttl_s": 3600})
     app = create_app(settings, run_reaper=False)
     with TestClient(app, raise_server_exceptions=False) as client:
-        down = client.get("/readyz")
+        down = client.get("/readyz", headers=admin)
         assert down.status_code == 503 and list(down.json()["down"]) == ["artifacts"]
-        assert str(blocker / "artifacts") in down.json()["detail"]  # which store, and why
+        assert str(blocker / "artifacts") in down.json()["detail"]  # which store, and why (admins)
         blocker.unlink()  # fixed: the store works now, but the cached answer holds
         assert client.get("/readyz").status_code == 503
         app.state.store_probe.ttl_s = 0

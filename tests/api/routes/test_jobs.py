@@ -300,6 +300,27 @@ def test_a_bad_verify_window_is_422_with_the_allowed_values(
     assert error["loc"] == "body.verify_window" and error["allowed"] == [True, False, "warn"]
 
 
+def test_an_s3_data_root_is_accepted_under_a_listed_s3_root_only(
+    api_settings: Settings, alice: dict[str, str], admin: dict[str, str], spec: dict[str, Any],
+    tmp_path: Any,
+) -> None:
+    """An s3:// data_root outside ACCUM_DATA_ROOTS (another bucket the workers could read) is
+    422 at submit: a worker would sync it otherwise."""
+    roots = [tmp_path / "datasets", "s3://datasets/public"]
+    app = create_app(api_settings.model_copy(update={"data_roots": roots}), run_reaper=False)
+    def at(url: str) -> dict[str, Any]:
+        return {**spec, "dataset": {"name": "mnist", "data_root": url}}
+    with TestClient(app) as client:
+        refused = client.post("/v1/jobs", json=at("s3://checkpoints/alice"), headers=alice)
+        for_admin = client.post("/v1/jobs", json=at("s3://checkpoints/alice"), headers=admin)
+        accepted = client.post("/v1/jobs", json=at("s3://datasets/public/mnist"), headers=alice)
+    [error] = refused.json()["errors"]
+    assert error["loc"] == "body.dataset.data_root" and "outside the allowed data roots" in error["msg"]
+    assert "s3://datasets/public" not in refused.text and "allowed" not in error
+    assert "s3://datasets/public" in for_admin.json()["errors"][0]["allowed"]
+    assert accepted.status_code == 201, accepted.text
+
+
 def test_data_root_refusal_names_the_roots_to_admins_only(
     api_settings: Settings,
     session_factory: sessionmaker[Session],
