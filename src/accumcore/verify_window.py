@@ -91,9 +91,9 @@ class CheckResult:
 def verify(trainer: Any, micro_batches: list[MicroBatch], first: bool) -> bool:
     """The trainer's one call, before a window runs: check, report (event ``exactness_check``),
     raise on failure unless ``trainer.verify_window == "warn"``. True while the check is
-    ``pending``: then the trainer calls again on its next windows, and a later window is
-    compared only when its item counts can tell the usual mistakes apart (read from the
-    counts already made; under DDP one small all-reduce of that flag)."""
+    ``pending``: then the trainer calls again on later windows (before steps 1, 2, 4, 8, ...),
+    and such a window is compared only when its item counts can tell the usual mistakes apart
+    (read from the counts already made; under DDP one small all-reduce of that flag)."""
     shift = bool(trainer.shift_labels)
     if not first:
         local = inconclusive_reason(micro_batches, trainer.loss_fn, trainer.ignore_index, shift) is None
