@@ -8,8 +8,9 @@ What ``fit`` does, one screen (numbers: the rules of docs/accumulation.md; right
     for epoch in epochs:
         batches = iter(loader) from the epoch's start RNG states       # loader_state (9)
         while window := next N batches:                                 # _train_epoch
+            first batch of the fit: does the model's loss shift labels? # label_shift (15)
             micro, n_i = split on OOM back-off, count items             # window, items (2, 10, 15)
-            first window, verify_window: accumulated == big batch?      # verify_window (16)
+            first window (later ones while pending): == big batch?      # verify_window (16)
             W = sum(n_i)  [DDP: all-reduce with the stop/data flags]    # window.WindowRunner (7)
             for i, mb in enumerate(micro):
                 with no_sync unless i is last:                          # distributed (7)

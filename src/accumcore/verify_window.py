@@ -15,7 +15,11 @@ fresh ``fit`` the trainer computes the first window's gradient twice and compare
 
 Both in eval mode (dropout and BatchNorm batch statistics differ for reasons that are not
 accumulation) and in fp32 whatever the job's precision. The relative error of the flattened
-gradient must be at most ``TOLERANCE``. Afterwards the model's modes, buffers, gradients and
+gradient must be at most ``TOLERANCE``. Above it, the fix named is the other weighting (a sum,
+another count mode, the other label shift) whose re-run matches the big batch
+(``verify_weights``). Equal is not "passed" where nothing could differ: a window of one
+micro-batch is compared as two unequal parts, and parts whose counts weigh a row mean and a
+token mean alike leave the check ``pending``, to be run again on a later window that can tell. Afterwards the model's modes, buffers, gradients and
 every RNG are put back and the optimizer is never touched, so training is bitwise the same
 as without the check. Under DDP each rank compares its own share of the window (the relative
 error does not depend on the share's scale n_rank / W), and one all-reduce brings every
@@ -47,10 +51,12 @@ _LOSS_MATCH = 1e-5
 
 
 class ExactnessError(RuntimeError):
-    """The first window's accumulated gradient is not the big batch's (``verify_window=True``).
+    """A window's accumulated gradient is not the big batch's (``verify_window=True``), or the
+    check could not run (``verify_window="strict"``: ``cause == "not_run"``).
 
-    The message names the likely cause (``cause``: ``"reduction"``, ``"count_items"``,
-    ``"shift_labels"``, ``"batch_dependent"`` or ``"unknown"``) and how to fix it."""
+    The message names the cause (``cause``: ``"reduction"``, ``"count_items"``,
+    ``"shift_labels"``, ``"batch_dependent"``, ``"unknown"`` or ``"not_run"``) and how to fix it;
+    the first three only after a re-run with the fix matched the big batch."""
 
     def __init__(self, message: str, *, rel_error: float, tolerance: float, cause: str) -> None:
         super().__init__(message)
