@@ -284,13 +284,6 @@ def _big_batch(
         return (concat([mb.inputs for mb in loaded]), concat([mb.targets for mb in loaded])), ""
     except (RuntimeError, TypeError, ValueError) as exc:
         reason = str(exc).splitlines()[0]
-    if all(isinstance(mb.inputs, Mapping) for mb in loaded):
-        # Keyword batches padded per micro-batch: padded again to the window's longest row.
-        try:
-            big = pad_concat([mb.inputs for mb in loaded], pad_id, ignore_index)
-            return (big, big.get("labels")), ""
-        except ValueError as exc:
-            reason = str(exc)
     pending = [mb.pending for mb in micro_batches]
     if pending and all(p is not None for p in pending):
         # The loader gives the samples' indices: collate them as one batch, as the loader's
@@ -299,6 +292,17 @@ def _big_batch(
         indices = [i for p in pending for i in p.indices]  # type: ignore[union-attr]
         restore_rng_state(rng)
         return items.unpack(source.load(indices)), ""
+    if all(isinstance(mb.inputs, Mapping) for mb in loaded):
+        # Keyword batches padded per micro-batch, without indices: padded again to the
+        # window's longest row (targets outside the mapping as labels are).
+        try:
+            big = pad_concat([mb.inputs for mb in loaded], pad_id, ignore_index)
+            if all(mb.targets is mb.inputs.get("labels") for mb in loaded):
+                return (big, big.get("labels")), ""
+            targets = pad_concat([{"labels": mb.targets} for mb in loaded], pad_id, ignore_index)["labels"]
+            return (big, targets), ""
+        except ValueError as exc:
+            reason = str(exc)
     return None, (
         f"the micro-batches cannot be concatenated ({reason}) and the loader gives no sample "
         "indices to collate the window as one batch: give the DataLoader a targets_for(indices) "

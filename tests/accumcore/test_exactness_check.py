@@ -292,3 +292,16 @@ def test_a_stock_hugging_face_loss_is_float32_even_in_a_float64_model() -> None:
     trainer(float64, Events(), loss_fn=_shifted_ce, accumulation_steps=2, shift_labels=True).fit(batches)
     assert max_diff(float64, reference) <= 1e-12
     assert 1e-12 < max_diff(own, reference) <= 1e-6
+
+
+def test_keyword_inputs_with_targets_beside_them_are_padded_too() -> None:
+    """``{"inputs": {...}, "targets": labels}`` batches (the service's shape): the labels are
+    padded with the ignore index beside the keyword inputs."""
+    batches = [{"inputs": {k: v for k, v in b.items() if k != "labels"}, "targets": b["labels"]}
+               for b in padded_per_micro_batch()]
+    events = Events()
+    model = tiny_gpt2()
+    trainer(model, events, loss_fn=_shifted_ce, accumulation_steps=2, shift_labels=True,
+            verify_window=True).fit(batches)
+    [(message, data)] = events.checks
+    assert data["status"] == "passed" and data["item_counts"] == [5.0, 8.0], message
