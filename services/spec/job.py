@@ -48,7 +48,7 @@ MAX_KEEP_CHECKPOINTS = 100
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("fail", "skip")  # accumcore.Trainer(on_nonfinite=...)
 PRIORITIES = ("low", "normal", "high")  # owners may lower theirs; only admins raise (the API)
-VERIFY_WINDOW_MODES = (True, False, "warn")  # accumcore.Trainer(verify_window=...)
+VERIFY_WINDOW_MODES = (True, False, "warn", "strict")  # accumcore.Trainer(verify_window=...)
 MAX_ACCUMULATION_STEPS = 65536
 MAX_MICRO_BATCH_SIZE = 1 << 20
 MAX_SEED = (1 << 63) - 1
@@ -74,13 +74,13 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _verify_window(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    if value is True or value is False or value == "warn":
+    if value is True or value is False or value in ("warn", "strict"):
         return value
     raise spec_error(
         "not_allowed",
         f"unknown verify_window {value!r}; choose one of: true (fail the job when the first "
         "window's accumulated gradient is not the big batch's), \"warn\" (record it and train "
-        "on), false (no check)",
+        "on), \"strict\" (also fail the job when the check cannot run), false (no check)",
         VERIFY_WINDOW_MODES,
     )
 
@@ -235,12 +235,14 @@ class JobSpec(BaseModel):
         Field(description="a window with an inf/NaN loss or gradient: fail the job, or skip its step"),
     ] = "fail"
     verify_window: Annotated[
-        bool | Literal["warn"],
+        bool | Literal["warn", "strict"],
         WrapValidator(_verify_window),
         Field(description="before the first step, compare the first window's accumulated "
               "gradient with the big batch's (fp32, eval mode, relative tolerance 1e-6): true "
-              "fails the job when they differ, naming the cause; \"warn\" records it and trains "
-              "on; false skips the check"),
+              "fails the job when they differ, naming the fix; \"warn\" records it and trains "
+              "on; \"strict\" also fails the job when the check cannot run; false skips the check. "
+              "A window that could not differ (one micro-batch, rows of equal length) is "
+              "'pending' and later windows are checked"),
     ] = True
     seed: Annotated[NonNegativeInt, Field(le=MAX_SEED)] = 0
     checkpoint_every: Annotated[

@@ -213,11 +213,14 @@ class StoreCallback(Callback):
 
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
         if kind == "exactness_check":
-            # The check's figure as a metric at step 0 (before the first optimizer step), and
-            # the event's data JSON-safe (an infinite error as its label).
+            # The check's figure as a metric at the step it ran before (0: the first window; a
+            # pending check runs again on later windows), and the event's data JSON-safe (an
+            # infinite error as its label).
             if isinstance(data.get("rel_error"), float):
+                step = int(data.get("step") or 0)
                 with self._buffer_lock:
-                    self._rows.extend(metric_rows(0, 0, {"exactness_rel_error": data["rel_error"]}))
+                    self._rows.extend(metric_rows(step, getattr(trainer, "epoch", 0) if step else 0,
+                                                  {"exactness_rel_error": data["rel_error"]}))
             data = json_safe(data)
 
         def write() -> None:

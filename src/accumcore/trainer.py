@@ -8,8 +8,9 @@ What ``fit`` does, one screen (numbers: the rules of docs/accumulation.md; right
     for epoch in epochs:
         batches = iter(loader) from the epoch's start RNG states       # loader_state (9)
         while window := next N batches:                                 # _train_epoch
+            first batch of the fit: does the model's loss shift labels? # label_shift (15)
             micro, n_i = split on OOM back-off, count items             # window, items (2, 10, 15)
-            first window, verify_window: accumulated == big batch?      # verify_window (16)
+            first window (later ones while pending): == big batch?      # verify_window (16)
             W = sum(n_i)  [DDP: all-reduce with the stop/data flags]    # window.WindowRunner (7)
             for i, mb in enumerate(micro):
                 with no_sync unless i is last:                          # distributed (7)
@@ -453,7 +454,11 @@ class Trainer:
                 self._check_loss_scale = not check_mean_over_items(
                     distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
                 )
-            if self._verify_pending:  # before the first optimizer step, and later while pending (rule 16)
+            # Before the first optimizer step, and while the result is pending before steps 1, 2,
+            # 4, 8, ...: a bounded number of looks (under DDP each is one small all-reduce), not
+            # one per window for a run whose windows can never tell (rule 16).
+            step = self.global_step
+            if self._verify_pending and (not self._verify_ran or step & (step - 1) == 0):
                 self._verify_pending = verify(self, micro_batches, first=not self._verify_ran)
                 self._verify_ran = True
             try:

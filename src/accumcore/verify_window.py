@@ -15,7 +15,11 @@ fresh ``fit`` the trainer computes the first window's gradient twice and compare
 
 Both in eval mode (dropout and BatchNorm batch statistics differ for reasons that are not
 accumulation) and in fp32 whatever the job's precision. The relative error of the flattened
-gradient must be at most ``TOLERANCE``. Afterwards the model's modes, buffers, gradients and
+gradient must be at most ``TOLERANCE``. Above it, the fix named is the other weighting (a sum,
+another count mode, the other label shift) whose re-run matches the big batch
+(``verify_weights``). Equal is not "passed" where nothing could differ: a window of one
+micro-batch is compared as two unequal parts, and parts whose counts weigh a row mean and a
+token mean alike leave the check ``pending``, to be run again on a later window that can tell. Afterwards the model's modes, buffers, gradients and
 every RNG are put back and the optimizer is never touched, so training is bitwise the same
 as without the check. Under DDP each rank compares its own share of the window (the relative
 error does not depend on the share's scale n_rank / W), and one all-reduce brings every
@@ -47,10 +51,12 @@ _LOSS_MATCH = 1e-5
 
 
 class ExactnessError(RuntimeError):
-    """The first window's accumulated gradient is not the big batch's (``verify_window=True``).
+    """A window's accumulated gradient is not the big batch's (``verify_window=True``), or the
+    check could not run (``verify_window="strict"``: ``cause == "not_run"``).
 
-    The message names the likely cause (``cause``: ``"reduction"``, ``"count_items"``,
-    ``"shift_labels"``, ``"batch_dependent"`` or ``"unknown"``) and how to fix it."""
+    The message names the cause (``cause``: ``"reduction"``, ``"count_items"``,
+    ``"shift_labels"``, ``"batch_dependent"``, ``"unknown"`` or ``"not_run"``) and how to fix it;
+    the first three only after a re-run with the fix matched the big batch."""
 
     def __init__(self, message: str, *, rel_error: float, tolerance: float, cause: str) -> None:
         super().__init__(message)
@@ -91,9 +97,9 @@ class CheckResult:
 def verify(trainer: Any, micro_batches: list[MicroBatch], first: bool) -> bool:
     """The trainer's one call, before a window runs: check, report (event ``exactness_check``),
     raise on failure unless ``trainer.verify_window == "warn"``. True while the check is
-    ``pending``: then the trainer calls again on its next windows, and a later window is
-    compared only when its item counts can tell the usual mistakes apart (read from the
-    counts already made; under DDP one small all-reduce of that flag)."""
+    ``pending``: then the trainer calls again on later windows (before steps 1, 2, 4, 8, ...),
+    and such a window is compared only when its item counts can tell the usual mistakes apart
+    (read from the counts already made; under DDP one small all-reduce of that flag)."""
     shift = bool(trainer.shift_labels)
     if not first:
         local = inconclusive_reason(micro_batches, trainer.loss_fn, trainer.ignore_index, shift) is None
@@ -278,13 +284,6 @@ def _big_batch(
         return (concat([mb.inputs for mb in loaded]), concat([mb.targets for mb in loaded])), ""
     except (RuntimeError, TypeError, ValueError) as exc:
         reason = str(exc).splitlines()[0]
-    if all(isinstance(mb.inputs, Mapping) for mb in loaded):
-        # Keyword batches padded per micro-batch: padded again to the window's longest row.
-        try:
-            big = pad_concat([mb.inputs for mb in loaded], pad_id, ignore_index)
-            return (big, big.get("labels")), ""
-        except ValueError as exc:
-            reason = str(exc)
     pending = [mb.pending for mb in micro_batches]
     if pending and all(p is not None for p in pending):
         # The loader gives the samples' indices: collate them as one batch, as the loader's
@@ -293,6 +292,17 @@ def _big_batch(
         indices = [i for p in pending for i in p.indices]  # type: ignore[union-attr]
         restore_rng_state(rng)
         return items.unpack(source.load(indices)), ""
+    if all(isinstance(mb.inputs, Mapping) for mb in loaded):
+        # Keyword batches padded per micro-batch, without indices: padded again to the
+        # window's longest row (targets outside the mapping as labels are).
+        try:
+            big = pad_concat([mb.inputs for mb in loaded], pad_id, ignore_index)
+            if all(mb.targets is mb.inputs.get("labels") for mb in loaded):
+                return (big, big.get("labels")), ""
+            targets = pad_concat([{"labels": mb.targets} for mb in loaded], pad_id, ignore_index)["labels"]
+            return (big, targets), ""
+        except ValueError as exc:
+            reason = str(exc)
     return None, (
         f"the micro-batches cannot be concatenated ({reason}) and the loader gives no sample "
         "indices to collate the window as one batch: give the DataLoader a targets_for(indices) "

@@ -163,6 +163,25 @@ def test_equal_rows_first_window_is_pending_until_a_later_window_tells() -> None
     assert run.global_step == 1
 
 
+def test_a_later_check_passes_a_right_loss_and_changes_nothing_training_computes() -> None:
+    """Pending on full rows, passed at window 2 (padded), and the run bitwise the one without."""
+    batches = full_rows(3, seed=1) + batches_of(token_dataset(24, seed=4), 4)
+    runs = []
+    for verify in (False, True):
+        events = Events()
+        model = token_model(torch.float64)
+        torch.manual_seed(3)
+        history = trainer(model, events, loss_fn=TokenCrossEntropy(), accumulation_steps=3,
+                          verify_window=verify).fit(batches)
+        runs.append(([p.detach().clone() for p in model.parameters()], [s["loss"] for s in history.steps],
+                     torch.rand(2), events.checks))
+    (off, losses_off, draw_off, none), (on, losses_on, draw_on, checks) = runs
+    assert not none and [c["status"] for _, c in checks] == ["pending", "passed"]
+    assert checks[1][1]["step"] == 1 and checks[1][1]["passed"] is True
+    assert losses_on == losses_off and torch.equal(draw_on, draw_off)
+    assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
+
+
 def test_windows_that_never_tell_stay_pending_and_cost_one_check() -> None:
     events = Events()
     model = token_model(torch.float64)
@@ -273,3 +292,16 @@ def test_a_stock_hugging_face_loss_is_float32_even_in_a_float64_model() -> None:
     trainer(float64, Events(), loss_fn=_shifted_ce, accumulation_steps=2, shift_labels=True).fit(batches)
     assert max_diff(float64, reference) <= 1e-12
     assert 1e-12 < max_diff(own, reference) <= 1e-6
+
+
+def test_keyword_inputs_with_targets_beside_them_are_padded_too() -> None:
+    """``{"inputs": {...}, "targets": labels}`` batches (the service's shape): the labels are
+    padded with the ignore index beside the keyword inputs."""
+    batches = [{"inputs": {k: v for k, v in b.items() if k != "labels"}, "targets": b["labels"]}
+               for b in padded_per_micro_batch()]
+    events = Events()
+    model = tiny_gpt2()
+    trainer(model, events, loss_fn=_shifted_ce, accumulation_steps=2, shift_labels=True,
+            verify_window=True).fit(batches)
+    [(message, data)] = events.checks
+    assert data["status"] == "passed" and data["item_counts"] == [5.0, 8.0], message

@@ -443,3 +443,47 @@ def test_two_gloo_ranks_check_their_shares_and_rank0_reports_the_worst(tmp_path,
         assert data["passed"] is False
         assert all(r["error"] is not None and r["steps"] == 0 for r in results)
         assert results[0]["error"]["cause"] == "reduction"
+
+
+def _ddp_pending_rank(rank: int, init_file: str, out_dir: str) -> None:
+    """First window of full rows on both ranks (a row mean is the token mean there), padded rows
+    after: the check is pending, then both ranks look at window 2 together and fail there."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bench.trainer.exactness_detection import RowMean
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        model = DistributedDataParallel(token_model(torch.float32))
+        events = Events()
+        trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=RowMean(),
+                          accumulation_steps=3, callbacks=[events], verify_window=True)
+        g = torch.Generator().manual_seed(30 + rank)
+        full = [(torch.randint(0, VOCAB, (2, 6), generator=g), torch.randint(0, VOCAB, (2, 6), generator=g))
+                for _ in range(3)]
+        x, y = token_dataset(12, seed=20 + rank).tensors
+        batches = full + [(x[i:i + 2], y[i:i + 2]) for i in range(0, 12, 2)]
+        error = None
+        try:
+            trainer.fit(batches, epochs=1)
+        except ExactnessError as exc:
+            error = {"cause": exc.cause, "message": str(exc)}
+        torch.save({"events": events.exactness(), "error": error, "steps": trainer.global_step},
+                   Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_stay_pending_together_and_fail_together_later(tmp_path) -> None:
+    import torch._dynamo  # noqa: F401  # imported before forking, as test_trainer_ddp does
+
+    mp.start_processes(_ddp_pending_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD,
+                       join=True, start_method=start_method())
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert results[1]["events"] == []  # rank 0 reports
+    (_, pending), (message, failed) = results[0]["events"]
+    assert pending["status"] == "pending" and pending["passed"] is None
+    assert failed["status"] == "failed" and failed["step"] == 1 and "count_items='rows'" in message
+    assert all(r["error"] is not None and r["error"]["cause"] == "count_items" and r["steps"] == 1 for r in results)

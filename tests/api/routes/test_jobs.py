@@ -297,7 +297,7 @@ def test_a_bad_verify_window_is_422_with_the_allowed_values(
     assert response.status_code == 422
     assert response.headers["content-type"].startswith(PROBLEM_JSON)
     [error] = response.json()["errors"]
-    assert error["loc"] == "body.verify_window" and error["allowed"] == [True, False, "warn"]
+    assert error["loc"] == "body.verify_window" and error["allowed"] == [True, False, "warn", "strict"]
 
 
 def test_an_s3_data_root_is_accepted_under_a_listed_s3_root_only(
