@@ -3,15 +3,12 @@ and API messages put in the CLI's words."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from accum import AccumClient
+from accum.spec_file import SpecFileError, parse_spec_text, read_spec
 from services.cli.config import resolve_client_config
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -39,24 +36,12 @@ def make_client() -> AccumClient:
 
 def load_spec(path: str) -> dict[str, Any]:
     """Read a job spec from a .yaml/.yml/.json file, or '-' for stdin (JSON or YAML)."""
-    if path == "-":
-        text, suffix = sys.stdin.read(), ".yaml"
-    else:
-        file = Path(path)
-        suffix = file.suffix.lower()
-        if suffix not in (".yaml", ".yml", ".json"):
-            raise UsageError(f"spec file {path} must end in .yaml, .yml or .json")
-        try:
-            text = file.read_text()
-        except OSError as exc:
-            raise UsageError(f"cannot read spec file {path}: {exc.strerror}") from exc
     try:
-        spec = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise UsageError(f"spec file {path} is not valid {suffix[1:].upper()}: {exc}") from exc
-    if not isinstance(spec, dict):
-        raise UsageError(f"spec file {path} must hold a mapping of fields, not {type(spec).__name__}")
-    return spec
+        if path == "-":
+            return parse_spec_text(sys.stdin.read(), "-")
+        return read_spec(path)
+    except SpecFileError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def format_progress(job: dict[str, Any]) -> str:

@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from accum.spec_file import read_spec
+
 JSON = dict[str, Any]
 
 try:
@@ -245,10 +247,15 @@ class AccumClient:
         return self._json("GET", "/v1/me")
 
     # -- jobs -------------------------------------------------------------------------
-    def submit(self, spec: JSON, idempotency_key: str | None = None) -> JSON:
-        """POST /v1/jobs; the same idempotency key and body return the same job."""
+    def submit(self, spec: JSON | str | Path, idempotency_key: str | None = None) -> JSON:
+        """POST /v1/jobs; the same idempotency key and body return the same job.
+
+        `spec` is a mapping, or the path of a .yaml/.yml/.json file, read as `accum submit`
+        reads it (`lr: 3e-4` is a number); a file that cannot be read raises `SpecFileError`.
+        """
+        body = spec if isinstance(spec, dict) else read_spec(spec)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._json("POST", "/v1/jobs", json=spec, headers=headers)
+        return self._json("POST", "/v1/jobs", json=body, headers=headers)
 
     def jobs(
         self, status: str | None = None, limit: int | None = None, cursor: str | None = None

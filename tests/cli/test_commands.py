@@ -129,6 +129,27 @@ def test_unreadable_spec_is_a_usage_error(
     assert code == 2 and ".yaml, .yml or .json" in err
 
 
+# Numbers as people write them; YAML 1.1 (PyYAML's default) reads the first two as strings.
+NUMBERS_AS_WRITTEN = (
+    "model: mlp\ndataset: digits\nmicro_batch_size: 16\naccumulation_steps: 4\nepochs: 1\n"
+    "optimizer: {name: sgd, lr: 3e-4, weight_decay: 1e-2, momentum: .5}\n"
+)
+
+
+def test_yaml_numbers_with_an_exponent_are_numbers(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, client: AccumClient
+) -> None:
+    path = tmp_path / "exponents.yaml"
+    path.write_text(NUMBERS_AS_WRITTEN)
+    code, out, err = accum(capsys, "submit", str(path), "--json")
+    assert code == 0, err
+    optimizer = json.loads(out)["spec"]["optimizer"]
+    assert (optimizer["lr"], optimizer["weight_decay"], optimizer["momentum"]) == (3e-4, 1e-2, 0.5)
+    # The client reads a spec file with the same loader.
+    job = client.submit(path)
+    assert client.job(job["id"])["spec"]["optimizer"]["lr"] == 3e-4
+
+
 def test_url_and_token_resolution_order(
     api_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],

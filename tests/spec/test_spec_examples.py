@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
+from accum import parse_yaml
 from services.spec import parse_spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -14,7 +14,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yam
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_parses(path: Path) -> None:
-    spec = parse_spec(yaml.safe_load(path.read_text()))
+    spec = parse_spec(parse_yaml(path.read_text()))
     assert spec.normalised()["model"]["name"] == spec.model.name
 
 
