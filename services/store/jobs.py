@@ -144,6 +144,18 @@ def get_job(session: Session, job_id: str, owner: Owner) -> Job | None:
     return job
 
 
+def job_ids_starting_with(
+    session: Session, prefix: str, owner: Owner, *, anyones: bool, limit: int
+) -> list[str]:
+    """Ids (newest first, at most ``limit``) that start with ``prefix``, of ``owner``'s jobs or,
+    with ``anyones``, of every job. ``prefix`` holds only id characters, so LIKE sees no
+    wildcard in it."""
+    query = select(Job.id).where(Job.id.like(f"{prefix}%"))
+    if not anyones:
+        query = query.where(Job.owner_id == owner.id)
+    return list(session.scalars(query.order_by(Job.id.desc()).limit(limit)))
+
+
 def load_job(session: Session, job_id: str, *, fresh: bool = True) -> Job | None:
     """The job regardless of owner, for the worker and the reaper (never for API routes).
 

@@ -141,3 +141,13 @@ def test_sse_parser_follows_the_framing() -> None:
         ("metric", {"name": "loss", "step": 3}),
         ("end", {"status": "succeeded"}),
     ]
+
+
+def test_job_takes_the_short_id_lists_show(client: AccumClient, tiny_spec: dict[str, Any]) -> None:
+    first, second = client.submit(tiny_spec), client.submit(tiny_spec)
+    assert client.job(first["id"][:12])["id"] == first["id"]
+    common = next(i for i in range(26) if first["id"][i] != second["id"][i])
+    with pytest.raises(AccumAPIError) as ambiguous:
+        client.job(first["id"][:common])
+    assert ambiguous.value.status == 422
+    assert "ambiguous" in str(ambiguous.value) and second["id"] in str(ambiguous.value)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, HTTPException, Query, Request, Response, status
@@ -13,6 +12,7 @@ from sqlalchemy.orm import Session
 from services.api.auth import CurrentOwner
 from services.api.deps import ArtifactsDep, SessionDep, SettingsDep
 from services.api.errors import Problem, invalid_field, invalid_fields, problem_responses
+from services.api.job_ids import AmbiguousJobId, find_job, not_found_detail
 from services.api.job_view import job_view
 from services.api.schemas import JobPage, JobPublic, JobStatus, ResumeRequest
 from services.artifacts import StoreUnavailable
@@ -45,17 +45,15 @@ router = APIRouter(
 NOT_FOUND = problem_responses(404)
 
 
-JOB_ID = re.compile(r"[0-9a-z]{26}")
-
-
 def job_or_404(session: Session, job_id: str, owner: Owner) -> Job:
-    """The job if this owner may see it; another owner's job is a 404, never a 403."""
-    # Ids are 26 lower-case base32 characters: anything else cannot exist, so no query.
-    job = store_jobs.get_job(session, job_id, owner) if JOB_ID.fullmatch(job_id) else None
+    """The job whose id is `job_id` or starts with it, if this owner may see it; another
+    owner's job is a 404, never a 403; a prefix of several ids is a 422 naming them."""
+    try:
+        job = find_job(session, job_id, owner, anyones=owner.is_admin)
+    except AmbiguousJobId as exc:
+        raise invalid_field(("path", "job_id"), str(exc), job_id, exc.candidates) from exc
     if job is None:
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND, detail=f"no job {job_id[:100]!r}; list yours with GET /v1/jobs"
-        )
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=not_found_detail(job_id))
     return job
 
 
@@ -125,14 +123,19 @@ def check_init_from(session: Session, spec: JobSpec, owner: Owner) -> None:
     ref = spec.init_from
     if ref is None or ref.job is None:
         return
-    job = session.get(Job, ref.job) if JOB_ID.fullmatch(ref.job) else None
-    if job is None or job.owner_id != owner.id:
+    where = ("body", "init_from", "job")
+    try:
+        job = find_job(session, ref.job, owner, anyones=False)
+    except AmbiguousJobId as exc:
+        raise invalid_field(where, str(exc), ref.job, exc.candidates) from exc
+    if job is None:
         raise invalid_field(
-            ("body", "init_from", "job"),
+            where,
             f"no job {ref.job[:100]!r} of yours to start from; init_from.job takes the id of one "
-            "of your jobs (GET /v1/jobs lists them)",
+            "of your jobs, or a unique prefix of it (GET /v1/jobs lists them)",
             ref.job,
         )
+    ref.job = job.id  # the worker loads by the full id
 
 
 def check_fleet(session: Session, spec: JobSpec, settings: Settings, fleet: FleetView) -> None:
@@ -290,6 +293,7 @@ def resume_job(
     `from_step`, or `from_scratch`; with `timeout`, under a new timeout (the run time counts
     from 0 again on every resume)."""
     job = job_or_404(session, job_id, owner)
+    job_id = job.id  # the path may hold a prefix of it
     body = body or ResumeRequest(from_step=None, from_scratch=False, timeout=None)
     if body.from_step is not None:
         steps = [c.step for c in list_checkpoints(session, job_id)]
@@ -330,6 +334,7 @@ def delete_job(*, session: SessionDep, owner: CurrentOwner, store: ArtifactsDep,
                job_id: str) -> Response:
     """Delete a finished job: its checkpoints (objects and rows), metrics and events."""
     job = job_or_404(session, job_id, owner)
+    job_id = job.id  # the path may hold a prefix of it
     if not store_jobs.is_finished(job):
         raise HTTPException(
             status.HTTP_409_CONFLICT,
