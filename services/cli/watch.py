@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import textwrap
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -82,9 +83,12 @@ class History:
         self.attempt = 0
         self.checkpoints: list[tuple[str, int]] = []  # (time, step) not printed yet
         self.pending: list[_Eval] = []  # past evaluations waiting for their place in time
+        self.errors_shown: set[str] = set()  # messages of the `failed` events printed
 
     def line(self, ts: str | None, kind: str, text: str) -> None:
-        self.console.print(f"{clock(ts)}  {kind.ljust(KIND_WIDTH)}  {text}".rstrip(), markup=False,
+        """One event: time, kind, text; a long text wraps under itself, not under the time."""
+        head = f"{clock(ts)}  {kind.ljust(KIND_WIDTH)}  "
+        self.console.print(hanging(head, text, self.console.width), markup=False,
                            highlight=False, overflow="fold")
 
     # -- evaluations ----------------------------------------------------------------------
@@ -128,7 +132,8 @@ class History:
     # -- events ---------------------------------------------------------------------------
     def event(self, event: dict[str, Any]) -> None:
         key = event.get("id") or (event.get("kind"), event.get("created_at"))
-        if key in self.seen_events:
+        if key in self.seen_events or event.get("kind") == "traceback":
+            # A traceback's message is the error that the `failed` event next to it repeats.
             return
         self.seen_events.add(key)
         created = str(event.get("created_at") or "")
@@ -146,6 +151,8 @@ class History:
             return
         self.flush_checkpoints()
         text = "" if message in ("", kind) else in_cli_words(message)
+        if kind == "failed":
+            self.errors_shown.add(message)
         self.line(created, kind.replace("_", " "), text)
 
     def flush_checkpoints(self) -> None:
@@ -243,7 +250,7 @@ def watch_job(
     job = client.job(job_id)
     if job["status"] in FINAL_STATUSES:
         _replay(client, job_id, history)
-        _print_outcome(console, job)
+        _print_outcome(console, job, history)
         return job
     progress = Progress(JobLine(), console=console, transient=False)
     name = str(job.get("name") or short_id(job_id))
@@ -261,7 +268,7 @@ def watch_job(
         if interrupt_hint:
             _say_still_running(client, job_id, job)
         raise
-    _print_outcome(console, job)
+    _print_outcome(console, job, history)
     return job
 
 
@@ -345,10 +352,21 @@ def _say_still_running(client: AccumClient, job_id: str, job: dict[str, Any]) ->
     )
 
 
-def _print_outcome(console: Console, job: dict[str, Any]) -> None:
+def _print_outcome(console: Console, job: dict[str, Any], history: History) -> None:
+    """The last line; the error only when no `failed` event above said it already."""
     line = f"job {job['id']} {job['status']}"
-    error = job.get("error")
-    if error:
-        line += f": {error.get('type')}: {in_cli_words(str(error.get('message')))}"
-    console.print(line, markup=False, overflow="fold")
+    error = job.get("error") or {}
+    said = f"{error.get('type')}: {error.get('message')}"
+    if error and not history.errors_shown & {said, str(error.get("message"))}:
+        line += f": {in_cli_words(said)}"
+    console.print(hanging("", line, console.width, indent=4), markup=False, overflow="fold")
+
+
+def hanging(head: str, text: str, width: int, indent: int | None = None) -> str:
+    """`head` + `text` wrapped at word boundaries to `width`, the following lines indented
+    under the text (or by `indent`), so a wrapped line still reads as part of its event."""
+    pad = " " * (len(head) if indent is None else indent)
+    lines = textwrap.wrap(text, max(width, len(pad) + 20), initial_indent=head,
+                          subsequent_indent=pad, break_on_hyphens=False) if text else [head]
+    return "\n".join(line.rstrip() for line in lines)
 
