@@ -20,6 +20,7 @@ from services.cli.output import (
     duration,
     epoch,
     grouped,
+    hanging,
     latest_value,
     parse_time,
     print_fields,
@@ -79,10 +80,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if args.json:
             print_json(job)
         else:
-            print(
-                f"submitted job {job['id']} ({job.get('name') or 'unnamed'}): "
-                f"{job['status']}, effective batch {batch(job)}"
-            )
+            print(hanging("", f"submitted job {job['id']} ({job.get('name') or 'unnamed'}): "
+                              f"{job['status']}, effective batch {batch(job)}", indent=2))
         if not args.watch:
             return 0
         from services.cli.watch import watch_job

@@ -28,6 +28,7 @@ from accum import AccumAPIError, __version__
 from services.cli import admin, catalog, demo, jobs, results, server, watch, workers
 from services.cli.common import CommandError, UsageError, in_cli_words
 from services.cli.config import ConfigError
+from services.cli.output import hanging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accum {args.command}: {exc}", file=sys.stderr)
         return 2
     except (AccumAPIError, ConfigError, CommandError) as exc:
-        print(f"accum {args.command}: {in_cli_words(str(exc))}", file=sys.stderr)
+        first, *more = exc.lines() if isinstance(exc, AccumAPIError) else [str(exc)]
+        said = [hanging(f"accum {args.command}: ", in_cli_words(first), indent=2)]
+        said += [hanging("  ", in_cli_words(line), indent=4) for line in more]
+        print("\n".join(said), file=sys.stderr)
         return 1
     except BrokenPipeError:
         # `accum metrics ID --csv | head`: the reader left; exit quietly, as Unix tools do.
@@ -68,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         # Settings read from ACCUM_* variables: each error already says how to fix it.
         problems = "; ".join(str(e.get("msg", e)) for e in exc.errors())
-        print(f"accum {args.command}: invalid configuration: {problems}", file=sys.stderr)
+        print(hanging(f"accum {args.command}: ", f"invalid configuration: {problems}", indent=2),
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

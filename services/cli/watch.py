@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import textwrap
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,7 +32,7 @@ from services.cli.common import (
     resolve_job_id,
     short_id,
 )
-from services.cli.output import cut, duration, epoch, grouped, number, parse_time
+from services.cli.output import cut, duration, epoch, grouped, hanging, number, parse_time
 
 RECONNECT_DELAY_S = 1.0
 MAX_RECONNECTS = 60  # consecutive failures, one second apart
@@ -360,13 +359,4 @@ def _print_outcome(console: Console, job: dict[str, Any], history: History) -> N
     if error and not history.errors_shown & {said, str(error.get("message"))}:
         line += f": {in_cli_words(said)}"
     console.print(hanging("", line, console.width, indent=4), markup=False, overflow="fold")
-
-
-def hanging(head: str, text: str, width: int, indent: int | None = None) -> str:
-    """`head` + `text` wrapped at word boundaries to `width`, the following lines indented
-    under the text (or by `indent`), so a wrapped line still reads as part of its event."""
-    pad = " " * (len(head) if indent is None else indent)
-    lines = textwrap.wrap(text, max(width, len(pad) + 20), initial_indent=head,
-                          subsequent_indent=pad, break_on_hyphens=False) if text else [head]
-    return "\n".join(line.rstrip() for line in lines)
 

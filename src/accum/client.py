@@ -71,11 +71,18 @@ class AccumAPIError(Exception):
         Each field error once, by the path the spec uses (no `body.`); the `detail` of a 422
         only summarises those errors, so it is left out when they are there.
         """
+        return "; ".join(self.lines())
+
+    def lines(self) -> list[str]:
+        """The error as a person reads it: one line, or with several field errors a head line
+        (`422 Invalid request (2 fields):`) and one line per field."""
         head = f"{self.status} {self.title}" if self.status else self.title
         fields = [_format_field_error(e) for e in self.errors]
         if self.detail and self.detail != self.title and not fields:
             head = f"{head}: {self.detail}"
-        return "; ".join([f"{head}: {fields[0]}", *fields[1:]] if fields else [head])
+        if len(fields) > 1:
+            return [f"{head} ({len(fields)} fields):", *fields]
+        return [f"{head}: {fields[0]}" if fields else head]
 
     @classmethod
     def from_response(cls, response: httpx.Response) -> AccumAPIError:
@@ -118,6 +125,11 @@ def _format_field_error(error: Any) -> str:
         parts = parts[1:]
     path = ".".join(str(p) for p in parts)
     message = _shorten_choices(str(error.get("msg") or error.get("message") or error.get("detail") or ""))
+    # "micro_batch_size: micro_batch_size must be ..." says the name twice.
+    for name in (path, str(parts[-1]) if parts else ""):
+        if name and message.startswith(f"{name} "):
+            message = message[len(name) + 1 :]
+            break
     return f"{path}: {message}" if path else message
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cli_helpers import accum_in_process
+from cli_helpers import accum_in_process, one_entry, unwrapped
 
 from accum import AccumClient
 
@@ -98,7 +98,7 @@ def test_download_of_a_corrupted_checkpoint_fails(
     job = client.submit(tiny_spec)
     seed.checkpoint(job["id"], 3, b"bytes", sha256="f" * 64)
     code, _, err = accum(capsys, "download", job["id"], "-o", str(tmp_path / "x.pt"))
-    assert code == 1 and "sha256" in err and len(err.strip().splitlines()) == 1
+    assert code == 1 and "sha256" in err and one_entry(err)
     assert not (tmp_path / "x.pt").exists()
 
 
@@ -108,14 +108,14 @@ def test_bad_spec_is_one_line_naming_the_field(
     spec = write_spec(tmp_path, {**tiny_spec, "accumulation_steps": 0}, ".json")
     code, out, err = accum(capsys, "submit", str(spec))
     assert code == 1 and out == ""
-    assert len(err.strip().splitlines()) == 1
+    assert one_entry(err)
     assert err.startswith("accum submit: 422") and "accumulation_steps" in err
 
 
 def test_unknown_job_is_one_line_404(cli_env: Any, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = accum(capsys, "status", "does-not-exist")
     assert code == 1 and out == ""
-    assert err.startswith("accum status: 404") and len(err.strip().splitlines()) == 1
+    assert err.startswith("accum status: 404") and one_entry(err)
 
 
 def test_unreadable_spec_is_a_usage_error(
@@ -175,7 +175,7 @@ def test_url_and_token_resolution_order(
     monkeypatch.setenv("ACCUM_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("ACCUM_TOKEN", api_server.token)
     code, _, err = accum(capsys, "jobs")
-    assert code == 1 and "cannot reach" in err and "http://127.0.0.1:9" in err
+    assert code == 1 and "cannot reach" in unwrapped(err) and "http://127.0.0.1:9" in unwrapped(err)
 
 
 def test_console_script_usage_error_exits_2(api_server: Any) -> None:
@@ -194,7 +194,7 @@ def test_token_create_before_migration_says_what_to_run(
     monkeypatch.setenv("ACCUM_HOME", str(tmp_path / "fresh"))
     code, out, err = accum(capsys, "token", "create", "bob")
     assert code == 1 and out == ""
-    assert "run `accum db upgrade` first" in err
+    assert "run `accum db upgrade` first" in unwrapped(err)
     assert accum(capsys, "db", "upgrade")[0] == 0
     code, out, _ = accum(capsys, "token", "create", "bob")
     assert code == 0 and out.startswith("accum_")
@@ -205,7 +205,7 @@ def test_bad_configuration_is_one_line(
 ) -> None:
     monkeypatch.setenv("ACCUM_DATABASE_URL", "mysql://db/accum")
     code, _, err = accum(capsys, "db", "upgrade")
-    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert code == 1 and one_entry(err)
     assert "ACCUM_DATABASE_URL" in err and "postgresql+psycopg://" in err
 
 
@@ -220,7 +220,7 @@ def test_up_refuses_a_port_in_use(
         other.listen()
         port = other.getsockname()[1]
         code, _, err = accum(capsys, "up", "--port", str(port))
-    assert code == 1 and "choose another port with --port" in err
+    assert code == 1 and "choose another port with --port" in unwrapped(err)
     assert not (tmp_path / "home" / "local.json").exists()
 
 
@@ -234,7 +234,7 @@ def test_resume_from_an_older_step_or_from_scratch_then_delete(
     seed.claim(job["id"], "w1")
     seed.finish(job["id"], "w1", "failed", {"type": "RuntimeError", "message": "x"})
     code, _, err = accum(capsys, "resume", job["id"], "--from-step", "5")
-    assert code == 1 and "from_step" in err and "[4, 8]" in err  # the retained steps
+    assert code == 1 and "from_step" in unwrapped(err) and "[4, 8]" in unwrapped(err)  # the retained steps
     code, _, err = accum(capsys, "resume", job["id"], "--timeout", "2 fortnights")
     assert code == 1 and "timeout" in err
     code, out, _ = accum(capsys, "resume", job["id"], "--from-step", "4", "--timeout", "2h")
@@ -242,7 +242,7 @@ def test_resume_from_an_older_step_or_from_scratch_then_delete(
     assert client.job(job["id"])["spec"]["timeout"] == 7200
     assert [c["step"] for c in client.checkpoints(job["id"])] == [4]  # 8 dropped
     code, _, err = accum(capsys, "delete", job["id"])
-    assert code == 1 and "cancel it first" in err
+    assert code == 1 and "cancel it first" in unwrapped(err)
     client.cancel(job["id"])
     code, out, _ = accum(capsys, "delete", job["id"])
     assert code == 0 and "deleted" in out

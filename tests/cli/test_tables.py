@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import accum_in_process as accum
-from cli_helpers import assert_fits
+from cli_helpers import assert_fits, unwrapped
 
 from accum import AccumClient
 
@@ -100,9 +100,9 @@ def test_ids_are_taken_by_unique_prefix(
     assert code == 0 and out.strip() == f"job {second['id']}: cancelled"
 
     code, _, err = accum(capsys, "status", first["id"][:common])
-    assert code == 1 and "is ambiguous" in err and "give more characters" in err
+    assert code == 1 and "is ambiguous" in unwrapped(err) and "give more characters" in unwrapped(err)
     code, _, err = accum(capsys, "status", "zzzzzz")
-    assert code == 1 and "no job id starts with 'zzzzzz'" in err
+    assert code == 1 and "no job id starts with 'zzzzzz'" in unwrapped(err)
     code, _, err = accum(capsys, "status", "01")
     assert code == 2 and "at least 4 characters" in err
 
