@@ -53,11 +53,22 @@ class Progress(BaseModel):
     )
 
 
+class NonFiniteStop(BaseModel):
+    """Where a run stopped on a non-finite value (`on_nonfinite: fail`, or too many skips)."""
+
+    step: int = Field(description="The optimizer step whose window was not finite")
+    metric: str = Field(description="`loss` or `grad_norm`")
+    value: Label
+
+
 class JobError(BaseModel):
     type: str
     message: str
     reason: str | None = Field(
         None, description="Why the service ended the job: `timeout` or `poison` (else null)"
+    )
+    nonfinite: NonFiniteStop | None = Field(
+        None, description="The non-finite value that stopped the run, and its step (else null)"
     )
 
 
@@ -182,6 +193,7 @@ class JobPublic(BaseModel):
             "type": str(error.get("type", "Error")),
             "message": str(error.get("message", "")),
             "reason": None if reason is None else str(reason),
+            "nonfinite": error.get("nonfinite"),
         }
 
     @model_validator(mode="after")
@@ -190,6 +202,10 @@ class JobPublic(BaseModel):
         # answered as null, with the label in nonfinite_metrics.
         self.latest_metrics, labels = split_latest(self.latest_metrics)
         self.nonfinite_metrics = {**labels, **self.nonfinite_metrics}
+        # The window that stopped the run logged no metrics: its value is the latest one.
+        if self.error is not None and (stop := self.error.nonfinite) is not None:
+            self.latest_metrics[stop.metric] = None
+            self.nonfinite_metrics[stop.metric] = stop.value
         # The attempt that runs now has trained as far as the job's progress.
         for attempt in self.attempts:
             if attempt.end_step is None and attempt.outcome == "running":

@@ -194,8 +194,16 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     latest = job.get("latest_metrics") or {}
     names = [n for n in SHOWN_FIRST if n in latest]
     names += sorted(n for n in latest if n not in names and n not in SKIPPED)
-    fields += [(name, latest_value(job, name)) for name in names]
+    stop = (error or {}).get("nonfinite") or {}
+    fields += [(name, latest_value(job, name) + stopped_here(stop, name)) for name in names]
+    if stop.get("metric") and stop["metric"] not in names:
+        fields.append((stop["metric"], f"{stop.get('value')}{stopped_here(stop, stop['metric'])}"))
     return fields
+
+
+def stopped_here(stop: dict[str, Any], name: str) -> str:
+    """` at step 7 (stopped the run)` after the metric whose non-finite value ended the job."""
+    return f" at step {stop.get('step')} (stopped the run)" if stop.get("metric") == name else ""
 
 
 def exactness_line(check: Any) -> str | None:

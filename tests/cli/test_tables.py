@@ -69,6 +69,31 @@ def test_status_shows_model_batch_queue_eta_and_nan_by_name(
     assert SECONDS.search(fields["started"])
 
 
+def test_a_run_stopped_by_nan_shows_the_nan_where_it_stopped(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job = client.submit(tiny_spec)
+    seed.claim(job["id"], "w1")
+    seed.progress(job["id"], 6, {"loss": 1.76e18})  # the last finite window before the NaN
+    seed.finish(job["id"], "w1", "failed", {
+        "type": "NonFiniteError", "message": "step 7: loss is nan; ...",
+        "nonfinite": {"step": 7, "metric": "loss", "value": "NaN"},
+    })
+
+    listed = next(j for j in client.jobs(limit=50)["items"] if j["id"] == job["id"])
+    for answer in (listed, client.job(job["id"])):
+        assert answer["latest_metrics"]["loss"] is None and answer["nonfinite_metrics"]["loss"] == "NaN"
+        assert answer["error"]["nonfinite"] == {"step": 7, "metric": "loss", "value": "NaN"}
+
+    code, out, _ = accum(capsys, "status", job["id"])
+    assert code == 0
+    assert_fits(out)
+    loss = next(line for line in out.splitlines() if line.startswith("loss "))
+    assert loss.split(None, 1)[1] == "NaN at step 7 (stopped the run)"
+    assert "1.76e+18" not in out
+
+
 def test_status_prints_the_exactness_check_on_one_line(
     cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
     tiny_spec: dict[str, Any],
