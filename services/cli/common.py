@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from accum import AccumClient
+from accum.config import resolve_client_config
 from accum.spec_file import SpecFileError, parse_spec_text, read_spec
-from services.cli.config import resolve_client_config
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 # `accum watch` exits with the job's final status: scripts can tell the outcomes apart.

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from accum import AccumAPIError, __version__
+from accum.config import ConfigError
 from services.cli import admin, catalog, demo, jobs, results, server, watch, workers
 from services.cli.common import CommandError, UsageError, in_cli_words
-from services.cli.config import ConfigError
 from services.cli.output import hanging
 
 

@@ -48,8 +48,8 @@ def register(commands: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from accum.config import local_config_path
     from services.cli.admin import redacted
-    from services.cli.config import local_config_path
     from services.cli.local import (
         LocalService,
         LocalServiceError,

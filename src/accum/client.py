@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -30,9 +31,12 @@ from typing import Any
 
 import httpx
 
+from accum.config import resolve_client_config
 from accum.spec_file import read_spec
 
 JSON = dict[str, Any]
+# What `wait` waits for: a job in one of these will not change again until resumed.
+FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 try:
     __version__ = version("accum")
@@ -184,12 +188,18 @@ class AccumClient:
 
     def __init__(
         self,
-        url: str,
-        token: str | None,
+        url: str | None = None,
+        token: str | None = None,
         *,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """`url` and `token` left out are found as the CLI finds them: ACCUM_URL and
+        ACCUM_TOKEN, else the ACCUM_HOME/local.json that `accum up` wrote."""
+        if url is None or token is None:
+            config = resolve_client_config()
+            url = config.url if url is None else url
+            token = config.token if token is None else token
         self.url = url.rstrip("/")
         headers = {"Accept": "application/json", "User-Agent": f"accum-client/{__version__}"}
         if token:
@@ -281,6 +291,26 @@ class AccumClient:
 
     def job(self, job_id: str) -> JSON:
         return self._json("GET", f"/v1/jobs/{job_id}")
+
+    def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 2.0) -> JSON:
+        """Block until the job has finished (succeeded, failed or cancelled); returns it.
+
+        Raises `TimeoutError` after `timeout` seconds (None: no limit), saying where it was.
+        Polls `GET /v1/jobs/{id}` every `poll_s` seconds: one cheap read, and no stream held
+        open for hours.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job.get("status") in FINAL_STATUSES:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                step = (job.get("progress") or {}).get("optimizer_step") or 0
+                raise TimeoutError(
+                    f"job {job_id} is still {job.get('status')} (step {step}) after {timeout} s; "
+                    "wait again, or cancel it with AccumClient.cancel"
+                )
+            time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
 
     def cancel(self, job_id: str) -> JSON:
         return self._json("POST", f"/v1/jobs/{job_id}/cancel")

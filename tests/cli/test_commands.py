@@ -155,7 +155,7 @@ def test_url_and_token_resolution_order(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """ACCUM_URL / ACCUM_TOKEN first, then ACCUM_HOME/local.json (each value on its own)."""
-    from services.cli.config import resolve_client_config, write_local_config
+    from accum.config import resolve_client_config, write_local_config
 
     home = tmp_path / "home"
     for key in ("ACCUM_URL", "ACCUM_TOKEN"):
