@@ -244,12 +244,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
     with make_client() as client:
         job_id = resolve_job_id(client, args.job_id)
         timeout = int(args.timeout) if args.timeout and args.timeout.isdigit() else args.timeout
+        # A plain resume takes the latest checkpoint; without one it starts over: say so.
+        latest = None
+        if args.from_step is None and not args.from_scratch:
+            latest = max((int(c["step"]) for c in client.checkpoints(job_id)), default=None)
         job = client.resume(job_id, from_step=args.from_step, from_scratch=args.from_scratch,
                             timeout=timeout)
-    where = (f", from checkpoint step {args.from_step}" if args.from_step is not None
-             else ", from the start" if args.from_scratch else "")
+    if args.from_step is not None:
+        where = f", from checkpoint step {args.from_step}"
+    elif args.from_scratch:
+        where = ", from the start"
+    elif latest is None:
+        where = (", from the start: it has no checkpoint (a job keeps one every "
+                 "checkpoint_every steps)")
+    else:
+        where = f", from its latest checkpoint (step {latest})"
     limit = f", timeout {job['spec']['timeout']} s" if args.timeout and "spec" in job else ""
-    print(f"job {job_id}: {job.get('status', 'queued')}{where}{limit}")
+    print(hanging("", f"job {job_id}: {job.get('status', 'queued')}{where}{limit}", indent=2))
     return 0
 
 

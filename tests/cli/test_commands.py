@@ -224,6 +224,17 @@ def test_up_refuses_a_port_in_use(
     assert not (tmp_path / "home" / "local.json").exists()
 
 
+def test_resume_without_a_checkpoint_says_it_starts_over(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, tiny_spec: dict[str, Any]
+) -> None:
+    job = client.submit(tiny_spec)
+    client.cancel(job["id"])
+    code, out, _ = accum(capsys, "resume", job["id"][:12])
+    assert code == 0
+    assert unwrapped(out) == (f"job {job['id']}: queued, from the start: it has no checkpoint "
+                              "(a job keeps one every checkpoint_every steps)")
+
+
 def test_resume_from_an_older_step_or_from_scratch_then_delete(
     cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
     tiny_spec: dict[str, Any],
@@ -237,8 +248,11 @@ def test_resume_from_an_older_step_or_from_scratch_then_delete(
     assert code == 1 and "from_step" in unwrapped(err) and "[4, 8]" in unwrapped(err)  # the retained steps
     code, _, err = accum(capsys, "resume", job["id"], "--timeout", "2 fortnights")
     assert code == 1 and "timeout" in err
+    code, out, _ = accum(capsys, "resume", job["id"])  # a plain resume names its checkpoint
+    assert code == 0 and unwrapped(out).endswith("queued, from its latest checkpoint (step 8)")
+    client.cancel(job["id"])
     code, out, _ = accum(capsys, "resume", job["id"], "--from-step", "4", "--timeout", "2h")
-    assert code == 0 and "queued, from checkpoint step 4, timeout 7200 s" in out
+    assert code == 0 and "queued, from checkpoint step 4, timeout 7200 s" in unwrapped(out)
     assert client.job(job["id"])["spec"]["timeout"] == 7200
     assert [c["step"] for c in client.checkpoints(job["id"])] == [4]  # 8 dropped
     code, _, err = accum(capsys, "delete", job["id"])
