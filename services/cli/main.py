@@ -2,7 +2,7 @@
 
     accum up                         # local service (API + worker, SQLite), prints URL + token
     accum submit examples/digits_small_cnn.yaml --watch
-    accum jobs | status ID | watch ID | cancel ID | delete ID    # ID: the id or a unique prefix
+    accum jobs | status ID | watch ID | events ID | cancel ID | delete ID  # ID: id or prefix
     accum resume ID [--from-step K | --from-scratch] [--timeout 2h]
     accum metrics ID [--name loss] [--all] [--csv] | checkpoints ID | download ID [STEP] -o model.pt
     accum catalog [models|datasets] | workers [--all]
@@ -10,7 +10,7 @@
     accum db upgrade | api | worker | demo
 
 Server URL and token come from ACCUM_URL / ACCUM_TOKEN, else from ACCUM_HOME/local.json
-(written by `accum up`). Exit codes: 0 ok, 1 error (one line on stderr), 2 usage; `watch`
+(written by `accum up`). Exit codes: 0 ok, 1 error (on stderr), 2 usage; `watch`
 exits 3 when the job failed and 4 when it was cancelled, 130 on Ctrl-C. Epochs are counted
 from 1 in everything printed (the API's `epoch` fields count from 0).
 """
@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from accum import AccumAPIError, __version__
 from accum.config import ConfigError
-from services.cli import admin, catalog, demo, jobs, results, server, watch, workers
+from services.cli import admin, catalog, demo, events, jobs, results, server, watch, workers
 from services.cli.common import CommandError, UsageError, in_cli_words
 from services.cli.output import hanging
 
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"accum {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (server, jobs, watch, results, catalog, workers, admin, demo):
+    for module in (server, jobs, watch, events, results, catalog, workers, admin, demo):
         module.register(commands)
     return parser
 

@@ -75,8 +75,9 @@ class History:
     """Turns events and evaluations into printed lines, in order, each once: attempt rules,
     checkpoints folded, evaluations grouped by step."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, *, tracebacks: bool = False) -> None:
         self.console = console
+        self.tracebacks = tracebacks  # `accum events` lists them; `watch` has the failed line
         self.seen_events: set[Any] = set()
         self.seen_evals: set[tuple[str, int, str]] = set()
         self.attempt = 0
@@ -131,7 +132,7 @@ class History:
     # -- events ---------------------------------------------------------------------------
     def event(self, event: dict[str, Any]) -> None:
         key = event.get("id") or (event.get("kind"), event.get("created_at"))
-        if key in self.seen_events or event.get("kind") == "traceback":
+        if key in self.seen_events or (event.get("kind") == "traceback" and not self.tracebacks):
             # A traceback's message is the error that the `failed` event next to it repeats.
             return
         self.seen_events.add(key)

@@ -5,6 +5,7 @@ come back. The job's life is written through the store functions a worker uses."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -193,3 +194,23 @@ def wait_for(process: subprocess.Popen[str], word: str) -> str:
         assert time.monotonic() < deadline and process.poll() is None, seen
         seen += process.stdout.readline()
     return seen
+
+
+def test_events_lists_every_event_with_its_traceback(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job_id = client.submit(tiny_spec)["id"]
+    seed.claim(job_id, "w1")
+    seed.event(job_id, "traceback", "ValueError: bad shape", {"traceback": "Traceback ..."}, 1)
+    seed.finish(job_id, "w1", "failed", {"type": "ValueError", "message": "bad shape"})
+
+    code, out, _ = accum(capsys, "events", job_id[:12])
+    assert code == 0
+    assert_fits(out)
+    assert [line[10:].split("  ")[0] for line in out.splitlines()] == [
+        "created", "started", "traceback", "failed"]
+    code, out, _ = accum(capsys, "events", job_id[:12], "--json")
+    listed = json.loads(out)
+    assert [e["kind"] for e in listed] == ["created", "started", "traceback", "failed"]
+    assert listed[2]["data"]["traceback"] == "Traceback ..."
