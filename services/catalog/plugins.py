@@ -6,8 +6,8 @@
 
 Listing reads the installed distributions' metadata only (`importlib.metadata`), so the API
 process stays torch-free; the worker loads the function when it builds the job
-(`services.catalog.build`). What a plugin function receives and returns is in the README
-("Your own model and data").
+(`services.catalog.build`). What a plugin function receives and returns is in docs/own-data.md
+("Models", "Datasets").
 """
 
 from __future__ import annotations
