@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any, Literal, NotRequired, Self
+from typing import Annotated, Any, Literal, NotRequired, Self
 
 from pydantic import (
     AliasChoices,
@@ -149,6 +149,8 @@ class JobPublic(BaseModel):
 
     id: str
     name: str | None
+    tags: list[str] = Field(default_factory=list, description="The owner's labels, sorted")
+    notes: str | None = Field(None, description="The owner's notes")
     status: JobStatus
     spec: dict[str, Any]
     effective_batch_size: int | None
@@ -309,6 +311,22 @@ class CheckpointPublic(BaseModel):
     is_best: bool
 
     _empty_if_null = field_validator("metrics", mode="before")(empty_if_null)
+
+
+TAG_PATTERN = r"^[A-Za-z0-9_.:-]{1,40}$"
+MAX_TAGS = 20
+Tag = Annotated[str, Field(pattern=TAG_PATTERN, description="letters, digits, _ . : -; 1 to 40")]
+
+
+class JobEdit(BaseModel):
+    """`PATCH /v1/jobs/{id}` body: what to change of a job's own metadata (any of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1, max_length=200, description="A new name")
+    tags: list[Tag] | None = Field(None, max_length=MAX_TAGS,
+                                   description="The job's tags, replacing the old ones ([] clears them)")
+    notes: str | None = Field(None, max_length=10_000, description='Notes ("" clears them)')
 
 
 class ResumeRequest(BaseModel):

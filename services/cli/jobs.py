@@ -46,6 +46,9 @@ def register(commands: Any) -> None:
     listing = commands.add_parser("jobs", help="list jobs, newest first")
     listing.add_argument("--status", help="only jobs in this status (e.g. running)")
     listing.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    listing.add_argument("--tag", action="append", metavar="TAG",
+                         help="only jobs with this tag (repeat: with all of them)")
+    listing.add_argument("--search", metavar="TEXT", help="only jobs whose name, notes or a tag contain TEXT")
     listing.add_argument("--json", action="store_true", help="print the page as JSON")
     listing.set_defaults(func=cmd_jobs)
 
@@ -92,14 +95,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     with make_client() as client:
-        page = client.jobs(status=args.status, limit=args.limit)
+        page = client.jobs(status=args.status, limit=args.limit, tags=args.tag, q=args.search)
         admin = bool(client.me().get("is_admin")) if not args.json else False
     if args.json:
         print_json(page)
         return 0
     items = page.get("items", [])
     if not items:
-        print("no jobs" + (f" with status {args.status}" if args.status else ""))
+        print("no jobs" + (f" with status {args.status}" if args.status else "")
+              + (" with those tags or text" if args.tag or args.search else ""))
         return 0
     headers = ["ID", "NAME", "STATUS", "STEP", "CREATED"] + (["OWNER"] if admin else [])
     rows = [
@@ -161,6 +165,8 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     fields = [
         ("id", str(job["id"])),
         ("name", str(job.get("name") or "")),
+        *([("tags", ", ".join(job["tags"]))] if job.get("tags") else []),
+        *([("notes", str(job["notes"]))] if job.get("notes") else []),
         ("status", status),
         ("model", f"{model} on {dataset}"),
         ("batch", f"{batch(job)}  (m x N x GPUs)"),

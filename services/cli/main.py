@@ -4,6 +4,7 @@
     accum submit examples/digits_small_cnn.yaml --watch
     accum jobs | status ID | watch ID | events ID | cancel ID | delete ID  # ID: id or prefix
     accum resume ID [--from-step K | --from-scratch] [--timeout 2h]
+    accum edit ID [--name N] [--tag T ...] [--notes TEXT] | jobs [--tag T] [--search TEXT]
     accum metrics ID [--name loss] [--all] [--csv] | checkpoints ID | download ID [STEP] -o model.pt
     accum catalog [models|datasets] | workers [--all]
     accum token create NAME [--admin] | token list [NAME] | token revoke PREFIX|TOKEN
@@ -26,7 +27,7 @@ from pydantic import ValidationError
 
 from accum import AccumAPIError, __version__
 from accum.config import ConfigError
-from services.cli import admin, catalog, demo, events, jobs, results, server, watch, workers
+from services.cli import admin, catalog, demo, edit, events, jobs, results, server, watch, workers
 from services.cli.common import CommandError, UsageError, in_cli_words
 from services.cli.output import hanging
 
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"accum {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (server, jobs, watch, events, results, catalog, workers, admin, demo):
+    for module in (server, jobs, edit, watch, events, results, catalog, workers, admin, demo):
         module.register(commands)
     return parser
 

@@ -280,14 +280,27 @@ class AccumClient:
         return self._json("POST", "/v1/jobs", json=body, headers=headers)
 
     def jobs(
-        self, status: str | None = None, limit: int | None = None, cursor: str | None = None
+        self, status: str | None = None, limit: int | None = None, cursor: str | None = None,
+        tags: list[str] | None = None, q: str | None = None,
     ) -> JSON:
-        """One page of jobs, newest first: {"items": [...], "next_cursor": ...}."""
-        params = {"status": status, "limit": limit, "cursor": cursor}
+        """One page of jobs, newest first: {"items": [...], "next_cursor": ...}; `tags`: only
+        jobs with all of them, `q`: only jobs whose name, notes or a tag contain it."""
+        params = {"status": status, "limit": limit, "cursor": cursor, "tag": tags, "q": q}
         return self._json("GET", "/v1/jobs", params={k: v for k, v in params.items() if v})
 
-    def all_jobs(self, status: str | None = None) -> list[JSON]:
-        return self._all_pages("/v1/jobs", {"status": status})
+    def all_jobs(
+        self, status: str | None = None, tags: list[str] | None = None, q: str | None = None
+    ) -> list[JSON]:
+        return self._all_pages("/v1/jobs", {"status": status, "tag": tags or None, "q": q})
+
+    def edit(
+        self, job_id: str, name: str | None = None, tags: list[str] | None = None,
+        notes: str | None = None,
+    ) -> JSON:
+        """PATCH /v1/jobs/{id}: a new name, tags (replacing the old; [] clears) or notes
+        ("" clears); what is left None is kept."""
+        body = {k: v for k, v in {"name": name, "tags": tags, "notes": notes}.items() if v is not None}
+        return self._json("PATCH", f"/v1/jobs/{job_id}", json=body)
 
     def job(self, job_id: str) -> JSON:
         return self._json("GET", f"/v1/jobs/{job_id}")

@@ -185,3 +185,28 @@ def test_metrics_summary_all_rows_and_csv_count_epochs_from_1(
     assert [(r["step"], r["epoch"], r["value"]) for r in table] == [
         ("1", "1", "2.0"), ("2", "1", "0.5"), ("3", "2", "1.0"), ("4", "2", "NaN"),
     ]
+
+
+def test_edit_names_tags_and_notes_a_job_and_jobs_filters_by_them(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job = client.submit(tiny_spec)
+    other = client.submit({**tiny_spec, "name": "not-this-one"})
+    code, out, _ = accum(capsys, "edit", job["id"][:12], "--name", "baseline-cli", "--tag", "cli-sweep",
+                         "--tag", "lr:0.1", "--notes", "the reference run")
+    assert code == 0 and out.strip() == f"job {job['id']}: name baseline-cli, tags cli-sweep, lr:0.1"
+    code, out, _ = accum(capsys, "status", job["id"])
+    fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()
+              if not line.startswith(" ")}
+    assert (fields["tags"], fields["notes"]) == ("cli-sweep, lr:0.1", "the reference run")
+
+    code, out, _ = accum(capsys, "jobs", "--tag", "cli-sweep")
+    assert code == 0 and "baseline-cli" in out and other["id"][:12] not in out
+    assert [j["id"] for j in client.jobs(q="REFERENCE RUN")["items"]] == [job["id"]]
+    code, out, _ = accum(capsys, "jobs", "--search", "no-such-text-anywhere")
+    assert out.strip() == "no jobs with those tags or text"
+    code, _, err = accum(capsys, "edit", job["id"])
+    assert code == 2 and "--name, --tag or --notes" in err
+    assert accum(capsys, "edit", job["id"], "--tag", "")[0] == 0
+    assert client.job(job["id"])["tags"] == []

@@ -14,7 +14,15 @@ from services.api.deps import ArtifactsDep, SessionDep, SettingsDep
 from services.api.errors import Problem, invalid_field, invalid_fields, problem_responses
 from services.api.job_ids import AmbiguousJobId, find_job, not_found_detail
 from services.api.job_view import job_view
-from services.api.schemas import JobPage, JobPublic, JobStatus, ResumeRequest
+from services.api.schemas import (
+    MAX_TAGS,
+    JobEdit,
+    JobPage,
+    JobPublic,
+    JobStatus,
+    ResumeRequest,
+    Tag,
+)
 from services.artifacts import StoreUnavailable
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.dispatch.enqueue import enqueue_job
@@ -235,10 +243,16 @@ def list_jobs(
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
+    tag: Annotated[list[Tag] | None, Query(max_length=MAX_TAGS,
+                                           description="Only jobs with this tag (repeat: all of them)")] = None,
+    q: Annotated[str | None, Query(min_length=1, max_length=200,
+                                   description="Only jobs whose name, notes or a tag contain it")] = None,
 ) -> JobPage:
-    """Your jobs (all jobs for an admin), newest first, one page at a time."""
+    """Your jobs (all jobs for an admin), newest first, one page at a time; `tag` and `q`
+    narrow the list."""
     try:
-        rows, next_cursor = store_jobs.list_jobs(session, owner, status_, limit, cursor)
+        rows, next_cursor = store_jobs.list_jobs(session, owner, status_, limit, cursor,
+                                                 tags=tag, text=q)
     except InvalidCursor as exc:
         raise invalid_field(("query", "cursor"), str(exc), cursor) from exc
     names = owner_names(session, owner, rows)
@@ -251,6 +265,15 @@ def list_jobs(
 def read_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobPublic:
     """One job: status, progress, latest metrics, error."""
     job = job_or_404(session, job_id, owner)
+    return job_public(session, owner, job)
+
+
+@router.patch("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
+def edit_job(*, session: SessionDep, owner: CurrentOwner, job_id: str, body: JobEdit) -> JobPublic:
+    """Rename a job, set its tags or its notes (any job state; the spec is not changed)."""
+    job = job_or_404(session, job_id, owner)
+    store_jobs.edit_job(session, job, name=body.name, tags=body.tags, notes=body.notes)
+    session.commit()
     return job_public(session, owner, job)
 
 
