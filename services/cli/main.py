@@ -27,7 +27,19 @@ from pydantic import ValidationError
 
 from accum import AccumAPIError, __version__
 from accum.config import ConfigError
-from services.cli import admin, catalog, demo, edit, events, jobs, results, server, watch, workers
+from services.cli import (
+    admin,
+    catalog,
+    completion,
+    demo,
+    edit,
+    events,
+    jobs,
+    results,
+    server,
+    watch,
+    workers,
+)
 from services.cli.common import CommandError, UsageError, in_cli_words
 from services.cli.output import hanging
 
@@ -41,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"accum {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (server, jobs, edit, watch, events, results, catalog, workers, admin, demo):
+    for module in (server, jobs, edit, watch, events, results, catalog, workers, admin, demo,
+                   completion):
         module.register(commands)
     return parser
 

@@ -264,3 +264,21 @@ def test_resume_from_an_older_step_or_from_scratch_then_delete(
         (seed.settings.artifacts_path / job["id"]).iterdir())
     code, _, err = accum(capsys, "status", job["id"])
     assert code == 1
+
+
+def complete(script: str, *words: str) -> list[str]:
+    """What bash offers for `accum WORDS` (the last word being typed) with the script loaded."""
+    line = " ".join(f"'{w}'" for w in ("accum", *words))
+    ran = subprocess.run(["bash", "-c", f'{script}\nCOMP_WORDS=({line}); COMP_CWORD={len(words)}; '
+                          '_accum; printf "%s\\n" "${COMPREPLY[@]}"'],
+                         capture_output=True, text=True, check=True)
+    return ran.stdout.split()
+
+
+def test_completion_offers_the_commands_and_each_ones_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, script, _ = accum(capsys, "completion", "bash")
+    assert code == 0 and "complete -o default -F _accum accum" in script
+    assert complete(script, "su") == ["submit"]
+    assert complete(script, "jobs", "--s") == ["--status", "--search"]
+    assert "--watch" in complete(script, "submit", "--")
+    assert complete(script, "ed") == ["edit"] and complete(script, "ev") == ["events"]
