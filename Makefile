@@ -61,7 +61,7 @@ lint: install
 bench: install
 	$(PY) -m bench.run_all
 
-# PNGs of the dashboard's main pages at 1366x900 and 390x844, for the README (about 2 min).
+# PNGs of the dashboard's main pages at 1366x900 and 390x844, for the README and docs/dashboard.md (about 2 min).
 screenshots: install browser
 	$(PY) tests/dashboard/screenshots.py docs/screenshots
 

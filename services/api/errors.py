@@ -37,6 +37,7 @@ from sqlalchemy.exc import DataError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.api.unknown_fields import body_model, explain_unknown_fields
 from services.store.db import database_unreachable, first_line
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,7 @@ async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_request_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
+    errors = explain_unknown_fields(exc.errors(), body_model(request))
     problem = _malformed_json(errors) or validation_problem(errors)
     return problem.response()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any, Literal, NotRequired, Self
+from typing import Annotated, Any, Literal, NotRequired, Self
 
 from pydantic import (
     AliasChoices,
@@ -53,11 +53,22 @@ class Progress(BaseModel):
     )
 
 
+class NonFiniteStop(BaseModel):
+    """Where a run stopped on a non-finite value (`on_nonfinite: fail`, or too many skips)."""
+
+    step: int = Field(description="The optimizer step whose window was not finite")
+    metric: str = Field(description="`loss` or `grad_norm`")
+    value: Label
+
+
 class JobError(BaseModel):
     type: str
     message: str
     reason: str | None = Field(
         None, description="Why the service ended the job: `timeout` or `poison` (else null)"
+    )
+    nonfinite: NonFiniteStop | None = Field(
+        None, description="The non-finite value that stopped the run, and its step (else null)"
     )
 
 
@@ -152,6 +163,8 @@ class JobPublic(BaseModel):
 
     id: str
     name: str | None
+    tags: list[str] = Field(default_factory=list, description="The owner's labels, sorted")
+    notes: str | None = Field(None, description="The owner's notes")
     status: JobStatus
     spec: dict[str, Any]
     effective_batch_size: int | None
@@ -196,6 +209,7 @@ class JobPublic(BaseModel):
             "type": str(error.get("type", "Error")),
             "message": str(error.get("message", "")),
             "reason": None if reason is None else str(reason),
+            "nonfinite": error.get("nonfinite"),
         }
 
     @model_validator(mode="after")
@@ -204,6 +218,10 @@ class JobPublic(BaseModel):
         # answered as null, with the label in nonfinite_metrics.
         self.latest_metrics, labels = split_latest(self.latest_metrics)
         self.nonfinite_metrics = {**labels, **self.nonfinite_metrics}
+        # The window that stopped the run logged no metrics: its value is the latest one.
+        if self.error is not None and (stop := self.error.nonfinite) is not None:
+            self.latest_metrics[stop.metric] = None
+            self.nonfinite_metrics[stop.metric] = stop.value
         # The attempt that runs now has trained as far as the job's progress.
         for attempt in self.attempts:
             if attempt.end_step is None and attempt.outcome == "running":
@@ -307,6 +325,22 @@ class CheckpointPublic(BaseModel):
     is_best: bool
 
     _empty_if_null = field_validator("metrics", mode="before")(empty_if_null)
+
+
+TAG_PATTERN = r"^[A-Za-z0-9_.:-]{1,40}$"
+MAX_TAGS = 20
+Tag = Annotated[str, Field(pattern=TAG_PATTERN, description="letters, digits, _ . : -; 1 to 40")]
+
+
+class JobEdit(BaseModel):
+    """`PATCH /v1/jobs/{id}` body: what to change of a job's own metadata (any of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1, max_length=200, description="A new name")
+    tags: list[Tag] | None = Field(None, max_length=MAX_TAGS,
+                                   description="The job's tags, replacing the old ones ([] clears them)")
+    notes: str | None = Field(None, max_length=10_000, description='Notes ("" clears them)')
 
 
 class ResumeRequest(BaseModel):

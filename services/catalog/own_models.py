@@ -163,10 +163,12 @@ def _hf_config(model_type: str, dataset: DatasetInfo, options: Mapping[str, Any]
     except ValueError:
         known = sorted(transformers.CONFIG_MAPPING.keys())
         close = difflib.get_close_matches(model_type, known, n=8)
+        # Hundreds of types: the close ones, and how to see the rest, fit a terminal's line.
         raise ValueError(
             f"transformers {transformers.__version__} has no model_type {model_type!r}; "
             + (f"close: {', '.join(close)}; " if close else "")
-            + f"model types: {', '.join(known)}"
+            + f"{len(known)} model types, listed by "
+            "python -c 'import transformers; print(*sorted(transformers.CONFIG_MAPPING))'"
         ) from None
     keys = set(default.to_dict())
     unknown = sorted(set(options) - keys)

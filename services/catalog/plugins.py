@@ -8,8 +8,8 @@
 
 Listing reads the installed distributions' metadata only (`importlib.metadata`), so the API
 process stays torch-free; the worker loads the function when it builds the job
-(`services.catalog.build`). What a plugin function receives and returns is in the README
-("Your own model and data").
+(`services.catalog.build`). What a plugin function receives and returns is in docs/own-data.md
+("Models", "Datasets").
 
 A plugin declares the options it accepts in the groups `accum.model_options` and
 `accum.dataset_options` (same name as its entry point): a plain mapping, `{"hidden": {"type":

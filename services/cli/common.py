@@ -3,16 +3,13 @@ and API messages put in the CLI's words."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from accum import AccumClient
-from services.cli.config import resolve_client_config
+from accum.config import resolve_client_config
+from accum.spec_file import SpecFileError, parse_spec_text, read_spec
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 # `accum watch` exits with the job's final status: scripts can tell the outcomes apart.
@@ -20,7 +17,6 @@ EXIT_CODES = {"succeeded": 0, "failed": 3, "cancelled": 4}
 FULL_ID = 26
 SHORT_ID = 12
 MIN_PREFIX = 4
-PREFIX_SCAN_PAGE = 500
 ID_CHARACTERS = re.compile(r"[0-9a-z]+")
 
 
@@ -39,24 +35,12 @@ def make_client() -> AccumClient:
 
 def load_spec(path: str) -> dict[str, Any]:
     """Read a job spec from a .yaml/.yml/.json file, or '-' for stdin (JSON or YAML)."""
-    if path == "-":
-        text, suffix = sys.stdin.read(), ".yaml"
-    else:
-        file = Path(path)
-        suffix = file.suffix.lower()
-        if suffix not in (".yaml", ".yml", ".json"):
-            raise UsageError(f"spec file {path} must end in .yaml, .yml or .json")
-        try:
-            text = file.read_text()
-        except OSError as exc:
-            raise UsageError(f"cannot read spec file {path}: {exc.strerror}") from exc
     try:
-        spec = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise UsageError(f"spec file {path} is not valid {suffix[1:].upper()}: {exc}") from exc
-    if not isinstance(spec, dict):
-        raise UsageError(f"spec file {path} must hold a mapping of fields, not {type(spec).__name__}")
-    return spec
+        if path == "-":
+            return parse_spec_text(sys.stdin.read(), "-")
+        return read_spec(path)
+    except SpecFileError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def format_progress(job: dict[str, Any]) -> str:
@@ -75,31 +59,14 @@ def short_id(job_id: str) -> str:
 
 
 def resolve_job_id(client: AccumClient, given: str) -> str:
-    """A job id from its full form or a unique prefix of it (as git takes commit ids).
-
-    Ids sort by creation time and the API lists newest first, so the scan stops at the first
-    page whose ids sort below the prefix: a recent job costs one request.
-    """
+    """A job id from its full form or a unique prefix of it (as git takes commit ids): the API
+    resolves prefixes, and names the candidates of an ambiguous one."""
     text = given.strip().lower()
     if len(text) >= FULL_ID or not ID_CHARACTERS.fullmatch(text):
         return given  # the API says whether such a job exists
     if len(text) < MIN_PREFIX:
         raise UsageError(f"job id {given!r} is too short: give at least {MIN_PREFIX} characters")
-    matches: list[str] = []
-    cursor = None
-    while True:
-        page = client.jobs(limit=PREFIX_SCAN_PAGE, cursor=cursor)
-        ids = [str(j["id"]) for j in page.get("items", [])]
-        matches += [i for i in ids if i.startswith(text)]
-        cursor = page.get("next_cursor")
-        if not cursor or not ids or ids[-1][: len(text)] < text or len(matches) > 1:
-            break
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        raise CommandError(f"no job id starts with {given!r}; list yours with `accum jobs`")
-    shown = ", ".join(short_id(m) for m in matches[:5])
-    raise CommandError(f"job id {given!r} is ambiguous ({shown}...); give more characters")
+    return str(client.job(text)["id"])
 
 
 # The API's answers name its routes; a CLI user wants the command that does the same.

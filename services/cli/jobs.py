@@ -20,6 +20,7 @@ from services.cli.output import (
     duration,
     epoch,
     grouped,
+    hanging,
     latest_value,
     parse_time,
     print_fields,
@@ -45,6 +46,9 @@ def register(commands: Any) -> None:
     listing = commands.add_parser("jobs", help="list jobs, newest first")
     listing.add_argument("--status", help="only jobs in this status (e.g. running)")
     listing.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    listing.add_argument("--tag", action="append", metavar="TAG",
+                         help="only jobs with this tag (repeat: with all of them)")
+    listing.add_argument("--search", metavar="TEXT", help="only jobs whose name, notes or a tag contain TEXT")
     listing.add_argument("--json", action="store_true", help="print the page as JSON")
     listing.set_defaults(func=cmd_jobs)
 
@@ -79,10 +83,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if args.json:
             print_json(job)
         else:
-            print(
-                f"submitted job {job['id']} ({job.get('name') or 'unnamed'}): "
-                f"{job['status']}, effective batch {batch(job)}"
-            )
+            print(hanging("", f"submitted job {job['id']} ({job.get('name') or 'unnamed'}): "
+                              f"{job['status']}, effective batch {batch(job)}", indent=2))
         if not args.watch:
             return 0
         from services.cli.watch import watch_job
@@ -93,14 +95,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     with make_client() as client:
-        page = client.jobs(status=args.status, limit=args.limit)
+        page = client.jobs(status=args.status, limit=args.limit, tags=args.tag, q=args.search)
         admin = bool(client.me().get("is_admin")) if not args.json else False
     if args.json:
         print_json(page)
         return 0
     items = page.get("items", [])
     if not items:
-        print("no jobs" + (f" with status {args.status}" if args.status else ""))
+        print("no jobs" + (f" with status {args.status}" if args.status else "")
+              + (" with those tags or text" if args.tag or args.search else ""))
         return 0
     headers = ["ID", "NAME", "STATUS", "STEP", "CREATED"] + (["OWNER"] if admin else [])
     rows = [
@@ -162,6 +165,8 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     fields = [
         ("id", str(job["id"])),
         ("name", str(job.get("name") or "")),
+        *([("tags", ", ".join(job["tags"]))] if job.get("tags") else []),
+        *([("notes", str(job["notes"]))] if job.get("notes") else []),
         ("status", status),
         ("model", f"{model} on {dataset}"),
         ("batch", f"{batch(job)}  (m x N x GPUs)"),
@@ -195,8 +200,16 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     latest = job.get("latest_metrics") or {}
     names = [n for n in SHOWN_FIRST if n in latest]
     names += sorted(n for n in latest if n not in names and n not in SKIPPED)
-    fields += [(name, latest_value(job, name)) for name in names]
+    stop = (error or {}).get("nonfinite") or {}
+    fields += [(name, latest_value(job, name) + stopped_here(stop, name)) for name in names]
+    if stop.get("metric") and stop["metric"] not in names:
+        fields.append((stop["metric"], f"{stop.get('value')}{stopped_here(stop, stop['metric'])}"))
     return fields
+
+
+def stopped_here(stop: dict[str, Any], name: str) -> str:
+    """` at step 7 (stopped the run)` after the metric whose non-finite value ended the job."""
+    return f" at step {stop.get('step')} (stopped the run)" if stop.get("metric") == name else ""
 
 
 def exactness_line(check: Any) -> str | None:
@@ -239,12 +252,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
     with make_client() as client:
         job_id = resolve_job_id(client, args.job_id)
         timeout = int(args.timeout) if args.timeout and args.timeout.isdigit() else args.timeout
+        # A plain resume takes the latest checkpoint; without one it starts over: say so.
+        latest = None
+        if args.from_step is None and not args.from_scratch:
+            latest = max((int(c["step"]) for c in client.checkpoints(job_id)), default=None)
         job = client.resume(job_id, from_step=args.from_step, from_scratch=args.from_scratch,
                             timeout=timeout)
-    where = (f", from checkpoint step {args.from_step}" if args.from_step is not None
-             else ", from the start" if args.from_scratch else "")
+    if args.from_step is not None:
+        where = f", from checkpoint step {args.from_step}"
+    elif args.from_scratch:
+        where = ", from the start"
+    elif latest is None:
+        where = (", from the start: it has no checkpoint (a job keeps one every "
+                 "checkpoint_every steps)")
+    else:
+        where = f", from its latest checkpoint (step {latest})"
     limit = f", timeout {job['spec']['timeout']} s" if args.timeout and "spec" in job else ""
-    print(f"job {job_id}: {job.get('status', 'queued')}{where}{limit}")
+    print(hanging("", f"job {job_id}: {job.get('status', 'queued')}{where}{limit}", indent=2))
     return 0
 
 

@@ -23,8 +23,8 @@ from typing import IO, TYPE_CHECKING
 
 import httpx
 
+from accum.config import read_local_config, write_local_config
 from services.cli.admin import create_token, upgrade_database
-from services.cli.config import read_local_config, write_local_config
 
 if TYPE_CHECKING:
     from services.settings import Settings

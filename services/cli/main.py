@@ -2,15 +2,16 @@
 
     accum up                         # local service (API + worker, SQLite), prints URL + token
     accum submit examples/digits_small_cnn.yaml --watch
-    accum jobs | status ID | watch ID | cancel ID | delete ID    # ID: the id or a unique prefix
+    accum jobs | status ID | watch ID | events ID | cancel ID | delete ID  # ID: id or prefix
     accum resume ID [--from-step K | --from-scratch] [--timeout 2h]
+    accum edit ID [--name N] [--tag T ...] [--notes TEXT] | jobs [--tag T] [--search TEXT]
     accum metrics ID [--name loss] [--all] [--csv] | checkpoints ID | download ID [STEP] -o model.pt
     accum catalog [models|datasets] | workers [--all]
     accum token create NAME [--admin] | token list [NAME] | token revoke PREFIX|TOKEN
     accum db upgrade | api | worker | demo
 
 Server URL and token come from ACCUM_URL / ACCUM_TOKEN, else from ACCUM_HOME/local.json
-(written by `accum up`). Exit codes: 0 ok, 1 error (one line on stderr), 2 usage; `watch`
+(written by `accum up`). Exit codes: 0 ok, 1 error (on stderr), 2 usage; `watch`
 exits 3 when the job failed and 4 when it was cancelled, 130 on Ctrl-C. Epochs are counted
 from 1 in everything printed (the API's `epoch` fields count from 0).
 """
@@ -25,9 +26,22 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from accum import AccumAPIError, __version__
-from services.cli import admin, catalog, demo, jobs, results, server, watch, workers
+from accum.config import ConfigError
+from services.cli import (
+    admin,
+    catalog,
+    completion,
+    demo,
+    edit,
+    events,
+    jobs,
+    results,
+    server,
+    watch,
+    workers,
+)
 from services.cli.common import CommandError, UsageError, in_cli_words
-from services.cli.config import ConfigError
+from services.cli.output import hanging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"accum {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (server, jobs, watch, results, catalog, workers, admin, demo):
+    for module in (server, jobs, edit, watch, events, results, catalog, workers, admin, demo,
+                   completion):
         module.register(commands)
     return parser
 
@@ -53,7 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accum {args.command}: {exc}", file=sys.stderr)
         return 2
     except (AccumAPIError, ConfigError, CommandError) as exc:
-        print(f"accum {args.command}: {in_cli_words(str(exc))}", file=sys.stderr)
+        first, *more = exc.lines() if isinstance(exc, AccumAPIError) else [str(exc)]
+        said = [hanging(f"accum {args.command}: ", in_cli_words(first), indent=2)]
+        said += [hanging("  ", in_cli_words(line), indent=4) for line in more]
+        print("\n".join(said), file=sys.stderr)
         return 1
     except BrokenPipeError:
         # `accum metrics ID --csv | head`: the reader left; exit quietly, as Unix tools do.
@@ -68,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         # Settings read from ACCUM_* variables: each error already says how to fix it.
         problems = "; ".join(str(e.get("msg", e)) for e in exc.errors())
-        print(f"accum {args.command}: invalid configuration: {problems}", file=sys.stderr)
+        print(hanging(f"accum {args.command}: ", f"invalid configuration: {problems}", indent=2),
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

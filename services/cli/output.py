@@ -24,6 +24,18 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
 
 
+def hanging(head: str, text: str, width: int | None = None, indent: int | None = None) -> str:
+    """`head` + `text` wrapped at word boundaries to `width` (the terminal's), the following
+    lines indented under the text (or by `indent`): a wrapped line still reads as part of its
+    entry, and no word is cut at the terminal's edge."""
+    pad = " " * (len(head) if indent is None else indent)
+    width = max(width or terminal_width(), len(pad) + 20)
+    # A path or URL longer than the line stays whole: cut, it could not be copied.
+    lines = textwrap.wrap(text, width, initial_indent=head, subsequent_indent=pad,
+                          break_on_hyphens=False, break_long_words=False) if text else [head]
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def table_lines(
     headers: Sequence[str], rows: Sequence[Sequence[str]], *, flex: str | None = None,
     width: int | None = None,

@@ -27,7 +27,10 @@ def register(commands: Any) -> None:
     for sub in (up, api):
         sub.add_argument("--host", default=DEFAULT_HOST, help=f"default {DEFAULT_HOST}")
         sub.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
-    up.add_argument("--log-dir", type=Path, help="write the children's logs there, not here")
+    up.add_argument("--log-dir", type=Path,
+                    help="where the API's and the worker's logs go (default ACCUM_HOME/logs)")
+    up.add_argument("--verbose", action="store_true",
+                    help="print the API's and the worker's logs here (access lines, Celery's)")
     up.set_defaults(func=cmd_up)
     api.add_argument("--log-level", default="info")
     api.add_argument(
@@ -48,8 +51,8 @@ def register(commands: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from accum.config import local_config_path
     from services.cli.admin import redacted
-    from services.cli.config import local_config_path
     from services.cli.local import (
         LocalService,
         LocalServiceError,
@@ -59,7 +62,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     from services.settings import get_settings
 
     settings = get_settings()
-    service = LocalService(settings, host=args.host, port=args.port, log_dir=args.log_dir)
+    # Quiet by default: the token and the URL are what a person needs from this terminal; the
+    # children's banners, access lines (the dashboard polls) and task lines go to files.
+    log_dir = None if args.verbose else (args.log_dir or Path(settings.home) / "logs")
+    service = LocalService(settings, host=args.host, port=args.port, log_dir=log_dir)
     with sigterm_as_exception():
         try:
             token = service.start()
@@ -69,8 +75,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"  config:   {local_config_path(settings.home)} (the accum CLI reads it)\n"
                 f"  database: {redacted(settings.database_url)}\n"
                 f"  artifacts: {settings.artifacts_url}\n"
-                f"try: accum submit examples/digits_small_cnn.yaml --watch\n"
-                f"Ctrl-C stops the API and the worker.",
+                + (f"  logs:     {log_dir} (accum up --verbose prints them here)\n" if log_dir else "")
+                + "try: accum submit examples/digits_small_cnn.yaml --watch\n"
+                "Ctrl-C stops the API and the worker.",
                 flush=True,
             )
             service.wait()

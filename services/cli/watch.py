@@ -32,7 +32,7 @@ from services.cli.common import (
     resolve_job_id,
     short_id,
 )
-from services.cli.output import cut, duration, epoch, grouped, number, parse_time
+from services.cli.output import cut, duration, epoch, grouped, hanging, number, parse_time
 
 RECONNECT_DELAY_S = 1.0
 MAX_RECONNECTS = 60  # consecutive failures, one second apart
@@ -75,16 +75,20 @@ class History:
     """Turns events and evaluations into printed lines, in order, each once: attempt rules,
     checkpoints folded, evaluations grouped by step."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, *, tracebacks: bool = False) -> None:
         self.console = console
+        self.tracebacks = tracebacks  # `accum events` lists them; `watch` has the failed line
         self.seen_events: set[Any] = set()
         self.seen_evals: set[tuple[str, int, str]] = set()
         self.attempt = 0
         self.checkpoints: list[tuple[str, int]] = []  # (time, step) not printed yet
         self.pending: list[_Eval] = []  # past evaluations waiting for their place in time
+        self.errors_shown: set[str] = set()  # messages of the `failed` events printed
 
     def line(self, ts: str | None, kind: str, text: str) -> None:
-        self.console.print(f"{clock(ts)}  {kind.ljust(KIND_WIDTH)}  {text}".rstrip(), markup=False,
+        """One event: time, kind, text; a long text wraps under itself, not under the time."""
+        head = f"{clock(ts)}  {kind.ljust(KIND_WIDTH)}  "
+        self.console.print(hanging(head, text, self.console.width), markup=False,
                            highlight=False, overflow="fold")
 
     # -- evaluations ----------------------------------------------------------------------
@@ -128,7 +132,8 @@ class History:
     # -- events ---------------------------------------------------------------------------
     def event(self, event: dict[str, Any]) -> None:
         key = event.get("id") or (event.get("kind"), event.get("created_at"))
-        if key in self.seen_events:
+        if key in self.seen_events or (event.get("kind") == "traceback" and not self.tracebacks):
+            # A traceback's message is the error that the `failed` event next to it repeats.
             return
         self.seen_events.add(key)
         created = str(event.get("created_at") or "")
@@ -146,6 +151,8 @@ class History:
             return
         self.flush_checkpoints()
         text = "" if message in ("", kind) else in_cli_words(message)
+        if kind == "failed":
+            self.errors_shown.add(message)
         self.line(created, kind.replace("_", " "), text)
 
     def flush_checkpoints(self) -> None:
@@ -243,7 +250,7 @@ def watch_job(
     job = client.job(job_id)
     if job["status"] in FINAL_STATUSES:
         _replay(client, job_id, history)
-        _print_outcome(console, job)
+        _print_outcome(console, job, history)
         return job
     progress = Progress(JobLine(), console=console, transient=False)
     name = str(job.get("name") or short_id(job_id))
@@ -261,7 +268,7 @@ def watch_job(
         if interrupt_hint:
             _say_still_running(client, job_id, job)
         raise
-    _print_outcome(console, job)
+    _print_outcome(console, job, history)
     return job
 
 
@@ -345,10 +352,12 @@ def _say_still_running(client: AccumClient, job_id: str, job: dict[str, Any]) ->
     )
 
 
-def _print_outcome(console: Console, job: dict[str, Any]) -> None:
+def _print_outcome(console: Console, job: dict[str, Any], history: History) -> None:
+    """The last line; the error only when no `failed` event above said it already."""
     line = f"job {job['id']} {job['status']}"
-    error = job.get("error")
-    if error:
-        line += f": {error.get('type')}: {in_cli_words(str(error.get('message')))}"
-    console.print(line, markup=False, overflow="fold")
+    error = job.get("error") or {}
+    said = f"{error.get('type')}: {error.get('message')}"
+    if error and not history.errors_shown & {said, str(error.get("message"))}:
+        line += f": {in_cli_words(said)}"
+    console.print(hanging("", line, console.width, indent=4), markup=False, overflow="fold")
 

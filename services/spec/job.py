@@ -254,7 +254,8 @@ class JobSpec(BaseModel):
     ] = 3
     eval_every: Annotated[
         PositiveInt | None,
-        Field(le=MAX_STORED_INT, description="optimizer steps; null = each epoch end"),
+        Field(le=MAX_STORED_INT, description="optimizer steps between evaluations, besides the "
+              "one at each epoch end (always made); null = at each epoch end only"),
     ] = None
     queue: Annotated[str, Field(pattern=QUEUE_PATTERN), WrapValidator(_queue)] = "default"
     timeout: Annotated[

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy import Table, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session, make_transient_to_detached, selectinload
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -144,6 +144,18 @@ def get_job(session: Session, job_id: str, owner: Owner) -> Job | None:
     return job
 
 
+def job_ids_starting_with(
+    session: Session, prefix: str, owner: Owner, *, anyones: bool, limit: int
+) -> list[str]:
+    """Ids (newest first, at most ``limit``) that start with ``prefix``, of ``owner``'s jobs or,
+    with ``anyones``, of every job. ``prefix`` holds only id characters, so LIKE sees no
+    wildcard in it."""
+    query = select(Job.id).where(Job.id.like(f"{prefix}%"))
+    if not anyones:
+        query = query.where(Job.owner_id == owner.id)
+    return list(session.scalars(query.order_by(Job.id.desc()).limit(limit)))
+
+
 def load_job(session: Session, job_id: str, *, fresh: bool = True) -> Job | None:
     """The job regardless of owner, for the worker and the reaper (never for API routes).
 
@@ -152,14 +164,39 @@ def load_job(session: Session, job_id: str, *, fresh: bool = True) -> Job | None
     return session.get(Job, job_id, populate_existing=fresh)
 
 
+def tag_text(tags: list[str]) -> str:
+    """Tags as stored: ``",a,b,"`` (sorted, each once), ``""`` for none."""
+    unique = sorted(set(tags))
+    return f",{','.join(unique)}," if unique else ""
+
+
+def edit_job(
+    session: Session, job: Job, *, name: str | None = None, tags: list[str] | None = None,
+    notes: str | None = None,
+) -> None:
+    """Change what the owner says about a job (name, tags, notes); its spec and run stay.
+    A value left None is kept; ``notes=""`` clears the notes. Does not commit."""
+    if name is not None:
+        job.name = name
+    if tags is not None:
+        job.tag_text = tag_text(tags)
+    if notes is not None:
+        job.notes = notes or None
+
+
 def list_jobs(
     session: Session,
     owner: Owner,
     status: str | None = None,
     limit: int = 50,
     cursor: str | None = None,
+    *,
+    tags: list[str] | None = None,
+    text: str | None = None,
 ) -> tuple[list[Job], str | None]:
-    """One page of the owner's jobs (all jobs for an admin), newest first.
+    """One page of the owner's jobs (all jobs for an admin), newest first; with ``tags``, only
+    jobs that carry every one; with ``text``, only jobs whose name, notes or a tag contain it
+    (any case).
 
     Keyset pagination on the time-ordered id: ``next_cursor`` is None on the last page.
     Raises ValueError on an unknown status or limit < 1, InvalidCursor on a bad cursor.
@@ -173,6 +210,12 @@ def list_jobs(
         if status not in ALL:
             raise ValueError(f"unknown status {status!r}; use one of {', '.join(JobStatus)}")
         query = query.where(Job.status == status)
+    for tag in tags or ():
+        query = query.where(Job.tag_text.contains(f",{tag},", autoescape=True))
+    if text:
+        query = query.where(or_(Job.name.icontains(text, autoescape=True),
+                                Job.notes.icontains(text, autoescape=True),
+                                Job.tag_text.icontains(text, autoescape=True)))
     if cursor is not None:
         (after_id,) = decode_cursor(cursor, (str,))
         query = query.where(Job.id < after_id)

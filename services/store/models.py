@@ -123,6 +123,10 @@ class Job(Base):
     # Seconds its attempts ran since it was submitted or last resumed by a user, added as each
     # attempt ends: the next attempt runs for what is left of the spec's ``timeout``.
     run_seconds: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
+    # The owner's own labels, stored as ",a,b," (sorted, each once) so that one LIKE finds a
+    # tag on every database; read them as the list `tags`.
+    tag_text: Mapped[str] = mapped_column("tags", String(1000), default="", server_default="")
+    notes: Mapped[str | None] = mapped_column(Text)
     # When a broker message for this job was last sent (or attempted) while it was queued:
     # the reaper re-sends a queued job's message once this is older than
     # ACCUM_REQUEUE_AFTER_S, in case the first one was lost (broker down at submit time).
@@ -131,6 +135,10 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+    @property
+    def tags(self) -> list[str]:
+        return [t for t in self.tag_text.split(",") if t]
 
     # Every start of the job, oldest first (``attempts`` above is their count).
     attempt_list: Mapped[list[JobAttempt]] = relationship(

@@ -278,7 +278,7 @@ def build_run(
     train_loader = make_train_loader(spec, train, bundle, micro, device, notes)
     if device.startswith("cuda"):
         # Image batches have one shape: let cuDNN time its algorithms once and keep the
-        # fastest (not bitwise reproducible across runs on CUDA: README, "Determinism").
+        # fastest (not bitwise reproducible across runs on CUDA: docs/deployment.md, "Determinism on CUDA").
         torch.backends.cudnn.benchmark = spec.fast_path and bundle.collate_fn is None
     # Each DDP rank evaluates its own share; accumcore's evaluate sums loss, items and hits
     # over the ranks, so the metrics are those of the whole validation set.

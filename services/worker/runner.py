@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from accumcore import NonFiniteError
 from services.artifacts import ArtifactStoreError
 from services.data_roots import is_s3, require_allowed_data_root
 from services.dispatch.enqueue import enqueue_job
@@ -36,6 +37,7 @@ from services.store.leases import (
     renew_lease,
     requeue_after_fault,
 )
+from services.store.nonfinite import label
 from services.store.queue_order import PRIORITIES, held_by_running_cap, next_in_line
 from services.store.sessions import session_factory
 from services.store.status import JobStatus
@@ -134,8 +136,8 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
             back_off(heartbeat, FAULT_BACKOFF_S * 2 ** min(attempt.attempt - 1, 5),
                      settings.lease_timeout_s / 2)
         except Exception as exc:
-            outcome, error = Outcome.FAILED, {"type": type(exc).__name__,
-                                              "message": named_as_synced(settings, str(exc) or repr(exc))}
+            outcome, error = Outcome.FAILED, error_of(exc)
+            error["message"] = named_as_synced(settings, error["message"])
             log.exception("job %s failed", job_id)
             if not heartbeat.lease_lost:
                 with sessions.begin() as session:
@@ -258,3 +260,13 @@ def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartb
 
         return train_distributed(settings, spec, attempt, heartbeat)
     return train_local(settings, spec, attempt, heartbeat)
+
+
+def error_of(exc: Exception) -> dict[str, Any]:
+    """The job's `error` for what a training attempt raised; a non-finite stop also says where
+    and on what (`nonfinite`), so the job shows the NaN that stopped it, not the last finite
+    value before it."""
+    error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
+    if isinstance(exc, NonFiniteError):
+        error["nonfinite"] = {"step": exc.step, "metric": exc.metric, "value": label(exc.value) or "NaN"}
+    return error

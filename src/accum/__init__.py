@@ -8,11 +8,15 @@
             ...
 
 The server itself lives in the ``services`` package and the trainer in ``accumcore``; this
-package needs only httpx, so a notebook or a CI script can import it without either.
+package needs only httpx (and PyYAML for spec files), so a notebook or a CI script can import it without either.
 """
 
 from __future__ import annotations
 
 from accum.client import AccumAPIError, AccumClient, __version__, parse_sse
+from accum.spec_file import SpecFileError, parse_yaml, read_spec
 
-__all__ = ["AccumAPIError", "AccumClient", "__version__", "parse_sse"]
+__all__ = [
+    "AccumAPIError", "AccumClient", "SpecFileError", "__version__", "parse_sse", "parse_yaml",
+    "read_spec",
+]

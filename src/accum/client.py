@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -30,7 +31,12 @@ from typing import Any
 
 import httpx
 
+from accum.config import resolve_client_config
+from accum.spec_file import read_spec
+
 JSON = dict[str, Any]
+# What `wait` waits for: a job in one of these will not change again until resumed.
+FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 try:
     __version__ = version("accum")
@@ -69,11 +75,18 @@ class AccumAPIError(Exception):
         Each field error once, by the path the spec uses (no `body.`); the `detail` of a 422
         only summarises those errors, so it is left out when they are there.
         """
+        return "; ".join(self.lines())
+
+    def lines(self) -> list[str]:
+        """The error as a person reads it: one line, or with several field errors a head line
+        (`422 Invalid request (2 fields):`) and one line per field."""
         head = f"{self.status} {self.title}" if self.status else self.title
         fields = [_format_field_error(e) for e in self.errors]
         if self.detail and self.detail != self.title and not fields:
             head = f"{head}: {self.detail}"
-        return "; ".join([f"{head}: {fields[0]}", *fields[1:]] if fields else [head])
+        if len(fields) > 1:
+            return [f"{head} ({len(fields)} fields):", *fields]
+        return [f"{head}: {fields[0]}" if fields else head]
 
     @classmethod
     def from_response(cls, response: httpx.Response) -> AccumAPIError:
@@ -116,6 +129,11 @@ def _format_field_error(error: Any) -> str:
         parts = parts[1:]
     path = ".".join(str(p) for p in parts)
     message = _shorten_choices(str(error.get("msg") or error.get("message") or error.get("detail") or ""))
+    # "micro_batch_size: micro_batch_size must be ..." says the name twice.
+    for name in (path, str(parts[-1]) if parts else ""):
+        if name and message.startswith(f"{name} "):
+            message = message[len(name) + 1 :]
+            break
     return f"{path}: {message}" if path else message
 
 
@@ -170,12 +188,18 @@ class AccumClient:
 
     def __init__(
         self,
-        url: str,
-        token: str | None,
+        url: str | None = None,
+        token: str | None = None,
         *,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """`url` and `token` left out are found as the CLI finds them: ACCUM_URL and
+        ACCUM_TOKEN, else the ACCUM_HOME/local.json that `accum up` wrote."""
+        if url is None or token is None:
+            config = resolve_client_config()
+            url = config.url if url is None else url
+            token = config.token if token is None else token
         self.url = url.rstrip("/")
         headers = {"Accept": "application/json", "User-Agent": f"accum-client/{__version__}"}
         if token:
@@ -245,23 +269,61 @@ class AccumClient:
         return self._json("GET", "/v1/me")
 
     # -- jobs -------------------------------------------------------------------------
-    def submit(self, spec: JSON, idempotency_key: str | None = None) -> JSON:
-        """POST /v1/jobs; the same idempotency key and body return the same job."""
+    def submit(self, spec: JSON | str | Path, idempotency_key: str | None = None) -> JSON:
+        """POST /v1/jobs; the same idempotency key and body return the same job.
+
+        `spec` is a mapping, or the path of a .yaml/.yml/.json file, read as `accum submit`
+        reads it (`lr: 3e-4` is a number); a file that cannot be read raises `SpecFileError`.
+        """
+        body = spec if isinstance(spec, dict) else read_spec(spec)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._json("POST", "/v1/jobs", json=spec, headers=headers)
+        return self._json("POST", "/v1/jobs", json=body, headers=headers)
 
     def jobs(
-        self, status: str | None = None, limit: int | None = None, cursor: str | None = None
+        self, status: str | None = None, limit: int | None = None, cursor: str | None = None,
+        tags: list[str] | None = None, q: str | None = None,
     ) -> JSON:
-        """One page of jobs, newest first: {"items": [...], "next_cursor": ...}."""
-        params = {"status": status, "limit": limit, "cursor": cursor}
+        """One page of jobs, newest first: {"items": [...], "next_cursor": ...}; `tags`: only
+        jobs with all of them, `q`: only jobs whose name, notes or a tag contain it."""
+        params = {"status": status, "limit": limit, "cursor": cursor, "tag": tags, "q": q}
         return self._json("GET", "/v1/jobs", params={k: v for k, v in params.items() if v})
 
-    def all_jobs(self, status: str | None = None) -> list[JSON]:
-        return self._all_pages("/v1/jobs", {"status": status})
+    def all_jobs(
+        self, status: str | None = None, tags: list[str] | None = None, q: str | None = None
+    ) -> list[JSON]:
+        return self._all_pages("/v1/jobs", {"status": status, "tag": tags or None, "q": q})
+
+    def edit(
+        self, job_id: str, name: str | None = None, tags: list[str] | None = None,
+        notes: str | None = None,
+    ) -> JSON:
+        """PATCH /v1/jobs/{id}: a new name, tags (replacing the old; [] clears) or notes
+        ("" clears); what is left None is kept."""
+        body = {k: v for k, v in {"name": name, "tags": tags, "notes": notes}.items() if v is not None}
+        return self._json("PATCH", f"/v1/jobs/{job_id}", json=body)
 
     def job(self, job_id: str) -> JSON:
         return self._json("GET", f"/v1/jobs/{job_id}")
+
+    def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 2.0) -> JSON:
+        """Block until the job has finished (succeeded, failed or cancelled); returns it.
+
+        Raises `TimeoutError` after `timeout` seconds (None: no limit), saying where it was.
+        Polls `GET /v1/jobs/{id}` every `poll_s` seconds: one cheap read, and no stream held
+        open for hours.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job.get("status") in FINAL_STATUSES:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                step = (job.get("progress") or {}).get("optimizer_step") or 0
+                raise TimeoutError(
+                    f"job {job_id} is still {job.get('status')} (step {step}) after {timeout} s; "
+                    "wait again, or cancel it with AccumClient.cancel"
+                )
+            time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
 
     def cancel(self, job_id: str) -> JSON:
         return self._json("POST", f"/v1/jobs/{job_id}/cancel")

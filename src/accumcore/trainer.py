@@ -593,9 +593,10 @@ class Trainer:
             where = f"the last checkpoint with finite values is {path} (step {step})"
         else:
             where = f"the last finite state is the one this run resumed from (step {step})"
+        # Skipping is advice only to a run that does not skip already.
+        skip = " or pass on_nonfinite='skip' to skip such steps" if self.on_nonfinite == "fail" else ""
         return NonFiniteError(
-            f"{what}; {where}. Lower the learning rate, clip gradients (grad_clip_norm), or "
-            "pass on_nonfinite='skip' to skip such steps",
+            f"{what}; {where}. Lower the learning rate or clip gradients (grad_clip_norm){skip}",
             step=self.global_step, metric=metric, value=value, checkpoint=path,
         )
 

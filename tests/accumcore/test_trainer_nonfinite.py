@@ -82,6 +82,7 @@ def test_a_nan_loss_fails_the_run_naming_the_step_metric_and_last_checkpoint(tmp
     assert "step 3" in message and "loss is nan" in message
     assert str(tmp_path / "2.pt") in message
     assert raised.value.step == 3 and raised.value.metric == "loss"
+    assert "pass on_nonfinite='skip'" in message  # the default policy is told of the other
     assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["1.pt", "2.pt"]
     state = load_checkpoint(tmp_path / "2.pt")
     assert all(torch.isfinite(t).all() for t in state["model"].values())
@@ -115,9 +116,11 @@ def test_skip_policy_skips_the_optimizer_and_scheduler_step_with_an_event() -> N
 
 def test_skip_policy_fails_after_too_many_consecutive_skips() -> None:
     trainer, _ = _class_trainer(BadOnCalls(math.nan, set(range(3, 100))), on_nonfinite="skip", max_consecutive_skips=3)
-    with pytest.raises(NonFiniteError, match="3 consecutive steps skipped"):
+    with pytest.raises(NonFiniteError, match="3 consecutive steps skipped") as raised:
         trainer.fit(make_loader(class_dataset(24, torch.float64), 3), epochs=2)
     assert trainer.global_step == 4  # 1 good step, then 3 skipped
+    # The run skips already: the advice is the rest, not to pass the policy it has.
+    assert "on_nonfinite" not in str(raised.value) and "grad_clip_norm" in str(raised.value)
 
 
 def test_bad_policy_is_refused() -> None:

@@ -47,7 +47,8 @@ def test_the_worker_and_the_error_take_their_documented_shape() -> None:
 
     assert job.worker is not None and job.worker.model_dump() == {"name": None, "host": "node-1", "gpu": None}
     assert job.error is not None
-    assert job.error.model_dump() == {"type": "Error", "message": "5", "reason": None}
+    assert job.error.model_dump() == {"type": "Error", "message": "5", "reason": None,
+                                      "nonfinite": None}
     assert job.model_dump()["owner"] == "alice"
 
 

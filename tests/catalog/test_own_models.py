@@ -91,6 +91,14 @@ def test_hf_refusals_name_the_allowed_values(name: str, options: dict, message: 
         build_model(name, TEXT, **options)
 
 
+def test_an_unknown_hf_type_names_the_close_ones_not_every_one() -> None:
+    with pytest.raises(ValueError) as raised:
+        build_model("hf:gpt3", TEXT)
+    message = str(raised.value)
+    assert "gpt2" in message and "bert" not in message.split("close: ")[1]
+    assert len(message) < 300 and "model types, listed by python -c" in message
+
+
 def test_hf_saved_directory_loads_the_same_weights(tmp_path: Path) -> None:
     torch.manual_seed(0)
     saved = build_model("hf:gpt2", TEXT, **TINY_GPT2)

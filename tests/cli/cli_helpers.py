@@ -65,3 +65,15 @@ def assert_fits(text: str, columns: int = 80) -> None:
     """Every line of a command's output fits the terminal (COLUMNS=80 in these tests)."""
     wide = [line for line in text.splitlines() if len(line) > columns]
     assert not wide, f"lines wider than {columns} columns: {wide}"
+
+
+def one_entry(text: str, columns: int = 80) -> bool:
+    """One message, wrapped to the terminal: every line fits, the following ones are indented
+    under the first (not several messages, not one cut mid-word by the terminal)."""
+    first, *rest = text.strip("\n").splitlines()
+    return all(len(line) <= columns for line in [first, *rest]) and all(r.startswith("  ") for r in rest)
+
+
+def unwrapped(text: str) -> str:
+    """A message wrapped by `hanging` back on one line."""
+    return " ".join(line.strip() for line in text.strip().splitlines())

@@ -141,3 +141,40 @@ def test_sse_parser_follows_the_framing() -> None:
         ("metric", {"name": "loss", "step": 3}),
         ("end", {"status": "succeeded"}),
     ]
+
+
+def test_job_takes_the_short_id_lists_show(client: AccumClient, tiny_spec: dict[str, Any]) -> None:
+    first, second = client.submit(tiny_spec), client.submit(tiny_spec)
+    assert client.job(first["id"][:12])["id"] == first["id"]
+    common = next(i for i in range(26) if first["id"][i] != second["id"][i])
+    with pytest.raises(AccumAPIError) as ambiguous:
+        client.job(first["id"][:common])
+    assert ambiguous.value.status == 422
+    assert "ambiguous" in str(ambiguous.value) and second["id"] in str(ambiguous.value)
+
+
+def test_a_client_without_arguments_reads_the_clis_configuration(
+    api_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_spec: dict[str, Any]
+) -> None:
+    from accum.config import write_local_config
+
+    for key in ("ACCUM_URL", "ACCUM_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("ACCUM_HOME", str(tmp_path))
+    write_local_config(api_server.url, api_server.token, tmp_path)  # what `accum up` writes
+    with AccumClient() as client:
+        assert client.url == api_server.url and client.me()["name"] == "cli-tests"
+    monkeypatch.setenv("ACCUM_TOKEN", "accum_not-a-token")  # the environment wins
+    with AccumClient() as client, pytest.raises(AccumAPIError) as refused:
+        client.me()
+    assert refused.value.status == 401
+
+
+def test_wait_returns_the_finished_job_or_times_out_saying_where_it_is(
+    client: AccumClient, tiny_spec: dict[str, Any]
+) -> None:
+    job = client.submit(tiny_spec)  # no worker here: it stays queued
+    with pytest.raises(TimeoutError, match=r"still queued \(step 0\) after 0.3 s"):
+        client.wait(job["id"], timeout=0.3, poll_s=0.1)
+    client.cancel(job["id"])
+    assert client.wait(job["id"], timeout=30)["status"] == "cancelled"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cli_helpers import accum_in_process
+from cli_helpers import accum_in_process, one_entry, unwrapped
 
 from accum import AccumClient
 
@@ -98,7 +98,7 @@ def test_download_of_a_corrupted_checkpoint_fails(
     job = client.submit(tiny_spec)
     seed.checkpoint(job["id"], 3, b"bytes", sha256="f" * 64)
     code, _, err = accum(capsys, "download", job["id"], "-o", str(tmp_path / "x.pt"))
-    assert code == 1 and "sha256" in err and len(err.strip().splitlines()) == 1
+    assert code == 1 and "sha256" in err and one_entry(err)
     assert not (tmp_path / "x.pt").exists()
 
 
@@ -108,14 +108,14 @@ def test_bad_spec_is_one_line_naming_the_field(
     spec = write_spec(tmp_path, {**tiny_spec, "accumulation_steps": 0}, ".json")
     code, out, err = accum(capsys, "submit", str(spec))
     assert code == 1 and out == ""
-    assert len(err.strip().splitlines()) == 1
+    assert one_entry(err)
     assert err.startswith("accum submit: 422") and "accumulation_steps" in err
 
 
 def test_unknown_job_is_one_line_404(cli_env: Any, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = accum(capsys, "status", "does-not-exist")
     assert code == 1 and out == ""
-    assert err.startswith("accum status: 404") and len(err.strip().splitlines()) == 1
+    assert err.startswith("accum status: 404") and one_entry(err)
 
 
 def test_unreadable_spec_is_a_usage_error(
@@ -129,12 +129,33 @@ def test_unreadable_spec_is_a_usage_error(
     assert code == 2 and ".yaml, .yml or .json" in err
 
 
+# Numbers as people write them; YAML 1.1 (PyYAML's default) reads the first two as strings.
+NUMBERS_AS_WRITTEN = (
+    "model: mlp\ndataset: digits\nmicro_batch_size: 16\naccumulation_steps: 4\nepochs: 1\n"
+    "optimizer: {name: sgd, lr: 3e-4, weight_decay: 1e-2, momentum: .5}\n"
+)
+
+
+def test_yaml_numbers_with_an_exponent_are_numbers(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, client: AccumClient
+) -> None:
+    path = tmp_path / "exponents.yaml"
+    path.write_text(NUMBERS_AS_WRITTEN)
+    code, out, err = accum(capsys, "submit", str(path), "--json")
+    assert code == 0, err
+    optimizer = json.loads(out)["spec"]["optimizer"]
+    assert (optimizer["lr"], optimizer["weight_decay"], optimizer["momentum"]) == (3e-4, 1e-2, 0.5)
+    # The client reads a spec file with the same loader.
+    job = client.submit(path)
+    assert client.job(job["id"])["spec"]["optimizer"]["lr"] == 3e-4
+
+
 def test_url_and_token_resolution_order(
     api_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """ACCUM_URL / ACCUM_TOKEN first, then ACCUM_HOME/local.json (each value on its own)."""
-    from services.cli.config import resolve_client_config, write_local_config
+    from accum.config import resolve_client_config, write_local_config
 
     home = tmp_path / "home"
     for key in ("ACCUM_URL", "ACCUM_TOKEN"):
@@ -154,7 +175,7 @@ def test_url_and_token_resolution_order(
     monkeypatch.setenv("ACCUM_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("ACCUM_TOKEN", api_server.token)
     code, _, err = accum(capsys, "jobs")
-    assert code == 1 and "cannot reach" in err and "http://127.0.0.1:9" in err
+    assert code == 1 and "cannot reach" in unwrapped(err) and "http://127.0.0.1:9" in unwrapped(err)
 
 
 def test_console_script_usage_error_exits_2(api_server: Any) -> None:
@@ -173,7 +194,7 @@ def test_token_create_before_migration_says_what_to_run(
     monkeypatch.setenv("ACCUM_HOME", str(tmp_path / "fresh"))
     code, out, err = accum(capsys, "token", "create", "bob")
     assert code == 1 and out == ""
-    assert "run `accum db upgrade` first" in err
+    assert "run `accum db upgrade` first" in unwrapped(err)
     assert accum(capsys, "db", "upgrade")[0] == 0
     code, out, _ = accum(capsys, "token", "create", "bob")
     assert code == 0 and out.startswith("accum_")
@@ -184,7 +205,7 @@ def test_bad_configuration_is_one_line(
 ) -> None:
     monkeypatch.setenv("ACCUM_DATABASE_URL", "mysql://db/accum")
     code, _, err = accum(capsys, "db", "upgrade")
-    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert code == 1 and one_entry(err)
     assert "ACCUM_DATABASE_URL" in err and "postgresql+psycopg://" in err
 
 
@@ -199,8 +220,19 @@ def test_up_refuses_a_port_in_use(
         other.listen()
         port = other.getsockname()[1]
         code, _, err = accum(capsys, "up", "--port", str(port))
-    assert code == 1 and "choose another port with --port" in err
+    assert code == 1 and "choose another port with --port" in unwrapped(err)
     assert not (tmp_path / "home" / "local.json").exists()
+
+
+def test_resume_without_a_checkpoint_says_it_starts_over(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, tiny_spec: dict[str, Any]
+) -> None:
+    job = client.submit(tiny_spec)
+    client.cancel(job["id"])
+    code, out, _ = accum(capsys, "resume", job["id"][:12])
+    assert code == 0
+    assert unwrapped(out) == (f"job {job['id']}: queued, from the start: it has no checkpoint "
+                              "(a job keeps one every checkpoint_every steps)")
 
 
 def test_resume_from_an_older_step_or_from_scratch_then_delete(
@@ -213,15 +245,18 @@ def test_resume_from_an_older_step_or_from_scratch_then_delete(
     seed.claim(job["id"], "w1")
     seed.finish(job["id"], "w1", "failed", {"type": "RuntimeError", "message": "x"})
     code, _, err = accum(capsys, "resume", job["id"], "--from-step", "5")
-    assert code == 1 and "from_step" in err and "[4, 8]" in err  # the retained steps
+    assert code == 1 and "from_step" in unwrapped(err) and "[4, 8]" in unwrapped(err)  # the retained steps
     code, _, err = accum(capsys, "resume", job["id"], "--timeout", "2 fortnights")
     assert code == 1 and "timeout" in err
+    code, out, _ = accum(capsys, "resume", job["id"])  # a plain resume names its checkpoint
+    assert code == 0 and unwrapped(out).endswith("queued, from its latest checkpoint (step 8)")
+    client.cancel(job["id"])
     code, out, _ = accum(capsys, "resume", job["id"], "--from-step", "4", "--timeout", "2h")
-    assert code == 0 and "queued, from checkpoint step 4, timeout 7200 s" in out
+    assert code == 0 and "queued, from checkpoint step 4, timeout 7200 s" in unwrapped(out)
     assert client.job(job["id"])["spec"]["timeout"] == 7200
     assert [c["step"] for c in client.checkpoints(job["id"])] == [4]  # 8 dropped
     code, _, err = accum(capsys, "delete", job["id"])
-    assert code == 1 and "cancel it first" in err
+    assert code == 1 and "cancel it first" in unwrapped(err)
     client.cancel(job["id"])
     code, out, _ = accum(capsys, "delete", job["id"])
     assert code == 0 and "deleted" in out
@@ -229,3 +264,21 @@ def test_resume_from_an_older_step_or_from_scratch_then_delete(
         (seed.settings.artifacts_path / job["id"]).iterdir())
     code, _, err = accum(capsys, "status", job["id"])
     assert code == 1
+
+
+def complete(script: str, *words: str) -> list[str]:
+    """What bash offers for `accum WORDS` (the last word being typed) with the script loaded."""
+    line = " ".join(f"'{w}'" for w in ("accum", *words))
+    ran = subprocess.run(["bash", "-c", f'{script}\nCOMP_WORDS=({line}); COMP_CWORD={len(words)}; '
+                          '_accum; printf "%s\\n" "${COMPREPLY[@]}"'],
+                         capture_output=True, text=True, check=True)
+    return ran.stdout.split()
+
+
+def test_completion_offers_the_commands_and_each_ones_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, script, _ = accum(capsys, "completion", "bash")
+    assert code == 0 and "complete -o default -F _accum accum" in script
+    assert complete(script, "su") == ["submit"]
+    assert complete(script, "jobs", "--s") == ["--status", "--search"]
+    assert "--watch" in complete(script, "submit", "--")
+    assert complete(script, "ed") == ["edit"] and complete(script, "ev") == ["events"]

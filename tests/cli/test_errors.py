@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import accum_in_process as accum
+from cli_helpers import assert_fits, one_entry, unwrapped
 
 from accum import AccumClient
 
@@ -27,10 +28,33 @@ def test_each_field_error_is_said_once_by_its_spec_path(
     code, out, err = accum(capsys, "submit", write_spec(tmp_path, spec))
 
     assert code == 1 and out == ""
-    assert len(err.splitlines()) == 1
-    assert err.startswith("accum submit: 422 Invalid request: micro_batch_size: ")
-    assert err.count("micro_batch_size:") == 1 and err.count("optimizer.lr:") == 1
+    assert_fits(err)
+    head, *fields = err.splitlines()
+    assert head == "accum submit: 422 Invalid request (2 fields):"
+    # One field a line (a wrapped one indented under it), each named once.
+    starts = [line for line in fields if not line.startswith("    ")]
+    assert [line.split(":")[0] for line in starts] == ["  micro_batch_size", "  optimizer.lr"]
+    assert starts[0].startswith("  micro_batch_size: must be an integer from 1")
+    assert err.count("micro_batch_size") == 1
     assert "body." not in err
+
+
+def test_a_misspelt_field_and_the_submitted_line_fit_80_columns(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_spec: dict[str, Any]
+) -> None:
+    code, _, err = accum(capsys, "submit", write_spec(tmp_path, {**tiny_spec, "epochz": 1}))
+    assert code == 1
+    assert_fits(err)
+    assert unwrapped(err) == "accum submit: 422 Invalid request: epochz: unknown field 'epochz'; did you mean epochs?"
+
+    named = {**tiny_spec, "name": "a-rather-long-experiment-name-for-the-submitted-line"}
+    code, out, _ = accum(capsys, "submit", write_spec(tmp_path, named))
+    assert code == 0
+    assert_fits(out)
+    first, *rest = out.splitlines()
+    assert first.startswith("submitted job ") and rest and all(r.startswith("  ") for r in rest)
+    words = " ".join(line.strip() for line in out.splitlines()).split()
+    assert f"({named['name']}):" in words and ["effective", "batch", "16", "x", "4", "x", "CPU", "=", "64"][-1] in words
 
 
 def test_an_unknown_model_names_the_closest_not_all_eighty(
@@ -38,7 +62,9 @@ def test_an_unknown_model_names_the_closest_not_all_eighty(
 ) -> None:
     code, _, err = accum(capsys, "submit", write_spec(tmp_path, {**tiny_spec, "model": "resnet-18"}))
 
-    assert code == 1 and len(err.splitlines()) == 1
+    assert code == 1 and len(err.splitlines()) <= 4
+    assert_fits(err)
+    err = " ".join(line.strip() for line in err.splitlines())
     assert "model: unknown model 'resnet-18'; did you mean resnet18" in err
     assert "choices: " in err and "`accum catalog` lists them" in err
     assert err.count("vgg") == 0 and len(err) < 400
@@ -49,8 +75,8 @@ def test_a_missing_job_points_at_the_command_not_the_route(
 ) -> None:
     code, _, err = accum(capsys, "status", "0" * 26)
 
-    assert code == 1 and len(err.splitlines()) == 1
-    assert "list yours with `accum jobs`" in err and "/v1/" not in err
+    assert code == 1 and one_entry(err)
+    assert "list yours with `accum jobs`" in unwrapped(err) and "/v1/" not in err
 
 
 def test_a_metric_the_job_lacks_is_an_error_listing_those_it_has(
@@ -59,7 +85,7 @@ def test_a_metric_the_job_lacks_is_an_error_listing_those_it_has(
     code, out, err = accum(capsys, "metrics", job_with_metrics, "--name", "nosuch")
 
     assert code == 1 and out == ""
-    assert err.strip() == f"accum metrics: job {job_with_metrics} has no metric 'nosuch'; it has: loss, lr"
+    assert unwrapped(err) == f"accum metrics: job {job_with_metrics} has no metric 'nosuch'; it has: loss, lr"
 
 
 def test_catalog_lists_models_and_datasets_in_80_columns(
@@ -93,6 +119,6 @@ def test_a_bad_output_path_is_one_line(
 
     code, out, err = accum(capsys, "download", job["id"], "-o", str(target))
 
-    assert code == 1 and out == "" and len(err.splitlines()) == 1
-    assert err.strip() == f"accum download: cannot save to {target}: there is no directory {target.parent}"
+    assert code == 1 and out == ""
+    assert unwrapped(err) == f"accum download: cannot save to {target}: there is no directory {target.parent}"
     assert not target.parent.exists()

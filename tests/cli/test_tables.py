@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import accum_in_process as accum
-from cli_helpers import assert_fits
+from cli_helpers import assert_fits, unwrapped
 
 from accum import AccumClient
 
@@ -69,6 +69,31 @@ def test_status_shows_model_batch_queue_eta_and_nan_by_name(
     assert SECONDS.search(fields["started"])
 
 
+def test_a_run_stopped_by_nan_shows_the_nan_where_it_stopped(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job = client.submit(tiny_spec)
+    seed.claim(job["id"], "w1")
+    seed.progress(job["id"], 6, {"loss": 1.76e18})  # the last finite window before the NaN
+    seed.finish(job["id"], "w1", "failed", {
+        "type": "NonFiniteError", "message": "step 7: loss is nan; ...",
+        "nonfinite": {"step": 7, "metric": "loss", "value": "NaN"},
+    })
+
+    listed = next(j for j in client.jobs(limit=50)["items"] if j["id"] == job["id"])
+    for answer in (listed, client.job(job["id"])):
+        assert answer["latest_metrics"]["loss"] is None and answer["nonfinite_metrics"]["loss"] == "NaN"
+        assert answer["error"]["nonfinite"] == {"step": 7, "metric": "loss", "value": "NaN"}
+
+    code, out, _ = accum(capsys, "status", job["id"])
+    assert code == 0
+    assert_fits(out)
+    loss = next(line for line in out.splitlines() if line.startswith("loss "))
+    assert loss.split(None, 1)[1] == "NaN at step 7 (stopped the run)"
+    assert "1.76e+18" not in out
+
+
 def test_status_prints_the_exactness_check_on_one_line(
     cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
     tiny_spec: dict[str, Any],
@@ -100,9 +125,9 @@ def test_ids_are_taken_by_unique_prefix(
     assert code == 0 and out.strip() == f"job {second['id']}: cancelled"
 
     code, _, err = accum(capsys, "status", first["id"][:common])
-    assert code == 1 and "is ambiguous" in err and "give more characters" in err
+    assert code == 1 and "is ambiguous" in unwrapped(err) and "give more characters" in unwrapped(err)
     code, _, err = accum(capsys, "status", "zzzzzz")
-    assert code == 1 and "no job id starts with 'zzzzzz'" in err
+    assert code == 1 and "no job id starts with 'zzzzzz'" in unwrapped(err)
     code, _, err = accum(capsys, "status", "01")
     assert code == 2 and "at least 4 characters" in err
 
@@ -160,3 +185,28 @@ def test_metrics_summary_all_rows_and_csv_count_epochs_from_1(
     assert [(r["step"], r["epoch"], r["value"]) for r in table] == [
         ("1", "1", "2.0"), ("2", "1", "0.5"), ("3", "2", "1.0"), ("4", "2", "NaN"),
     ]
+
+
+def test_edit_names_tags_and_notes_a_job_and_jobs_filters_by_them(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job = client.submit(tiny_spec)
+    other = client.submit({**tiny_spec, "name": "not-this-one"})
+    code, out, _ = accum(capsys, "edit", job["id"][:12], "--name", "baseline-cli", "--tag", "cli-sweep",
+                         "--tag", "lr:0.1", "--notes", "the reference run")
+    assert code == 0 and out.strip() == f"job {job['id']}: name baseline-cli, tags cli-sweep, lr:0.1"
+    code, out, _ = accum(capsys, "status", job["id"])
+    fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()
+              if not line.startswith(" ")}
+    assert (fields["tags"], fields["notes"]) == ("cli-sweep, lr:0.1", "the reference run")
+
+    code, out, _ = accum(capsys, "jobs", "--tag", "cli-sweep")
+    assert code == 0 and "baseline-cli" in out and other["id"][:12] not in out
+    assert [j["id"] for j in client.jobs(q="REFERENCE RUN")["items"]] == [job["id"]]
+    code, out, _ = accum(capsys, "jobs", "--search", "no-such-text-anywhere")
+    assert out.strip() == "no jobs with those tags or text"
+    code, _, err = accum(capsys, "edit", job["id"])
+    assert code == 2 and "--name, --tag or --notes" in err
+    assert accum(capsys, "edit", job["id"], "--tag", "")[0] == 0
+    assert client.job(job["id"])["tags"] == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from cli_helpers import Server
+from cli_helpers import Server, unwrapped
 
 from services.cli.main import main
 
@@ -42,7 +42,7 @@ def test_list_then_revoke_by_prefix_refuses_the_next_request(
 
     assert httpx.get(f"{server_database.url}/v1/jobs", headers=headers).status_code == 401
     code, _, err = accum(capsys, "token", "revoke", token)
-    assert code == 1 and "no such token" in err and "accum token list" in err
+    assert code == 1 and "no such token" in unwrapped(err) and "accum token list" in unwrapped(err)
     assert accum(capsys, "token", "list", "dora")[1] == ""  # live tokens only
     code, trail, _ = accum(capsys, "token", "list", "dora", "--all")
     assert code == 0 and trail.split("\t")[:2] == ["dora", token[:12]]

@@ -95,3 +95,30 @@ def test_up_runs_a_job_that_watch_follows_to_success(
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+@pytest.mark.slow
+def test_up_is_quiet_by_default_and_says_where_the_logs_are(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = accum_env(home)
+    port = free_port()
+    log = tmp_path / "terminal.log"
+    with log.open("wb") as out:
+        up = subprocess.Popen([ACCUM, "up", "--port", str(port)], env=env, stdout=out,
+                              stderr=subprocess.STDOUT)
+    try:
+        wait_for_line(log, "Ctrl-C stops", up, UP_TIMEOUT_S)
+        token = json.loads((home / "local.json").read_text())["token"]
+        for _ in range(3):  # what the dashboard does every few seconds
+            httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers={"Authorization": f"Bearer {token}"})
+        time.sleep(1)
+        terminal = log.read_text()
+        lines = terminal.splitlines()
+        assert lines[0] == f"accum is up at http://127.0.0.1:{port}" and lines[1] == f"  token:    {token}"
+        assert f"  logs:     {home / 'logs'} (accum up --verbose prints them here)" in lines
+        assert "celery" not in terminal.lower() and "GET /v1/jobs" not in terminal
+        assert (home / "logs" / "worker.log").exists()
+        assert "GET /v1/jobs" in (home / "logs" / "api.log").read_text()
+    finally:
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0, log.read_text()

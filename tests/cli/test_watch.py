@@ -5,6 +5,7 @@ come back. The job's life is written through the store functions a worker uses."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -72,6 +73,37 @@ def test_a_finished_jobs_history_in_order_attempt_by_attempt(
     ], out
 
 
+LONG_ERROR = (
+    "step 7: loss is nan; the last checkpoint with finite values is "
+    "s3://bucket/prefix/01jd3k5x9a2fexample/5.pt (step 5). Lower the learning rate or clip "
+    "gradients (grad_clip_norm)"
+)
+
+
+def test_an_error_is_printed_once_and_wraps_under_its_event(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job_id = client.submit(tiny_spec)["id"]
+    seed.claim(job_id, "w1")
+    # What the runner writes for a failed attempt: the traceback, then the outcome.
+    seed.event(job_id, "traceback", f"NonFiniteError: {LONG_ERROR}", {"traceback": "..."}, 1)
+    seed.finish(job_id, "w1", "failed", {"type": "NonFiniteError", "message": LONG_ERROR})
+
+    code, out, _ = accum(capsys, "watch", job_id[:12])
+
+    assert code == 3
+    assert_fits(out)
+    assert out.count("step 7: loss is nan") == 1, out
+    assert out.rstrip().splitlines()[-1] == f"job {job_id} failed"
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if "step 7: loss is nan" in line)
+    assert lines[start][10:].startswith("failed         NonFiniteError: step 7")
+    wrapped = lines[start + 1 : -1]
+    assert wrapped and all(line.startswith(" " * 25) and line[25] != " " for line in wrapped)
+    assert "grad_clip_norm" in " ".join(lines[start:-1])
+
+
 def test_live_evaluations_and_the_outcome_arrive_while_watching(
     cli_env: Server, client: AccumClient, seed: Any, tiny_spec: dict[str, Any]
 ) -> None:
@@ -95,7 +127,8 @@ def test_live_evaluations_and_the_outcome_arrive_while_watching(
     assert_fits(out)
     assert "eval           step 3, epoch 1: val_accuracy 0.8, val_loss 0.4" in out
     assert "checkpoint     steps 1, 2, 3" in out
-    assert f"job {job_id} failed: NonFiniteError: loss is NaN at step 4" in out
+    assert "failed         NonFiniteError: loss is NaN at step 4" in out
+    assert out.count("loss is NaN at step 4") == 1 and out.rstrip().endswith(f"job {job_id} failed")
     # The progress line, as a log gets it: epoch counted from 1, the average samples/s.
     assert "3/69" in out and "epoch 1/3" in out and "loss 0.333333" in out and "200 samples/s" in out
 
@@ -161,3 +194,23 @@ def wait_for(process: subprocess.Popen[str], word: str) -> str:
         assert time.monotonic() < deadline and process.poll() is None, seen
         seen += process.stdout.readline()
     return seen
+
+
+def test_events_lists_every_event_with_its_traceback(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, seed: Any,
+    tiny_spec: dict[str, Any],
+) -> None:
+    job_id = client.submit(tiny_spec)["id"]
+    seed.claim(job_id, "w1")
+    seed.event(job_id, "traceback", "ValueError: bad shape", {"traceback": "Traceback ..."}, 1)
+    seed.finish(job_id, "w1", "failed", {"type": "ValueError", "message": "bad shape"})
+
+    code, out, _ = accum(capsys, "events", job_id[:12])
+    assert code == 0
+    assert_fits(out)
+    assert [line[10:].split("  ")[0] for line in out.splitlines()] == [
+        "created", "started", "traceback", "failed"]
+    code, out, _ = accum(capsys, "events", job_id[:12], "--json")
+    listed = json.loads(out)
+    assert [e["kind"] for e in listed] == ["created", "started", "traceback", "failed"]
+    assert listed[2]["data"]["traceback"] == "Traceback ..."

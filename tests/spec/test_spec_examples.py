@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
-import yaml
 
+from accum import parse_yaml
 from services.spec import parse_spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -14,7 +15,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yam
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_parses(path: Path) -> None:
-    spec = parse_spec(yaml.safe_load(path.read_text()))
+    spec = parse_spec(parse_yaml(path.read_text()))
     assert spec.normalised()["model"]["name"] == spec.model.name
 
 
@@ -22,3 +23,12 @@ def test_the_own_data_examples_are_shipped() -> None:
     names = {p.name for p in EXAMPLES}
     assert {"imagefolder_timm.yaml", "causal_lm_hf.yaml", "finetune_warm_start.yaml",
             "sequence_classification_hf.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_the_settings_an_example_names_exist(path: Path) -> None:
+    from services.settings import Settings
+
+    known = {f"ACCUM_{name.upper()}" for name in Settings.model_fields}
+    named = set(re.findall(r"\bACCUM_[A-Z0-9_]+", path.read_text()))
+    assert named <= known, f"{path.name} names settings that do not exist: {sorted(named - known)}"

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from job_specs import TINY_SPEC
 
+from services.api.schemas import JobPublic
 from services.settings import Settings
 from services.store import events, jobs
+from services.store.nonfinite import LABELS
 from services.store.sessions import session_factory
 from services.worker import training
 from services.worker.runner import run_job
@@ -59,6 +61,14 @@ def test_a_diverging_job_fails_with_the_step_metric_and_last_finite_checkpoint(
     assert message.startswith("step 2: ") and " is " in message
     assert f"{settings.artifacts_url}/{job_id}/1.pt (step 1)" in message  # the store, not a node
     assert kinds[-2:] == ["traceback", "failed"]
+    # Where it stopped and on what, for the views: the job reads NaN there, not the last
+    # finite loss before it.
+    stop = job.error["nonfinite"]
+    assert stop["step"] == 2 and stop["metric"] in ("loss", "grad_norm") and stop["value"] in LABELS
+    with session_factory(settings)() as session:
+        public = JobPublic.model_validate(jobs.load_job(session, job_id))
+    assert public.latest_metrics[stop["metric"]] is None
+    assert public.nonfinite_metrics[stop["metric"]] == stop["value"]
 
 
 def test_skip_policy_records_each_skipped_step(settings: Settings, make_job: Callable[..., str]) -> None:

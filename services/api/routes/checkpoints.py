@@ -57,7 +57,7 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=NOT_FOUND)
 def list_checkpoints(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> CheckpointList:
     """The job's retained checkpoints, oldest step first."""
-    job_or_404(session, job_id, owner)
+    job_id = job_or_404(session, job_id, owner).id  # the path may hold a prefix of it
     rows = store_checkpoints.list_checkpoints(session, job_id)
     return CheckpointList(items=[CheckpointPublic.model_validate(c) for c in rows])
 
@@ -85,7 +85,7 @@ def download_checkpoint(
     range: Annotated[str | None, Header()] = None,  # noqa: A002  (the header's name)
 ) -> Response:
     """The checkpoint file (`torch.load` it; model weights under `model`)."""
-    job_or_404(session, job_id, owner)
+    job_id = job_or_404(session, job_id, owner).id  # the path may hold a prefix of it
     row = store_checkpoints.get_checkpoint(session, job_id, step)
     if row is None:
         raise HTTPException(

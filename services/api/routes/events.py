@@ -52,6 +52,7 @@ def read_events(
 ) -> EventList | StreamingResponse:
     """Lifecycle events oldest first; streams them live, with metrics, for an SSE client."""
     job = job_or_404(session, job_id, owner)
+    job_id = job.id  # the path may hold a prefix of it
     if accept and "text/event-stream" in accept:
         slots: StreamSlots = request.app.state.stream_slots
         if not slots.try_open(owner.id):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, HTTPException, Query, Request, Response, status
@@ -12,8 +11,17 @@ from sqlalchemy.orm import Session
 from services.api.auth import CurrentOwner
 from services.api.deps import ArtifactsDep, SessionDep, SettingsDep
 from services.api.errors import Problem, invalid_field, invalid_fields, problem_responses
+from services.api.job_ids import AmbiguousJobId, find_job, not_found_detail
 from services.api.job_view import job_view
-from services.api.schemas import JobPage, JobPublic, JobStatus, ResumeRequest
+from services.api.schemas import (
+    MAX_TAGS,
+    JobEdit,
+    JobPage,
+    JobPublic,
+    JobStatus,
+    ResumeRequest,
+    Tag,
+)
 from services.artifacts import StoreUnavailable
 from services.data_roots import allowed_data_roots, data_root_refusal
 from services.dispatch.unsent import publish_in_order
@@ -42,17 +50,15 @@ router = APIRouter(
 NOT_FOUND = problem_responses(404)
 
 
-JOB_ID = re.compile(r"[0-9a-z]{26}")
-
-
 def job_or_404(session: Session, job_id: str, owner: Owner) -> Job:
-    """The job if this owner may see it; another owner's job is a 404, never a 403."""
-    # Ids are 26 lower-case base32 characters: anything else cannot exist, so no query.
-    job = store_jobs.get_job(session, job_id, owner) if JOB_ID.fullmatch(job_id) else None
+    """The job whose id is `job_id` or starts with it, if this owner may see it; another
+    owner's job is a 404, never a 403; a prefix of several ids is a 422 naming them."""
+    try:
+        job = find_job(session, job_id, owner, anyones=owner.is_admin)
+    except AmbiguousJobId as exc:
+        raise invalid_field(("path", "job_id"), str(exc), job_id, exc.candidates) from exc
     if job is None:
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND, detail=f"no job {job_id[:100]!r}; list yours with GET /v1/jobs"
-        )
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=not_found_detail(job_id))
     return job
 
 
@@ -122,14 +128,19 @@ def check_init_from(session: Session, spec: JobSpec, owner: Owner) -> None:
     ref = spec.init_from
     if ref is None or ref.job is None:
         return
-    job = session.get(Job, ref.job) if JOB_ID.fullmatch(ref.job) else None
-    if job is None or job.owner_id != owner.id:
+    where = ("body", "init_from", "job")
+    try:
+        job = find_job(session, ref.job, owner, anyones=False)
+    except AmbiguousJobId as exc:
+        raise invalid_field(where, str(exc), ref.job, exc.candidates) from exc
+    if job is None:
         raise invalid_field(
-            ("body", "init_from", "job"),
+            where,
             f"no job {ref.job[:100]!r} of yours to start from; init_from.job takes the id of one "
-            "of your jobs (GET /v1/jobs lists them)",
+            "of your jobs, or a unique prefix of it (GET /v1/jobs lists them)",
             ref.job,
         )
+    ref.job = job.id  # the worker loads by the full id
 
 
 def check_fleet(session: Session, spec: JobSpec, settings: Settings, fleet: FleetView) -> None:
@@ -227,10 +238,16 @@ def list_jobs(
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
+    tag: Annotated[list[Tag] | None, Query(max_length=MAX_TAGS,
+                                           description="Only jobs with this tag (repeat: all of them)")] = None,
+    q: Annotated[str | None, Query(min_length=1, max_length=200,
+                                   description="Only jobs whose name, notes or a tag contain it")] = None,
 ) -> JobPage:
-    """Your jobs (all jobs for an admin), newest first, one page at a time."""
+    """Your jobs (all jobs for an admin), newest first, one page at a time; `tag` and `q`
+    narrow the list."""
     try:
-        rows, next_cursor = store_jobs.list_jobs(session, owner, status_, limit, cursor)
+        rows, next_cursor = store_jobs.list_jobs(session, owner, status_, limit, cursor,
+                                                 tags=tag, text=q)
     except InvalidCursor as exc:
         raise invalid_field(("query", "cursor"), str(exc), cursor) from exc
     names = owner_names(session, owner, rows)
@@ -243,6 +260,15 @@ def list_jobs(
 def read_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobPublic:
     """One job: status, progress, latest metrics, error."""
     job = job_or_404(session, job_id, owner)
+    return job_public(session, owner, job)
+
+
+@router.patch("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
+def edit_job(*, session: SessionDep, owner: CurrentOwner, job_id: str, body: JobEdit) -> JobPublic:
+    """Rename a job, set its tags or its notes (any job state; the spec is not changed)."""
+    job = job_or_404(session, job_id, owner)
+    store_jobs.edit_job(session, job, name=body.name, tags=body.tags, notes=body.notes)
+    session.commit()
     return job_public(session, owner, job)
 
 
@@ -285,6 +311,7 @@ def resume_job(
     `from_step`, or `from_scratch`; with `timeout`, under a new timeout (the run time counts
     from 0 again on every resume)."""
     job = job_or_404(session, job_id, owner)
+    job_id = job.id  # the path may hold a prefix of it
     body = body or ResumeRequest(from_step=None, from_scratch=False, timeout=None)
     if body.from_step is not None:
         steps = [c.step for c in list_checkpoints(session, job_id)]
@@ -325,6 +352,7 @@ def delete_job(*, session: SessionDep, owner: CurrentOwner, store: ArtifactsDep,
                job_id: str) -> Response:
     """Delete a finished job: its checkpoints (objects and rows), metrics and events."""
     job = job_or_404(session, job_id, owner)
+    job_id = job.id  # the path may hold a prefix of it
     if not store_jobs.is_finished(job):
         raise HTTPException(
             status.HTTP_409_CONFLICT,

@@ -63,7 +63,7 @@ def read_metrics(
     ] = None,
 ) -> Response:
     """Metric points ordered by (name, step); `max_points` keeps each curve's min/max shape."""
-    job_or_404(session, job_id, owner)
+    job_id = job_or_404(session, job_id, owner).id  # the path may hold a prefix of it
     if max_points is not None:
         if cursor is not None:
             raise invalid_field(

@@ -216,7 +216,8 @@ def test_a_failed_job_shows_its_error_and_resume_clears_it(
 
     assert failed["status"] == "failed" and failed["finished_at"] is not None
     assert failed["error"] == {
-        "type": "DatasetUnavailable", "message": "no data under /data/cifar10", "reason": None
+        "type": "DatasetUnavailable", "message": "no data under /data/cifar10", "reason": None,
+        "nonfinite": None,
     }
     assert resumed.status_code == 202
     assert resumed.json()["status"] == "queued" and resumed.json()["error"] is None

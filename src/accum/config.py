@@ -1,4 +1,5 @@
-"""Where the CLI finds the server: ACCUM_URL / ACCUM_TOKEN, else ACCUM_HOME/local.json.
+"""Where the client and the CLI find the server: ACCUM_URL / ACCUM_TOKEN, else
+ACCUM_HOME/local.json (`AccumClient()` with no arguments, and every `accum` command).
 
 `accum up` writes local.json (mode 0600) with the URL it serves on and the local token, so a
 second terminal needs no configuration. Each value is resolved on its own: ACCUM_URL alone

@@ -1,0 +1,63 @@
+"""Job specs from YAML or JSON: the one reader the CLI and the client share.
+
+PyYAML follows YAML 1.1, where a float needs a dot: `lr: 3e-4` and `steps: 1e5` come back as
+strings and the API refuses them ("Input should be a valid number"). People write numbers the
+way YAML 1.2 (and the dashboard's js-yaml) reads them, so this loader does too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+# YAML 1.2 core schema floats: `3e-4`, `1e5`, `.5`, `1.`, `-2.5E+3` (an exponent needs no dot).
+_FLOAT_1_2 = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$")
+
+
+class SpecLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that also reads YAML 1.2's float forms as floats."""
+
+
+# Integers keep their resolver (added first, checked first): `8` stays an int.
+SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2, list("-+.0123456789"))
+
+
+class SpecFileError(ValueError):
+    """A spec file that cannot be read or parsed; the message names the file and the fix."""
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text as Python values, every number written in it a number."""
+    return yaml.load(text, Loader=SpecLoader)  # noqa: S506 - SpecLoader is a SafeLoader
+
+
+def parse_spec_text(text: str, source: str, suffix: str = ".yaml") -> dict[str, Any]:
+    """A spec mapping from JSON (`suffix` ".json") or YAML text; `source` names it in errors."""
+    try:
+        spec = json.loads(text) if suffix == ".json" else parse_yaml(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise SpecFileError(f"spec file {source} is not valid {suffix[1:].upper()}: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise SpecFileError(
+            f"spec file {source} must hold a mapping of fields, not {type(spec).__name__}"
+        )
+    return spec
+
+
+def read_spec(path: str | Path) -> dict[str, Any]:
+    """A job spec from a .yaml, .yml or .json file."""
+    file = Path(path)
+    suffix = file.suffix.lower()
+    if suffix not in SPEC_SUFFIXES:
+        raise SpecFileError(f"spec file {path} must end in .yaml, .yml or .json")
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise SpecFileError(f"cannot read spec file {path}: {exc.strerror}") from exc
+    return parse_spec_text(text, str(path), suffix)

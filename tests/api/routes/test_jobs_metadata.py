@@ -1,0 +1,73 @@
+"""A job's own metadata: `PATCH /v1/jobs/{id}` renames it and sets its tags and notes (the
+spec stays); `GET /v1/jobs?tag=...&q=...` narrows the list; bad tags are 422s at their path;
+another owner's job is a 404."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from ..helpers import field_error
+
+
+def submit(client: TestClient, headers: dict[str, str], spec: dict[str, Any], name: str) -> str:
+    return str(client.post("/v1/jobs", json={**spec, "name": name}, headers=headers).json()["id"])
+
+
+def listed(client: TestClient, headers: dict[str, str], **params: Any) -> list[str]:
+    response = client.get("/v1/jobs", params={"limit": 100, **params}, headers=headers)
+    assert response.status_code == 200, response.text
+    return [j["name"] for j in response.json()["items"]]
+
+
+def test_patch_renames_tags_and_notes_a_job_and_keeps_its_spec(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any]
+) -> None:
+    job_id = submit(client, alice, spec, "first-try")
+    edited = client.patch(f"/v1/jobs/{job_id[:12]}", headers=alice,
+                          json={"name": "baseline", "tags": ["sweep", "lr:3e-4", "sweep"], "notes": "the reference"})
+    assert edited.status_code == 200, edited.text
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert (job["name"], job["tags"], job["notes"]) == ("baseline", ["lr:3e-4", "sweep"], "the reference")
+    assert job["spec"]["name"] == "first-try" and job["spec"] == edited.json()["spec"]
+    # What is left out is kept; [] and "" clear.
+    client.patch(f"/v1/jobs/{job_id}", headers=alice, json={"notes": ""})
+    job = client.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert (job["name"], job["tags"], job["notes"]) == ("baseline", ["lr:3e-4", "sweep"], None)
+    client.patch(f"/v1/jobs/{job_id}", headers=alice, json={"tags": []})
+    assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["tags"] == []
+
+
+def test_the_list_filters_by_every_tag_and_searches_name_notes_and_tags(
+    client: TestClient, alice: dict[str, str], bob: dict[str, str], spec: dict[str, Any]
+) -> None:
+    a, b, c = (submit(client, alice, spec, n) for n in ("resnet-a", "resnet-b", "vit-c"))
+    client.patch(f"/v1/jobs/{a}", headers=alice, json={"tags": ["sweep", "gpu"]})
+    client.patch(f"/v1/jobs/{b}", headers=alice, json={"tags": ["sweep"], "notes": "Diverged at 1e-2"})
+    client.patch(f"/v1/jobs/{c}", headers=alice, json={"tags": ["sweeping"]})
+    theirs = submit(client, bob, spec, "resnet-bob")
+    client.patch(f"/v1/jobs/{theirs}", headers=bob, json={"tags": ["sweep"]})
+
+    assert listed(client, alice, tag="sweep") == ["resnet-b", "resnet-a"]  # not "sweeping", not bob's
+    assert listed(client, alice, tag=["sweep", "gpu"]) == ["resnet-a"]
+    assert listed(client, alice, q="DIVERGED") == ["resnet-b"]  # notes, any case
+    assert listed(client, alice, q="resnet") == ["resnet-b", "resnet-a"]
+    assert listed(client, alice, q="sweepi") == ["vit-c"]  # a tag
+    assert listed(client, alice, q="50%") == []  # % is a character here, not a wildcard
+
+
+def test_bad_edits_are_422_at_their_field_and_others_jobs_404(
+    client: TestClient, alice: dict[str, str], bob: dict[str, str], spec: dict[str, Any]
+) -> None:
+    job_id = submit(client, alice, spec, "mine")
+    bad_tag = client.patch(f"/v1/jobs/{job_id}", headers=alice, json={"tags": ["a,b"]})
+    assert "pattern" in field_error(bad_tag, "body.tags.0")["msg"]
+    too_many = client.patch(f"/v1/jobs/{job_id}", headers=alice, json={"tags": [f"t{i}" for i in range(21)]})
+    assert "at most 20" in field_error(too_many, "body.tags")["msg"]
+    typo = client.patch(f"/v1/jobs/{job_id}", headers=alice, json={"note": "x"})
+    assert field_error(typo, "body.note")["msg"] == "unknown field 'note'; did you mean notes?"
+    assert client.patch(f"/v1/jobs/{job_id}", headers=bob, json={"name": "theirs"}).status_code == 404
+    assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["name"] == "mine"
+    assert "at most 20" in field_error(
+        client.get("/v1/jobs", params={"tag": [f"t{i}" for i in range(21)]}, headers=alice), "query.tag")["msg"]
