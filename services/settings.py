@@ -216,10 +216,6 @@ class Settings(BaseSettings):
         assert self.artifacts_dir is not None
         return self.artifacts_dir
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
-
 
 def trusted_proxies(spec: str) -> tuple[Network, ...]:
     """`"10.0.0.5, 10.1.0.0/16"` -> networks; `"*"` trusts every peer. ValueError on a typo."""
