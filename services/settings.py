@@ -217,6 +217,13 @@ class Settings(BaseSettings):
         return self.artifacts_dir
 
 
+def trusted_hosts(spec: str) -> list[str]:
+    """``trusted_proxies`` as uvicorn's ``ProxyHeadersMiddleware`` takes them, networks in
+    canonical form: it would take "10.1.2.3/16" (host bits set), like a typo, as a name that
+    never matches, and trust nothing for it without a word."""
+    return [str(network) for network in trusted_proxies(spec)]
+
+
 def trusted_proxies(spec: str) -> tuple[Network, ...]:
     """`"10.0.0.5, 10.1.0.0/16"` -> networks; `"*"` trusts every peer. ValueError on a typo."""
     networks = []
