@@ -233,9 +233,12 @@ class Settings(BaseSettings):
         assert self.artifacts_dir is not None
         return self.artifacts_dir
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
+
+def trusted_hosts(spec: str) -> list[str]:
+    """``trusted_proxies`` as uvicorn's ``ProxyHeadersMiddleware`` takes them, networks in
+    canonical form: it would take "10.1.2.3/16" (host bits set), like a typo, as a name that
+    never matches, and trust nothing for it without a word."""
+    return [str(network) for network in trusted_proxies(spec)]
 
 
 def trusted_proxies(spec: str) -> tuple[Network, ...]:

@@ -17,10 +17,10 @@ from typing import Any
 import anyio
 import anyio.to_thread
 from fastapi import FastAPI
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from services.api.auth_failures import AuthFailureLimiter, shared_failure_log
 from services.api.body_limit import BodySizeLimitMiddleware
-from services.api.client_address import trusted_proxies
 from services.api.errors import install_error_handlers
 from services.api.routes import (
     api_docs,
@@ -42,7 +42,7 @@ from services.artifacts import open_store
 from services.artifacts.probe import CachedProbe
 from services.dispatch.reaper import LeaseReaper
 from services.fleet import FleetView
-from services.settings import Settings, get_settings
+from services.settings import Settings, get_settings, trusted_hosts
 from services.store.db import make_engine, make_session_factory
 
 ROUTERS = (
@@ -117,7 +117,6 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.state.auth_failures = AuthFailureLimiter(
         limit, window_s, shared=shared_failure_log(app.state.session_factory, limit, window_s)
     )
-    app.state.trusted_proxies = trusted_proxies(settings.forwarded_allow_ips)
     app.state.stream_slots = StreamSlots(settings.max_streams_per_owner)
     app.state.artifacts = open_store(settings.artifacts_url)
     app.state.store_probe = CachedProbe(app.state.artifacts, settings.store_probe_ttl_s)
@@ -125,6 +124,12 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
     app.state.fleet = FleetView()  # the registry's offers for the submit checks, kept 2 s
 
     install_error_handlers(app)
+    # request.client is the client behind the proxies in ACCUM_FORWARDED_ALLOW_IPS (empty by
+    # default: the socket's peer): X-Forwarded-For is believed only from a trusted peer and read
+    # from the right, skipping trusted hops, so a client cannot pick its address by sending the
+    # header itself. uvicorn's own launch flag is off (services/cli/server.py): this is the one
+    # place that reads the header.
+    app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=trusted_hosts(settings.forwarded_allow_ips))
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     # Added last, so outermost: it times everything, 413s and error answers included.
     app.add_middleware(LatencyMiddleware, observe=telemetry.observe_request)

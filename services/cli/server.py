@@ -107,7 +107,7 @@ def cmd_api(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
         # uvicorn would believe X-Forwarded-For from 127.0.0.1 by default; the app reads it
-        # itself, from ACCUM_FORWARDED_ALLOW_IPS only (services/api/client_address.py).
+        # itself, from ACCUM_FORWARDED_ALLOW_IPS only (ProxyHeadersMiddleware in services/api/main.py).
         proxy_headers=False,
     )
     return 0

@@ -55,7 +55,6 @@ MAX_SEED = (1 << 63) - 1
 # 10,000 passes over the data is more than any job this service is for; the run's optimizer
 # steps are bounded by MAX_STEPS (fields.py) besides, at submit (services.spec.limits).
 MAX_EPOCHS = 10_000
-MAX_KEEP_CHECKPOINTS = 100
 # The hard ceiling of max_restarts and gpus; the service's own (ACCUM_MAX_RESTARTS,
 # ACCUM_MAX_GPUS) are lower and checked at submit (services.spec.limits).
 MAX_RESTARTS = 100

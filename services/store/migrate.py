@@ -1,4 +1,7 @@
-"""Apply Alembic migrations from code: ``accum db upgrade``, API start-up, tests.
+"""Apply Alembic migrations from code: ``accum db upgrade``, ``accum up``, tests.
+
+The API does not migrate at start-up:
+run ``accum db upgrade`` (``accum up`` does) before starting it.
 
     from services.store.migrate import upgrade
     upgrade(settings.database_url)            # to head; idempotent

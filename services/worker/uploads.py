@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
@@ -69,10 +68,6 @@ class CheckpointUploads:
     @property
     def staging_dir(self) -> Path:
         return self.cache.staging_dir(self.job_id)
-
-    def clear_staging(self) -> None:
-        """Drop files a predecessor on this node staged but never uploaded (no row lists them)."""
-        shutil.rmtree(self.staging_dir, ignore_errors=True)
 
     def submit(self, path: Path, step: int, sha256: str, size: int, record: Record) -> None:
         """Upload ``path`` as step ``step`` in the background, then ``record`` it. ``sha256``

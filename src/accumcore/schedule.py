@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,10 +44,6 @@ class AccumulationSchedule:
     @property
     def max_steps(self) -> int:
         return max(self.schedule.values())
-
-    def optimizer_steps(self, batches_per_epoch: int, epochs: int) -> int:
-        """Optimizer steps for ``epochs`` epochs: ceil(batches / N) per epoch (short last window)."""
-        return sum(math.ceil(batches_per_epoch / self.at(e)) for e in range(epochs))
 
     def state_dict(self) -> dict[str, Any]:
         return {"schedule": dict(self.schedule)}

@@ -9,13 +9,14 @@ from typing import Annotated, Any
 import pytest
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from services.api.auth import CurrentOwner, get_current_owner
+from services.api.auth import MAX_ADDRESS_LENGTH, CurrentOwner, get_current_owner
 from services.api.main import create_app
 from services.settings import Settings
+from services.store.models import AuthFailure
 
 from .helpers import PROBLEM_JSON, jobs_stored
 
@@ -214,3 +215,24 @@ def test_api_processes_share_the_bad_token_limit(
         ]
 
     assert answers == [401] * (limit + 1) + [429] * (limit - 1)
+
+
+def test_a_forwarded_address_is_counted_cut_to_its_cap(
+    api_settings: Settings, session_factory: sessionmaker[Session]
+) -> None:
+    """With every hop trusted the counted address is the first X-Forwarded-For entry, which
+    the client writes: it is cut to MAX_ADDRESS_LENGTH, so a long one fits the shared log's
+    column (uncut, PostgreSQL refuses it and other API processes never see the failure)."""
+    settings = api_settings.model_copy(
+        update={"auth_failures_per_window": 1, "forwarded_allow_ips": "*"}
+    )
+    forged = {**WRONG, "X-Forwarded-For": "x" * 500 + ", 10.0.0.5"}
+    app = create_app(settings, run_reaper=False)
+    with TestClient(app, raise_server_exceptions=False, client=("10.0.0.6", 40000)) as proxy:
+        answers = [proxy.get("/v1/jobs", headers=forged).status_code for _ in range(3)]
+
+    assert answers == [401, 429, 429]
+    with session_factory() as session:
+        keys = set(session.scalars(select(AuthFailure.address)))
+    assert f"address:{'x' * MAX_ADDRESS_LENGTH}" in keys
+    assert not any(key.startswith("address:") and len(key) > 8 + MAX_ADDRESS_LENGTH for key in keys)
