@@ -6,7 +6,7 @@
 import { api, sleep } from "../api.js";
 import { chartControls, chartSettings } from "../chart_controls.js";
 import { COLORS, LineChart, Series, xContext } from "../charts.js";
-import { clear, el, errorBox } from "../dom.js";
+import { cardRow, clear, el, errorBox } from "../dom.js";
 import { ACTIVE, batchSize, effectiveBatch, exactnessBadge, formatNumber, grouped, statusBadge, uniqueLabel } from "../format.js";
 
 const METRICS = ["loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s"];
@@ -34,13 +34,14 @@ export async function render({ root, params, signal }) {
     const charts = metrics.map((m) => new LineChart(grid, { id: `compare-${m.replaceAll("_", "-")}`, title: m, sync: "compare" }));
     signal.addEventListener("abort", () => charts.forEach((c) => c.destroy()), { once: true });
     const table = el("tbody");
+    const columns = ["Colour", "Job", "Status", "Effective batch (m × N × GPUs)", "Steps", ...metrics.map((m) => `Last ${m}`)];
     const diff = el("div", { id: "compare-diff" });
     root.append(
       el("div", { class: "section-head" }, el("span", { class: "spacer" }), chartControls(settings, () => draw())),
       grid,
       el("h2", {}, "Jobs"),
-      el("div", { class: "table-wrap" }, el("table", { id: "compare-table" },
-        el("thead", {}, el("tr", {}, ["", "Job", "Status", "Effective batch (m × N × GPUs)", "Steps", ...metrics.map((m) => `Last ${m}`)].map((c) => el("th", {}, c)))),
+      el("div", { class: "table-wrap" }, el("table", { id: "compare-table", class: "responsive" },
+        el("thead", {}, el("tr", {}, ["", ...columns.slice(1)].map((c) => el("th", {}, c)))),
         table)),
       diff,
     );
@@ -64,16 +65,16 @@ export async function render({ root, params, signal }) {
       }
       fresh = await Promise.all(jobs.map((j) => api(`v1/jobs/${j.id}`, { signal })));
       draw();
-      clear(table, fresh.map((job, i) => el("tr", { dataset: { jobId: job.id } },
+      clear(table, fresh.map((job, i) => cardRow({ dataset: { jobId: job.id } }, columns, [
         el("td", {}, el("span", { class: "swatch", style: `background:${COLORS[i % COLORS.length]}` })),
         el("td", {}, el("a", { href: `#/jobs/${job.id}` }, uniqueLabel(job)), " ", exactnessBadge(job)),
         el("td", {}, statusBadge(job.status)),
         el("td", { class: "mono" }, effectiveBatch(job.spec, job.effective_batch_size)),
         el("td", { class: "num" }, grouped(job.progress.optimizer_step)),
-        metrics.map((m) => {
+        ...metrics.map((m) => {
           const last = series.get(`${job.id}/${m}`)?.last();
           return el("td", { class: "num" }, last ? formatNumber(last.value, last.label) : "–");
-        }))));
+        })])));
       clear(diff, diffTable(fresh));
       return fresh.some((job) => ACTIVE.has(job.status));
     };
@@ -117,11 +118,11 @@ function diffTable(jobs) {
   return [
     el("h2", {}, "What differs"),
     fields.length ? null : el("p", { class: "muted" }, "The specs are the same but for their names."),
-    el("div", { class: "table-wrap" }, el("table", { id: "compare-diff-table" },
+    el("div", { class: "table-wrap" }, el("table", { id: "compare-diff-table", class: "responsive" },
       el("thead", {}, el("tr", {}, el("th", {}, "Field"), jobs.map((j, i) => el("th", {},
         el("span", { class: "swatch", style: `background:${COLORS[i % COLORS.length]}` }), " ", uniqueLabel(j))))),
-      el("tbody", {}, rows.map(([field, values], r) => el("tr", { dataset: { field }, class: r === 0 && same ? "same" : "" },
-        el("th", { scope: "row" }, field), values.map((v) => el("td", { class: "mono" }, show(v)))))))),
+      el("tbody", {}, rows.map(([field, values], r) => cardRow({ dataset: { field }, class: r === 0 && same ? "same" : "" },
+        [null, ...jobs.map(uniqueLabel)], [el("th", { scope: "row" }, field), ...values.map((v) => el("td", { class: "mono" }, show(v)))]))))),
   ];
 }
 

@@ -5,7 +5,7 @@
 import { api, downloadFile, sleep, streamJob } from "../api.js";
 import { chartControls, chartSettings } from "../chart_controls.js";
 import { LineChart, Series, xContext } from "../charts.js";
-import { clear, el, errorBox, richText } from "../dom.js";
+import { cardRow, clear, el, errorBox, richText } from "../dom.js";
 import {
   ACTIVE, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, exactnessOfEvent, formatBytes,
   formatNumber, grouped, hasMetric, isNonFinite, jobLabel, latestMetric, progressBar, runTime, statusBadge,
@@ -32,6 +32,8 @@ const EVENT_TONES = {
 // How an attempt ended, in the page's words (the API's `outcome`).
 const OUTCOMES = { handed_back: "handed back (worker stopped)", lost: "worker lost" };
 const CHECKPOINTS_NAMED = 4;
+const ATTEMPT_COLUMNS = ["Attempt", "Worker", "Started", "Ended", "Outcome", "From step", "Steps"];
+const CHECKPOINT_COLUMNS = ["Step", "Epoch", "Size", "val_loss", "sha256", "File"];
 
 export async function render({ root, id, signal }) {
   let job;
@@ -99,15 +101,15 @@ class JobPage {
           chartControls(this.settings, () => this.draw())),
         chartGrid),
       el("section", {}, el("h2", {}, "Attempts"),
-        el("div", { class: "table-wrap" }, el("table", { id: "attempts" },
-          el("thead", {}, el("tr", {}, ["#", "Worker", "Started", "Ended", "Outcome", "From step", "Steps"].map((c) => el("th", {}, c)))),
+        el("div", { class: "table-wrap" }, el("table", { id: "attempts", class: "responsive" },
+          el("thead", {}, el("tr", {}, ["#", ...ATTEMPT_COLUMNS.slice(1)].map((c) => el("th", {}, c)))),
           this.attemptRows))),
       el("div", { class: "columns" },
         el("section", {}, el("div", { class: "section-head" }, el("h2", {}, "Events"),
           el("label", { class: "inline small" }, "show ", this.kindSelect)), this.timeline),
         el("section", {}, el("h2", {}, "Checkpoints"),
-          el("div", { class: "table-wrap" }, el("table", { id: "checkpoints" },
-            el("thead", {}, el("tr", {}, ["Step", "Epoch", "Size", "val_loss", "sha256", ""].map((c) => el("th", {}, c)))),
+          el("div", { class: "table-wrap" }, el("table", { id: "checkpoints", class: "responsive" },
+            el("thead", {}, el("tr", {}, CHECKPOINT_COLUMNS.map((c, i) => el("th", {}, i === CHECKPOINT_COLUMNS.length - 1 ? "" : c)))),
             this.checkpoints)))),
       el("details", { class: "spec-box" }, el("summary", {}, "Spec (normalised)"), this.spec),
     );
@@ -304,14 +306,14 @@ class JobPage {
 
   renderAttempts() {
     const attempts = this.attempts();
-    clear(this.attemptRows, attempts.length ? attempts.map((a) => el("tr", { dataset: { attempt: String(a.attempt) } },
+    clear(this.attemptRows, attempts.length ? attempts.map((a) => cardRow({ dataset: { attempt: String(a.attempt) } }, ATTEMPT_COLUMNS, [
       el("td", { class: "num" }, String(a.attempt)),
       el("td", { class: "mono small" }, a.worker),
       el("td", {}, dateTime(a.started)),
       el("td", {}, dateTime(a.ended)),
       el("td", {}, a.outcome),
       el("td", { class: "num" }, a.fromStep ? grouped(a.fromStep) : "start"),
-      el("td", { class: "num" }, a.steps == null ? "–" : grouped(a.steps))))
+      el("td", { class: "num" }, a.steps == null ? "–" : grouped(a.steps))]))
       : el("tr", {}, el("td", { colspan: 7, class: "muted empty" }, "Not started yet")));
   }
 
@@ -387,12 +389,12 @@ class JobPage {
       event.preventDefault(); // the file needs the token: fetch it, then save the blob
       downloadFile(download.getAttribute("href"), filename).catch((error) => clear(this.problem, errorBox(error)));
     });
-    return el("tr", { dataset: { step: String(c.step) } },
+    return cardRow({ dataset: { step: String(c.step) } }, CHECKPOINT_COLUMNS, [
       el("td", { class: "num" }, grouped(c.step), c.is_best ? el("span", { class: "best", title: "best val_loss" }, " ★") : null),
       el("td", { class: "num" }, epochNumber(c.epoch)),
       el("td", { class: "num" }, formatBytes(c.size_bytes)),
       el("td", { class: "num" }, formatNumber(c.metrics.val_loss)),
       el("td", { class: "mono small", title: c.sha256 }, c.sha256.slice(0, 12)),
-      el("td", {}, download));
+      el("td", {}, download)]);
   }
 }
