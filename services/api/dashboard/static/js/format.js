@@ -63,6 +63,24 @@ export function formatNumber(value, nonfinite) {
   return Number(value.toPrecision(4)).toString();
 }
 
+// Labels for numbers that must read apart (axis ticks, values compared side by side): printed
+// by `print(value, digits)` with the fewest digits, from `from` up, at which no two different
+// numbers share a label (0 and 0.0001 never both read "0").
+export function distinctLabels(values, print, from = 0) {
+  for (let digits = from; digits <= 17; digits += 1) {
+    const labels = values.map((v) => print(v, digits));
+    const seen = new Map();
+    const clash = labels.some((label, i) => seen.has(label) && seen.get(label) !== values[i] ? true : (seen.set(label, values[i]), false));
+    if (!clash) return labels;
+  }
+  return values.map(String);
+}
+
+// `digits` significant digits, the shortest way JavaScript writes the result (0.0001, 1e-7).
+export function significant(value, digits) {
+  return String(Number(value.toPrecision(Math.max(digits, 1))));
+}
+
 // The latest value of a job's metric, NaN and infinities included.
 export function latestMetric(job, name) {
   return formatNumber(job.latest_metrics?.[name], job.nonfinite_metrics?.[name]);

@@ -7,7 +7,9 @@ import { api, sleep } from "../api.js";
 import { chartControls, chartSettings } from "../chart_controls.js";
 import { COLORS, LineChart, Series, xContext } from "../charts.js";
 import { cardRow, clear, el, errorBox } from "../dom.js";
-import { ACTIVE, batchSize, effectiveBatch, exactnessBadge, formatNumber, grouped, statusBadge, uniqueLabel } from "../format.js";
+import {
+  ACTIVE, batchSize, distinctLabels, effectiveBatch, exactnessBadge, grouped, significant, statusBadge, uniqueLabel,
+} from "../format.js";
 
 const METRICS = ["loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s"];
 const MAX_POINTS = 1000;
@@ -65,16 +67,18 @@ export async function render({ root, params, signal }) {
       }
       fresh = await Promise.all(jobs.map((j) => api(`v1/jobs/${j.id}`, { signal })));
       draw();
+      // Each metric's last values, in as many digits as it takes to tell the jobs apart.
+      const lasts = new Map(metrics.map((m) => [m, distinctLabels(fresh.map((job) => {
+        const last = series.get(`${job.id}/${m}`)?.last();
+        return last ? last.label ?? last.value : null;
+      }), metricText, 4)]));
       clear(table, fresh.map((job, i) => cardRow({ dataset: { jobId: job.id } }, columns, [
         el("td", {}, el("span", { class: "swatch", style: `background:${COLORS[i % COLORS.length]}` })),
         el("td", {}, el("a", { href: `#/jobs/${job.id}` }, uniqueLabel(job)), " ", exactnessBadge(job)),
         el("td", {}, statusBadge(job.status)),
         el("td", { class: "mono" }, effectiveBatch(job.spec, job.effective_batch_size)),
         el("td", { class: "num" }, grouped(job.progress.optimizer_step)),
-        ...metrics.map((m) => {
-          const last = series.get(`${job.id}/${m}`)?.last();
-          return el("td", { class: "num" }, last ? formatNumber(last.value, last.label) : "–");
-        })])));
+        ...metrics.map((m) => el("td", { class: "num" }, lasts.get(m)[i]))])));
       clear(diff, diffTable(fresh));
       return fresh.some((job) => ACTIVE.has(job.status));
     };
@@ -101,10 +105,24 @@ function flatten(value, prefix = "", out = {}) {
   return out;
 }
 
-function show(value) {
-  if (value === undefined) return "–";
-  if (typeof value === "number") return grouped(value);
-  return typeof value === "string" ? value : JSON.stringify(value);
+// A metric's value with `digits` significant digits; NaN and inf by their label, "–" if none.
+function metricText(value, digits) {
+  if (value === null || value === undefined) return "–";
+  if (typeof value === "string") return value;
+  const abs = Math.abs(value);
+  return abs !== 0 && (abs < 1e-3 || abs >= 1e6) ? value.toExponential(digits - 1) : significant(value, digits);
+}
+
+// A row of spec values, numbers in as many digits as it takes for different values to read
+// differently (weight_decay 0 against 0.0001, not "0" and "0").
+function showRow(values) {
+  const numbers = distinctLabels(values.map((v) => (typeof v === "number" ? v : null)),
+    (v, digits) => (v === null ? "" : Number.isInteger(v) ? grouped(v) : significant(v, digits)), 4);
+  return values.map((v, i) => {
+    if (v === undefined || v === null) return "–";
+    if (typeof v === "number") return numbers[i];
+    return typeof v === "string" ? v : JSON.stringify(v);
+  });
 }
 
 // The spec fields whose values differ between the jobs, one row each; the effective batch
@@ -122,7 +140,7 @@ function diffTable(jobs) {
       el("thead", {}, el("tr", {}, el("th", {}, "Field"), jobs.map((j, i) => el("th", {},
         el("span", { class: "swatch", style: `background:${COLORS[i % COLORS.length]}` }), " ", uniqueLabel(j))))),
       el("tbody", {}, rows.map(([field, values], r) => cardRow({ dataset: { field }, class: r === 0 && same ? "same" : "" },
-        [null, ...jobs.map(uniqueLabel)], [el("th", { scope: "row" }, field), ...values.map((v) => el("td", { class: "mono" }, show(v)))]))))),
+        [null, ...jobs.map(uniqueLabel)], [el("th", { scope: "row" }, field), ...showRow(values).map((text) => el("td", { class: "mono" }, text))]))))),
   ];
 }
 
