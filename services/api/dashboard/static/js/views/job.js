@@ -7,8 +7,9 @@ import { chartControls, chartSettings } from "../chart_controls.js";
 import { LineChart, Series, xContext } from "../charts.js";
 import { cardRow, clear, el, errorBox, richText } from "../dom.js";
 import {
-  ACTIVE, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, exactnessOfEvent, formatBytes,
-  formatNumber, grouped, hasMetric, isNonFinite, jobLabel, latestMetric, progressBar, runTime, statusBadge,
+  ACTIVE, EXACTNESS_CAVEATS, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, exactnessOfEvent,
+  formatBytes, formatNumber, grouped, hasMetric, isNonFinite, jobLabel, latestMetric, nonFiniteStop, progressBar, runTime,
+  statusBadge,
 } from "../format.js";
 
 // Points per metric fetched as history; a live curve longer than COMPACT_AT is fetched again,
@@ -69,6 +70,7 @@ class JobPage {
     this.compacting = new Set();
     this.settings = chartSettings();
     this.kindFilter = "";
+    this.caveat = null; // {text, message} of a warning that limits the exactness check
 
     this.title = el("h1", {});
     this.badge = el("span");
@@ -125,7 +127,9 @@ class JobPage {
     job = this.job;
     this.title.textContent = jobLabel(job);
     clear(this.badge, statusBadge(job.status));
-    clear(this.exactness, exactnessBadge(job));
+    clear(this.exactness, exactnessBadge(job, this.caveat));
+    const stop = nonFiniteStop(job);
+    if (stop) this.markStop(stop);
     this.cancelButton.hidden = !["queued", "running"].includes(job.status);
     this.resumeButton.hidden = !["failed", "cancelled"].includes(job.status);
     const spec = job.spec;
@@ -143,13 +147,14 @@ class JobPage {
       ["Model / dataset", `${spec.model.name} on ${spec.dataset.name}`],
       ["Optimizer", optimizer],
       ["Loss", el("span", { id: "latest-loss", class: isNonFinite(job, "loss") ? "nonfinite" : "" }, latestMetric(job, "loss"))],
+      stop && ["Stopped by", el("span", { id: "stopped-by", class: "nonfinite" }, `${stop.metric} ${stop.label} at step ${grouped(stop.step)}`)],
       ["Validation", validation.length ? validation.map((n) => `${n.replace("val_", "")} ${latestMetric(job, n)}`).join(", ") : "–"],
       ["Queue", queue],
       ["Owner", job.owner ?? "–"],
       ["Created", dateTime(job.created_at)],
       [FINISHED.has(job.status) ? "Took" : "Running for", took === null ? "–" : duration(took)],
     ];
-    clear(this.summary, rows.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
+    clear(this.summary, rows.filter(Boolean).map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
     this.showError();
     this.spec.textContent = JSON.stringify(spec, null, 2);
     this.renderAttempts();
@@ -223,7 +228,7 @@ class JobPage {
       this.addEvent(data);
       if (data.kind === "exactness_check" && this.job) {
         this.job.exactness = exactnessOfEvent(data);
-        clear(this.exactness, exactnessBadge(this.job));
+        clear(this.exactness, exactnessBadge(this.job, this.caveat));
       }
     } else if (event === "end") {
       this.streamState.textContent = "";
@@ -317,8 +322,20 @@ class JobPage {
       : el("tr", {}, el("td", { colspan: 7, class: "muted empty" }, "Not started yet")));
   }
 
+  // The point the run stopped at, on its metric's chart (with the NaN / inf marker), where no
+  // point was logged for that step.
+  markStop({ step, metric, label }) {
+    const series = this.series.get(metric);
+    if (series?.steps.includes(step)) return;
+    this.addPoint({ name: metric, step, value: null, nonfinite: label, ts: this.job.finished_at, epoch: this.job.progress?.epoch });
+  }
+
   addEvent(event) {
     if (this.eventIds.has(event.id)) return;
+    if (EXACTNESS_CAVEATS[event.kind] && !this.caveat) {
+      this.caveat = { text: EXACTNESS_CAVEATS[event.kind], message: event.message };
+      clear(this.exactness, exactnessBadge(this.job, this.caveat));
+    }
     this.eventIds.add(event.id);
     this.lastEventId = Math.max(this.lastEventId ?? 0, event.id);
     this.events.push(event);
@@ -374,8 +391,9 @@ class JobPage {
   async loadCheckpoints() {
     try {
       const { items } = await api(`v1/jobs/${this.id}/checkpoints`, { signal: this.signal });
+      const none = FINISHED.has(this.job.status) ? "None: this job saved no checkpoint" : "None yet";
       clear(this.checkpoints, items.length ? items.map((c) => this.checkpointRow(c))
-        : el("tr", {}, el("td", { colspan: 6, class: "muted empty" }, "None yet")));
+        : el("tr", {}, el("td", { colspan: 6, class: "muted empty" }, none)));
     } catch (error) {
       if (!this.signal.aborted) clear(this.problem, errorBox(error));
     }
