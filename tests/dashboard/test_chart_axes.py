@@ -78,3 +78,19 @@ def test_y_ticks_are_short_and_distinct_for_large_and_close_values(logged_in: An
     expect(page.locator("#chart-loss")).to_have_attribute("data-y-ticks", re.compile(r"1\.0000"))
     ticks = y_ticks(page, "#chart-loss")
     assert len(set(ticks)) == len(ticks) > 2, ticks  # 1.00001, 1.00002, ..., not 1, 1, 1
+
+
+def test_every_logged_metric_gets_a_chart(logged_in: Any, deployment: Deployment) -> None:
+    """items_per_s and step_time_s (logged by every run), a GPU worker's system metric, and one
+    that arrives live: each drawn like the fixed five, on the page's one cursor."""
+    page = logged_in
+    run = deployment.run("every-metric")
+    for name in ("loss", "items_per_s", "step_time_s", "gpu_utilization"):
+        run.metrics(name, {s: float(s) for s in range(1, 11)})
+    page.goto(f"/#/jobs/{run.id}")
+    for chart in ("#chart-items-per-s", "#chart-step-time-s", "#chart-gpu-utilization"):
+        expect(page.locator(chart)).to_have_attribute("data-points", "10")
+    run.metrics("gpu_memory_bytes", {s: 2.0e9 + s for s in range(1, 11)})  # over the live stream
+    expect(page.locator("#chart-gpu-memory-bytes")).to_have_attribute("data-points", "10", timeout=15_000)
+    hover_step(page, "#chart-loss", 5)
+    assert legend(page, "#chart-step-time-s")[:2] == ["5", "5"]

@@ -11,7 +11,7 @@ import {
   ACTIVE, batchSize, distinctLabels, effectiveBatch, exactnessBadge, grouped, significant, statusBadge, uniqueLabel,
 } from "../format.js";
 
-const METRICS = ["loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s"];
+const METRICS = ["loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s", "items_per_s", "step_time_s"];
 const MAX_POINTS = 1000;
 const REFRESH_MS = 5000;
 // Spec fields with short names people know them by; any other differing field shows its path.

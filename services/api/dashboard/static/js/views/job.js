@@ -24,6 +24,9 @@ const PANELS = [
   { id: "chart-grad-norm", title: "Gradient norm", metrics: ["grad_norm"] },
   { id: "chart-samples", title: "Samples/s", metrics: ["samples_per_s"] },
 ];
+// Any other metric the run logs (items_per_s, step_time_s, a GPU worker's system metrics, ...)
+// gets a chart of its own, after these, the first time a point of it arrives.
+const DRAWN = new Set(PANELS.flatMap((p) => p.metrics));
 const EVENT_TONES = {
   succeeded: "good", started: "info", resumed: "info", checkpoint: "muted", created: "muted",
   failed: "bad", traceback: "bad", process_died: "bad", oom_backoff: "warn", requeued: "warn", lease_expired: "warn",
@@ -80,9 +83,8 @@ class JobPage {
     this.problem = el("div", { id: "problem" });
     this.summary = el("dl", { class: "summary" });
     this.streamState = el("span", { class: "muted small", id: "stream-state" });
-    const chartGrid = el("div", { class: "charts" });
-    const sync = `job-${job.id}`;
-    this.panels = PANELS.map((panel) => ({ ...panel, chart: new LineChart(chartGrid, { title: panel.title, id: panel.id, sync }) }));
+    this.chartGrid = el("div", { class: "charts" });
+    this.panels = PANELS.map((panel) => this.panel(panel));
     this.attemptRows = el("tbody");
     this.kindSelect = el("select", { id: "event-kind", "aria-label": "show events of kind" });
     this.kindSelect.addEventListener("change", () => { this.kindFilter = this.kindSelect.value; this.renderEvents(); });
@@ -101,7 +103,7 @@ class JobPage {
       el("section", {},
         el("div", { class: "section-head" }, el("h2", {}, "Training curves ", this.streamState),
           chartControls(this.settings, () => this.draw())),
-        chartGrid),
+        this.chartGrid),
       el("section", {}, el("h2", {}, "Attempts"),
         el("div", { class: "table-wrap" }, el("table", { id: "attempts", class: "responsive" },
           el("thead", {}, el("tr", {}, ["#", ...ATTEMPT_COLUMNS.slice(1)].map((c) => el("th", {}, c)))),
@@ -118,6 +120,10 @@ class JobPage {
     signal.addEventListener("abort", () => this.panels.forEach((p) => p.chart.destroy()), { once: true });
     this.show(job);
     this.loadCheckpoints();
+  }
+
+  panel(panel) {
+    return { ...panel, chart: new LineChart(this.chartGrid, { title: panel.title, id: panel.id, sync: `job-${this.id}` }) };
   }
 
   show(job) {
@@ -250,7 +256,12 @@ class JobPage {
 
   addPoint(point, schedule = true) {
     let series = this.series.get(point.name);
-    if (!series) this.series.set(point.name, (series = new Series()));
+    if (!series) {
+      this.series.set(point.name, (series = new Series()));
+      if (!DRAWN.has(point.name)) {
+        this.panels.push(this.panel({ id: `chart-${point.name.replace(/[^a-z0-9]+/gi, "-")}`, title: point.name, metrics: [point.name] }));
+      }
+    }
     series.add(point);
     if (series.length > COMPACT_AT && !this.compacting.has(point.name)) this.compact(point.name);
     if (schedule && !this.drawPending) {
