@@ -2,10 +2,11 @@
 // its attempts, the events timeline (filterable, checkpoints folded), checkpoints with
 // downloads, Cancel (confirmed) / Resume / Clone, and the spec.
 
-import { api, downloadFile, sleep, streamJob } from "../api.js";
+import { api, downloadFile, saveBlob, sleep, streamJob } from "../api.js";
 import { chartControls, chartSettings } from "../chart_controls.js";
 import { LineChart, Series, xContext } from "../charts.js";
 import { cardRow, clear, el, errorBox, richText } from "../dom.js";
+import { metricsCsv } from "../metrics_csv.js";
 import {
   ACTIVE, EXACTNESS_CAVEATS, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, exactnessOfEvent,
   formatBytes, formatNumber, grouped, hasMetric, isNonFinite, jobLabel, latestMetric, nonFiniteStop, progressBar, runTime,
@@ -80,6 +81,8 @@ class JobPage {
     this.exactness = el("span");
     this.cancelButton = el("button", { type: "button", id: "cancel", class: "danger", onclick: () => this.cancel() }, "Cancel");
     this.resumeButton = el("button", { type: "button", id: "resume", onclick: () => this.act("resume") }, "Resume");
+    this.deleteButton = el("button", { type: "button", id: "delete", class: "danger", onclick: () => this.remove() }, "Delete");
+    this.csvButton = el("button", { type: "button", id: "export-csv", title: "every logged point, not downsampled", onclick: () => this.exportCsv() }, "CSV");
     this.problem = el("div", { id: "problem" });
     this.summary = el("dl", { class: "summary" });
     this.streamState = el("span", { class: "muted small", id: "stream-state" });
@@ -97,7 +100,7 @@ class JobPage {
       el("div", { class: "toolbar" }, this.title, this.badge, this.exactness, el("span", { class: "spacer" }),
         el("a", { href: `#/compare?ids=${job.id}`, class: "button" }, "Compare…"),
         el("a", { href: `#/submit?from=${job.id}`, class: "button", id: "clone" }, "Clone"),
-        this.cancelButton, this.resumeButton),
+        this.csvButton, this.cancelButton, this.resumeButton, this.deleteButton),
       this.problem,
       this.summary,
       el("section", {},
@@ -138,6 +141,7 @@ class JobPage {
     if (stop) this.markStop(stop);
     this.cancelButton.hidden = !["queued", "running"].includes(job.status);
     this.resumeButton.hidden = !["failed", "cancelled"].includes(job.status);
+    this.deleteButton.hidden = !FINISHED.has(job.status); // the API deletes finished jobs only
     const spec = job.spec;
     const optimizer = `${spec.optimizer.name}, lr ${spec.optimizer.lr}`;
     const epochs = spec.epochs ? ` of ${spec.epochs}` : "";
@@ -184,6 +188,26 @@ class JobPage {
     const what = this.job.status === "running" ? "It stops at its next micro-batch." : "It will not run.";
     if (!window.confirm(`Cancel job ${jobLabel(this.job)}? ${what}`)) return;
     await this.act("cancel");
+  }
+
+  async remove() {
+    if (!window.confirm(`Delete job ${jobLabel(this.job)}? Its checkpoints, metrics and events go too; this cannot be undone.`)) return;
+    try {
+      await api(`v1/jobs/${this.id}`, { method: "DELETE", signal: this.signal });
+    } catch (error) {
+      if (!this.signal.aborted) clear(this.problem, errorBox(error));
+      return;
+    }
+    location.hash = "#/jobs";
+  }
+
+  async exportCsv() {
+    try {
+      const text = await metricsCsv(this.id, this.signal);
+      saveBlob(new Blob([text], { type: "text/csv" }), `${jobLabel(this.job)}-metrics.csv`);
+    } catch (error) {
+      if (!this.signal.aborted) clear(this.problem, errorBox(error));
+    }
   }
 
   async act(verb) {
