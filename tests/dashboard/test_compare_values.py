@@ -30,3 +30,28 @@ def test_different_values_never_print_the_same(logged_in: Any, deployment: Deplo
     assert table["lr"] == ["0.1", "0.10001"]
     expect(page.locator(f"#compare-table tr[data-job-id='{plain.id}'] td").last).to_have_text("0.12345")
     expect(page.locator(f"#compare-table tr[data-job-id='{decayed.id}'] td").last).to_have_text("0.12346")
+
+
+def test_parallel_coordinates_put_the_spec_fields_against_the_last_metric(
+    logged_in: Any, deployment: Deployment, shot: Any
+) -> None:
+    page = logged_in
+    runs = []
+    for m, lr, last in ((16, 0.1, 0.5), (32, 0.05, 0.25), (64, 0.2, 0.75)):
+        run = deployment.run(f"sweep-m{m}", micro_batch_size=m, accumulation_steps=2,
+                             optimizer={"name": "sgd", "lr": lr, "momentum": 0.9})
+        run.metrics("val_loss", {5: 1.0, 10: last})
+        run.finish("succeeded")
+        runs.append(run)
+    page.goto(f"/#/compare?ids={','.join(r.id for r in runs)}&metrics=val_loss,loss")
+
+    figure = page.locator("#parallel-coordinates")
+    expect(figure).to_be_visible()
+    axes = figure.get_attribute("data-axes").split("|")
+    assert sorted(axes) == sorted(["effective batch", "m", "lr", "last val_loss"]) and axes[-1] == "last val_loss"
+    for run, (m, lr, last) in zip(runs, ((16, 0.1, 0.5), (32, 0.05, 0.25), (64, 0.2, 0.75)), strict=True):
+        line = figure.locator(f"polyline[data-job-id='{run.id}']")
+        values = dict(zip(axes, line.get_attribute("data-values").split("|"), strict=True))
+        assert values == {"effective batch": str(2 * m), "m": str(m), "lr": str(lr), "last val_loss": str(last)}
+        assert len(line.get_attribute("points").split()) == 4
+    shot(page, "compare-parallel")

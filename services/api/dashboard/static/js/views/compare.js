@@ -7,6 +7,7 @@ import { api, sleep } from "../api.js";
 import { chartControls, chartSettings } from "../chart_controls.js";
 import { COLORS, LineChart, Series, xContext } from "../charts.js";
 import { cardRow, clear, el, errorBox } from "../dom.js";
+import { parallelCoordinates } from "../parallel.js";
 import {
   ACTIVE, batchSize, distinctLabels, effectiveBatch, exactnessBadge, grouped, significant, statusBadge, uniqueLabel,
 } from "../format.js";
@@ -79,7 +80,12 @@ export async function render({ root, params, signal }) {
         el("td", { class: "mono" }, effectiveBatch(job.spec, job.effective_batch_size)),
         el("td", { class: "num" }, grouped(job.progress.optimizer_step)),
         ...metrics.map((m) => el("td", { class: "num" }, lasts.get(m)[i]))])));
-      clear(diff, diffTable(fresh));
+      // A non-finite or missing last value has no place on the metric's axis.
+      const lastValue = (job, m) => {
+        const last = series.get(`${job.id}/${m}`)?.last();
+        return last && !last.label ? last.value : null;
+      };
+      clear(diff, diffTable(fresh), parallelView(fresh, metrics[0], lastValue));
       return fresh.some((job) => ACTIVE.has(job.status));
     };
     (async () => {
@@ -127,11 +133,29 @@ function showRow(values) {
 
 // The spec fields whose values differ between the jobs, one row each; the effective batch
 // first, since it is what the jobs are usually compared by.
-function diffTable(jobs) {
+// The spec fields whose values differ between the jobs: [[shown name, one value per job]].
+function differingFields(jobs) {
   const flat = jobs.map((j) => flatten(j.spec));
   const fields = [...new Set(flat.flatMap(Object.keys))].filter((f) => !IGNORED_FIELDS.has(f)
     && new Set(flat.map((s) => JSON.stringify(s[f]))).size > 1);
-  const rows = [["effective batch", jobs.map(batchSize)], ...fields.map((f) => [FIELD_NAMES[f] ?? f, flat.map((s) => s[f])])];
+  return fields.map((f) => [FIELD_NAMES[f] ?? f, flat.map((s) => s[f] ?? null)]);
+}
+
+// Parallel coordinates of the differing fields (and the effective batch, when it differs)
+// against each job's last value of `metric`; null with fewer than two jobs or nothing to spread.
+function parallelView(jobs, metric, lastValue) {
+  const batches = jobs.map(batchSize);
+  const fields = [...(new Set(batches).size > 1 ? [["effective batch", batches]] : []), ...differingFields(jobs)];
+  if (jobs.length < 2 || !fields.length) return null;
+  const finals = jobs.map((job) => lastValue(job, metric));
+  const axes = [...fields.map(([name, values]) => ({ name, values })), { name: `last ${metric}`, values: finals }];
+  const lines = jobs.map((job, i) => ({ id: job.id, color: COLORS[i % COLORS.length], label: uniqueLabel(job) }));
+  return [el("h2", {}, `Spec fields against the last ${metric}`), el("div", { class: "card parallel-box" }, parallelCoordinates(axes, lines))];
+}
+
+function diffTable(jobs) {
+  const fields = differingFields(jobs);
+  const rows = [["effective batch", jobs.map(batchSize)], ...fields];
   const same = new Set(jobs.map(batchSize)).size === 1;
   return [
     el("h2", {}, "What differs"),
