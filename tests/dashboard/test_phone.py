@@ -114,6 +114,12 @@ def test_job_and_compare_tables_are_one_card_per_row_on_a_phone(
     fits(page, width)
     shot(page, "phone-360-job-tables")
 
+    long_run = deployment.run("long-run", max_steps=100_000)
+    long_run.progress(2_300, {"loss": 0.5})
+    page.goto(f"/#/jobs/{long_run.id}")
+    expect(page.locator(".summary .bar-label")).to_have_text("2,300 / 100,000")
+    on_screen(page.locator(".summary .bar-label"), width)
+
     page.goto(f"/#/compare?ids={phone_jobs[1]},{run.id}&metrics=loss,val_loss")
     expect(page.locator("#compare-table tbody tr")).to_have_count(2)
     expect(page.locator("#compare-diff-table tbody tr").first).to_be_visible()
