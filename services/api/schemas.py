@@ -232,6 +232,11 @@ class JobPublic(BaseModel):
 class OwnerPublic(BaseModel):
     name: str
     is_admin: bool
+    # The servers' paths, so only admins are told them (as in the 422 of a refused data_root);
+    # the dashboard offers them in the submit form's data_root field.
+    data_roots: list[str] | None = Field(
+        default=None, description="the allowed data_root directories (ACCUM_DATA_ROOTS); admins only"
+    )
 
 
 class TokenPublic(BaseModel):

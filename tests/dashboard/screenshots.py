@@ -4,8 +4,9 @@
 
 Starts the embedded stack (SQLite database and broker, one worker, the API) in a temporary
 ACCUM_HOME, trains a few small jobs on digits (batch 64 against 16 x 4, a CNN, one left
-running), writes a diverged run's history the way a worker would (NaN from step 31), then
-drives Debian's Chromium through the pages at 1366x900 and 390x844 and saves
+running), writes a diverged run's history the way a worker would (its loss went NaN at step 31,
+which under the default on_nonfinite: fail stopped it before that step was logged), then
+drives Debian's Chromium through the pages at 1366x900 and 360x800 and saves
 `<page>-desktop.png` and `<page>-phone.png`. Takes about two minutes on a CPU.
 """
 
@@ -33,7 +34,7 @@ from services.store.types import utcnow  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
-SIZES = {"desktop": {"width": 1366, "height": 900}, "phone": {"width": 390, "height": 844}}
+SIZES = {"desktop": {"width": 1366, "height": 900}, "phone": {"width": 360, "height": 800}}
 BASE: dict[str, Any] = {
     "model": "mlp", "dataset": "digits", "gpus": 0, "seed": 3, "eval_every": 10,
     "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}, "checkpoint_every": 20,
@@ -76,7 +77,8 @@ def submit(client: httpx.Client, spec: dict[str, Any], queue: str) -> str:
 
 
 def diverged(stack: Any) -> str:
-    """A job whose loss went NaN at step 31, as a worker records it, failed by the trainer."""
+    """A job whose loss went NaN at step 31, as a worker records it: steps 1-30 logged, then
+    the trainer's NonFiniteError (on_nonfinite: fail) fails the job before step 31 is logged."""
     job_id = stack.create(enqueue=False, name="lr-too-high", max_steps=60,
                           optimizer={"name": "sgd", "lr": 8.0})
     with stack.sessions.begin() as session:
@@ -84,18 +86,19 @@ def diverged(stack: Any) -> str:
         leases.claim_job(session, job_id, "gpu0@node1", "node1", "cpu", 60)
     start = utcnow().timestamp() - 60
     rows = []
-    for step in range(1, 36):
-        loss = 2.3 * math.exp(-step / 40) * (1 + step / 20) ** 3 if step <= 30 else math.nan
+    for step in range(1, 31):
+        loss = 2.3 * math.exp(-step / 40) * (1 + step / 20) ** 3
         stamp = datetime.fromtimestamp(start + step * 0.2, tz=UTC)
         rows += [{"name": "loss", "step": step, "epoch": 0, "value": loss, "ts": stamp},
                  {"name": "lr", "step": step, "epoch": 0, "value": 8.0, "ts": stamp},
-                 {"name": "grad_norm", "step": step, "epoch": 0, "value": loss * 4 if step <= 30 else math.inf, "ts": stamp},
+                 {"name": "grad_norm", "step": step, "epoch": 0, "value": loss * 4, "ts": stamp},
                  {"name": "samples_per_s", "step": step, "epoch": 0, "value": 5200.0 + 40 * math.sin(step), "ts": stamp}]
-    message = "loss is NaN at optimizer step 31 (on_nonfinite='fail'); lower the learning rate"
+    message = ("step 31: loss is nan; the last checkpoint with finite values is s3://accum/lr-too-high/20.pt (step 20). "
+               "Lower the learning rate, clip gradients (grad_clip_norm), or pass on_nonfinite='skip' to skip such steps")
     with stack.sessions.begin() as session:
         metrics.write_metrics(session, job_id, 1, rows)
-        leases.update_progress(session, job_id, {"optimizer_step": 35, "epoch": 0},
-                               {"loss": math.nan, "lr": 8.0, "grad_norm": math.inf})
+        leases.update_progress(session, job_id, {"optimizer_step": 30, "epoch": 0},
+                               {"loss": rows[-4]["value"], "lr": 8.0, "grad_norm": rows[-2]["value"]})
         events.add_event(session, job_id, "traceback", f"NonFiniteError: {message}",
                          {"traceback": "Traceback (most recent call last):\n  File \"accumcore/trainer.py\", "
                           "line 412, in fit\n    self._check_finite(loss)\naccumcore.NonFiniteError: " + message},

@@ -80,3 +80,49 @@ def test_no_page_scrolls_sideways_on_a_phone(
     box = revoke.bounding_box()
     assert box["x"] + box["width"] <= width and revoke.inner_text() == "Revoke"
     shot(page, f"phone-{width}-tokens")
+
+
+def on_screen(locator: Any, width: int) -> None:
+    """Every element of `locator` lies within the screen's width (read in one go: the page
+    re-renders its tables as data arrives)."""
+    edges = locator.evaluate_all("(items) => items.map((e) => [e.getBoundingClientRect().left, e.getBoundingClientRect().right])")
+    assert edges
+    outside = [edge for edge in edges if edge[0] < 0 or edge[1] > width]
+    assert outside == [], f"{len(outside)} of {len(edges)} cut off at {width} px: {outside}"
+
+
+def test_job_and_compare_tables_are_one_card_per_row_on_a_phone(
+    logged_in: Any, deployment: Deployment, phone_jobs: list[str], shot: Any
+) -> None:
+    """The attempts and checkpoints tables and both compare tables, at 360 px: every cell
+    (the Download button included) on screen, under its column's name."""
+    page = logged_in
+    width = 360
+    page.set_viewport_size({"width": width, "height": 800})
+    run = deployment.run("restarted-with-checkpoints")
+    run.metrics("loss", {s: 1 / s for s in range(1, 9)})
+    run = run.restart_from(5)
+    run.finish("succeeded")
+    page.goto(f"/#/jobs/{run.id}")
+    expect(page.locator("#attempts tbody tr")).to_have_count(2)
+    expect(page.locator("#checkpoints tbody tr[data-step='5']")).to_be_visible()
+    page.locator("#checkpoints").scroll_into_view_if_needed()
+    on_screen(page.locator("#checkpoints .download"), width)
+    on_screen(page.locator("#attempts tbody td, #checkpoints tbody td"), width)
+    expect(page.locator("#attempts tr[data-attempt='2'] td[data-label='From step']")).to_have_text("5")
+    expect(page.locator("#checkpoints tr[data-step='5'] td[data-label='File']")).to_contain_text("Download")
+    fits(page, width)
+    shot(page, "phone-360-job-tables")
+
+    long_run = deployment.run("long-run", max_steps=100_000)
+    long_run.progress(2_300, {"loss": 0.5})
+    page.goto(f"/#/jobs/{long_run.id}")
+    expect(page.locator(".summary .bar-label")).to_have_text("2,300 / 100,000")
+    on_screen(page.locator(".summary .bar-label"), width)
+
+    page.goto(f"/#/compare?ids={phone_jobs[1]},{run.id}&metrics=loss,val_loss")
+    expect(page.locator("#compare-table tbody tr")).to_have_count(2)
+    expect(page.locator("#compare-diff-table tbody tr").first).to_be_visible()
+    on_screen(page.locator("#compare-table tbody td, #compare-diff-table tbody td"), width)
+    expect(page.locator(f"#compare-table tr[data-job-id='{run.id}'] td[data-label='Last loss']")).to_be_visible()
+    fits(page, width)

@@ -7,12 +7,18 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from services.data_roots import allowed_data_roots
+from services.settings import Settings
+
 
 def test_me_names_the_token_owner_and_whether_it_is_an_admin(
-    client: TestClient, alice: dict[str, str], admin: dict[str, str]
+    client: TestClient, alice: dict[str, str], admin: dict[str, str], api_settings: Settings
 ) -> None:
-    assert client.get("/v1/me", headers=alice).json() == {"name": "alice", "is_admin": False}
-    assert client.get("/v1/me", headers=admin).json() == {"name": "root", "is_admin": True}
+    assert client.get("/v1/me", headers=alice).json() == {"name": "alice", "is_admin": False, "data_roots": None}
+    # The allowed data roots are the servers' paths: told to admins only (the submit form offers them).
+    roots = [str(root) for root in allowed_data_roots(api_settings)]
+    assert roots
+    assert client.get("/v1/me", headers=admin).json() == {"name": "root", "is_admin": True, "data_roots": roots}
 
 
 def test_me_needs_a_valid_token(client: TestClient) -> None:

@@ -35,7 +35,7 @@ def test_an_admin_makes_a_token_shown_once_that_works(
     assert own.status_code == 201 and own.json()["owner"] == "root"
     new_owner = client.post("/v1/tokens", headers=admin, json={"owner": "carol"})
     assert client.get("/v1/me", headers=bearer(new_owner.json()["token"])).json() == {
-        "name": "carol", "is_admin": False,
+        "name": "carol", "is_admin": False, "data_roots": None,
     }
 
 

@@ -97,7 +97,12 @@ export async function streamJob(jobId, onMessage, { signal, lastEventId = null, 
 export async function downloadFile(path, filename) {
   const response = await fetch(path, { headers: headers(tokenStore.get()) });
   if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
-  const url = URL.createObjectURL(await response.blob());
+  saveBlob(await response.blob(), filename);
+}
+
+// Hand the browser a file made or fetched by the page, to save as `filename`.
+export function saveBlob(blob, filename) {
+  const url = URL.createObjectURL(blob);
   const link = Object.assign(document.createElement("a"), { href: url, download: filename });
   document.body.append(link);
   link.click();

@@ -7,7 +7,7 @@
 // data-x-range ("min,max" of the x axis as drawn).
 
 import { el } from "./dom.js";
-import { batchSize, grouped } from "./format.js";
+import { batchSize, distinctLabels, grouped } from "./format.js";
 
 export const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
 export const X_MODES = {
@@ -22,6 +22,10 @@ const HEIGHT = 220;
 const COMPACT = new Intl.NumberFormat("en", { notation: "compact", maximumFractionDigits: 1 });
 const NONFINITE_COLOR = "#b91c1c";
 const RESTART_COLOR = "#64748b";
+// The charts of each sync key: uPlot zooms and unzooms them together, and a chart's own zoom
+// (kept across live updates) must follow, or a double-click on one chart leaves the others to
+// jump back to the old zoom at their next point.
+const SYNCED = new Map();
 
 // One metric's points in step order, with what each point needs for any x axis. A restarted
 // attempt rewrites steps after its checkpoint, so a point at a known step replaces the old one.
@@ -121,11 +125,29 @@ function smooth(values, weight) {
   });
 }
 
-export function formatTick(v) {
+// A y axis's tick labels: grouped digits up to a million, then powers of ten ("2.5e15", never
+// "1,000T", whose head a narrow axis cut off as "0,000T"), each with as many digits as it
+// takes for no two ticks to read the same.
+export function tickLabels(ticks, from = 0) {
+  const finite = ticks.filter((t) => t !== null && Number.isFinite(t));
+  const max = Math.max(0, ...finite.map(Math.abs));
+  const exponent = max >= 1e6 || (max > 0 && max < 1e-3);
+  const print = exponent
+    ? (v, digits) => (v === 0 ? "0" : v.toExponential(digits).replace(/\.?0+e/, "e").replace("e+", "e"))
+    : (v, digits) => new Intl.NumberFormat("en", { maximumFractionDigits: digits }).format(v);
+  return distinctLabels(ticks, (v, digits) => (v === null || v === undefined ? "" : print(v, digits)), from);
+}
+
+// Room for the longest tick label (uPlot draws them on the canvas, where they would be cut).
+function axisWidth(labels) {
+  return Math.max(40, 16 + 7 * Math.max(0, ...(labels ?? []).map((l) => String(l ?? "").length)));
+}
+
+// A legend's value: 4 significant digits, powers of ten past a million (as the ticks).
+function formatValue(v) {
   if (v === null || v === undefined) return "";
   const abs = Math.abs(v);
-  if (abs >= 1e4) return COMPACT.format(v);
-  if (abs !== 0 && abs < 1e-3) return v.toExponential(1);
+  if (abs >= 1e6 || (abs !== 0 && abs < 1e-3)) return tickLabels([v], 3)[0];
   return String(Number(v.toPrecision(4)));
 }
 
@@ -163,6 +185,21 @@ export class LineChart {
     this.options = { xMode: "step", smoothing: 0, markers: [] };
     this.resizer = new ResizeObserver(() => this.uplot?.setSize(this.size()));
     this.resizer.observe(this.plot);
+    if (sync) SYNCED.set(sync, (SYNCED.get(sync) ?? new Set()).add(this));
+  }
+
+  // The charts that zoom with this one (itself included).
+  group() {
+    return this.syncKey ? [...SYNCED.get(this.syncKey)] : [this];
+  }
+
+  // Back to the whole run (a double-click on any chart of the group).
+  unzoom() {
+    this.zoom = null;
+    this.userZoom = false;
+    this.figure.dataset.zoomed = "false";
+    const xs = this.uplot?.data[0];
+    if (xs?.length) this.uplot.setScale("x", { min: xs[0], max: xs[xs.length - 1] });
   }
 
   size() {
@@ -266,7 +303,7 @@ export class LineChart {
     this.lines.forEach((line, i) => {
       const color = line.color ?? COLORS[i % COLORS.length];
       const labelOf = (u, v, idx) => {
-        if (v !== null && v !== undefined) return formatTick(v);
+        if (v !== null && v !== undefined) return formatValue(v);
         const x = u.data[0][idx];
         return this.labelsAt[i]?.get(x) ?? "–";
       };
@@ -279,7 +316,7 @@ export class LineChart {
       });
       if (smoothing > 0) {
         series.push({ label: `${line.label} (smoothed)`, stroke: color, width: 2, spanGaps: true,
-          value: (_u, v) => formatTick(v) });
+          value: (_u, v) => formatValue(v) });
       }
     });
     const wholeX = xMode === "step" || xMode === "samples";
@@ -297,7 +334,12 @@ export class LineChart {
       axes: [
         { label: xLabel, labelSize: 20, stroke: "#475569", grid: { stroke: "#e2e8f0" },
           ...(wholeX ? { incrs: WHOLE_INCREMENTS, values: (_u, ticks) => ticks.map((t) => COMPACT.format(t)) } : {}) },
-        { size: 56, stroke: "#475569", grid: { stroke: "#e2e8f0" }, values: (_u, ticks) => ticks.map(formatTick) },
+        { size: (_u, labels) => axisWidth(labels), stroke: "#475569", grid: { stroke: "#e2e8f0" },
+          values: (_u, ticks) => {
+            const labels = tickLabels(ticks);
+            this.figure.dataset.yTicks = labels.join("|");
+            return labels;
+          } },
       ],
       hooks: {
         setSelect: [(u) => {
@@ -309,10 +351,7 @@ export class LineChart {
           this.zoom = { min: u.scales.x.min, max: u.scales.x.max };
           this.figure.dataset.zoomed = "true";
         }],
-        ready: [(u) => u.over.addEventListener("dblclick", () => { // uPlot's own: back to all data
-          this.zoom = null;
-          this.figure.dataset.zoomed = "false";
-        })],
+        ready: [(u) => u.over.addEventListener("dblclick", () => this.group().forEach((chart) => chart.unzoom()))],
         draw: [(u) => {
           this.figure.dataset.xRange = `${u.scales.x.min},${u.scales.x.max}`;
           this.drawMarkers(u);
@@ -370,6 +409,8 @@ export class LineChart {
   }
 
   destroy() {
+    SYNCED.get(this.syncKey)?.delete(this);
+    if (SYNCED.get(this.syncKey)?.size === 0) SYNCED.delete(this.syncKey);
     this.resizer.disconnect();
     this.uplot?.destroy();
   }

@@ -16,6 +16,13 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// A row of a table that becomes one card per row on a phone (`table.responsive`): each cell
+// carries its column's name, shown above its value there.
+export function cardRow(attrs, labels, cells) {
+  cells.forEach((cell, i) => { if (labels[i]) cell.dataset.label = labels[i]; });
+  return el("tr", attrs, cells);
+}
+
 export function clear(node, ...children) {
   node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined));
   return node;

@@ -63,6 +63,24 @@ export function formatNumber(value, nonfinite) {
   return Number(value.toPrecision(4)).toString();
 }
 
+// Labels for numbers that must read apart (axis ticks, values compared side by side): printed
+// by `print(value, digits)` with the fewest digits, from `from` up, at which no two different
+// numbers share a label (0 and 0.0001 never both read "0").
+export function distinctLabels(values, print, from = 0) {
+  for (let digits = from; digits <= 17; digits += 1) {
+    const labels = values.map((v) => print(v, digits));
+    const seen = new Map();
+    const clash = labels.some((label, i) => seen.has(label) && seen.get(label) !== values[i] ? true : (seen.set(label, values[i]), false));
+    if (!clash) return labels;
+  }
+  return values.map(String);
+}
+
+// `digits` significant digits, the shortest way JavaScript writes the result (0.0001, 1e-7).
+export function significant(value, digits) {
+  return String(Number(value.toPrecision(Math.max(digits, 1))));
+}
+
 // The latest value of a job's metric, NaN and infinities included.
 export function latestMetric(job, name) {
   return formatNumber(job.latest_metrics?.[name], job.nonfinite_metrics?.[name]);
@@ -130,7 +148,10 @@ export function uniqueLabel(job) {
 
 // The badge of the first-window check (issue: every job proves its accumulation exact), when
 // the API reports one: `exactness: {checked, rel_error, tolerance, passed, note}`.
-export function exactnessBadge(job) {
+// `caveat`: a warning event that limits what the check proves (a BatchNorm model: the check
+// runs in eval mode, while in training each micro-batch is normalised on its own statistics),
+// said on the badge itself rather than only in the events.
+export function exactnessBadge(job, caveat = null) {
   const check = job.exactness;
   if (check && check.status === "pending") {
     // Compared only where every weighting agrees: not a pass (issue 28); later windows decide.
@@ -139,8 +160,30 @@ export function exactnessBadge(job) {
   if (!check || !check.checked) return null;
   const value = check.rel_error;
   const error = typeof value === "number" ? `, rel. error ${value === 0 ? "0" : value.toExponential(1)}` : "";
-  const text = check.passed ? `first window = big batch${error}` : `accumulation NOT exact${error}`;
-  return el("span", { class: `exactness ${check.passed ? "exact" : "inexact"}`, id: "exactness", title: check.note || "" }, text);
+  if (!check.passed) return el("span", { class: "exactness inexact", id: "exactness", title: check.note || "" }, `accumulation NOT exact${error}`);
+  if (caveat) {
+    return el("span", { class: "exactness caveat", id: "exactness", title: `${caveat.message}\n${check.note || ""}` },
+      `first window = big batch${error}; ${caveat.text}`);
+  }
+  return el("span", { class: "exactness exact", id: "exactness", title: check.note || "" }, `first window = big batch${error}`);
+}
+
+// The caveats a job's events put on its exactness check, by event kind.
+export const EXACTNESS_CAVEATS = {
+  batchnorm_warning: "BatchNorm: training differs from the big batch",
+};
+
+// The non-finite value that stopped a run under on_nonfinite: "fail", from the error the
+// worker recorded (accumcore's NonFiniteError: "step 3: loss is nan; ..." or "... up to step
+// 9 (grad_norm is inf): the run has diverged"): {step, metric, label}, or null. The run never
+// logged that step's metrics, so its charts have no point there without this.
+export function nonFiniteStop(job) {
+  const error = job.error;
+  if (!error || error.type !== "NonFiniteError") return null;
+  const match = /step (\d+): (\w+) is (-?inf|nan)\b/i.exec(error.message) ?? /up to step (\d+) \((\w+) is (-?inf|nan)\)/i.exec(error.message);
+  if (!match) return null;
+  const value = match[3].toLowerCase();
+  return { step: Number(match[1]), metric: match[2], label: value === "nan" ? "NaN" : value };
 }
 
 // The same shape from a live `exactness_check` event (as services/api/schemas.py `exactness`).

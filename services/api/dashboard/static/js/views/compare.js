@@ -6,10 +6,13 @@
 import { api, sleep } from "../api.js";
 import { chartControls, chartSettings } from "../chart_controls.js";
 import { COLORS, LineChart, Series, xContext } from "../charts.js";
-import { clear, el, errorBox } from "../dom.js";
-import { ACTIVE, batchSize, effectiveBatch, exactnessBadge, formatNumber, grouped, statusBadge, uniqueLabel } from "../format.js";
+import { cardRow, clear, el, errorBox } from "../dom.js";
+import { parallelCoordinates } from "../parallel.js";
+import {
+  ACTIVE, batchSize, distinctLabels, effectiveBatch, exactnessBadge, grouped, significant, statusBadge, uniqueLabel,
+} from "../format.js";
 
-const METRICS = ["loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s"];
+const METRICS = ["loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s", "items_per_s", "step_time_s"];
 const MAX_POINTS = 1000;
 const REFRESH_MS = 5000;
 // Spec fields with short names people know them by; any other differing field shows its path.
@@ -34,13 +37,14 @@ export async function render({ root, params, signal }) {
     const charts = metrics.map((m) => new LineChart(grid, { id: `compare-${m.replaceAll("_", "-")}`, title: m, sync: "compare" }));
     signal.addEventListener("abort", () => charts.forEach((c) => c.destroy()), { once: true });
     const table = el("tbody");
+    const columns = ["Colour", "Job", "Status", "Effective batch (m × N × GPUs)", "Steps", ...metrics.map((m) => `Last ${m}`)];
     const diff = el("div", { id: "compare-diff" });
     root.append(
       el("div", { class: "section-head" }, el("span", { class: "spacer" }), chartControls(settings, () => draw())),
       grid,
       el("h2", {}, "Jobs"),
-      el("div", { class: "table-wrap" }, el("table", { id: "compare-table" },
-        el("thead", {}, el("tr", {}, ["", "Job", "Status", "Effective batch (m × N × GPUs)", "Steps", ...metrics.map((m) => `Last ${m}`)].map((c) => el("th", {}, c)))),
+      el("div", { class: "table-wrap" }, el("table", { id: "compare-table", class: "responsive" },
+        el("thead", {}, el("tr", {}, ["", ...columns.slice(1)].map((c) => el("th", {}, c)))),
         table)),
       diff,
     );
@@ -64,17 +68,24 @@ export async function render({ root, params, signal }) {
       }
       fresh = await Promise.all(jobs.map((j) => api(`v1/jobs/${j.id}`, { signal })));
       draw();
-      clear(table, fresh.map((job, i) => el("tr", { dataset: { jobId: job.id } },
+      // Each metric's last values, in as many digits as it takes to tell the jobs apart.
+      const lasts = new Map(metrics.map((m) => [m, distinctLabels(fresh.map((job) => {
+        const last = series.get(`${job.id}/${m}`)?.last();
+        return last ? last.label ?? last.value : null;
+      }), metricText, 4)]));
+      clear(table, fresh.map((job, i) => cardRow({ dataset: { jobId: job.id } }, columns, [
         el("td", {}, el("span", { class: "swatch", style: `background:${COLORS[i % COLORS.length]}` })),
         el("td", {}, el("a", { href: `#/jobs/${job.id}` }, uniqueLabel(job)), " ", exactnessBadge(job)),
         el("td", {}, statusBadge(job.status)),
         el("td", { class: "mono" }, effectiveBatch(job.spec, job.effective_batch_size)),
         el("td", { class: "num" }, grouped(job.progress.optimizer_step)),
-        metrics.map((m) => {
-          const last = series.get(`${job.id}/${m}`)?.last();
-          return el("td", { class: "num" }, last ? formatNumber(last.value, last.label) : "–");
-        }))));
-      clear(diff, diffTable(fresh));
+        ...metrics.map((m) => el("td", { class: "num" }, lasts.get(m)[i]))])));
+      // A non-finite or missing last value has no place on the metric's axis.
+      const lastValue = (job, m) => {
+        const last = series.get(`${job.id}/${m}`)?.last();
+        return last && !last.label ? last.value : null;
+      };
+      clear(diff, diffTable(fresh), parallelView(fresh, metrics[0], lastValue));
       return fresh.some((job) => ACTIVE.has(job.status));
     };
     (async () => {
@@ -100,28 +111,60 @@ function flatten(value, prefix = "", out = {}) {
   return out;
 }
 
-function show(value) {
-  if (value === undefined) return "–";
-  if (typeof value === "number") return grouped(value);
-  return typeof value === "string" ? value : JSON.stringify(value);
+// A metric's value with `digits` significant digits; NaN and inf by their label, "–" if none.
+function metricText(value, digits) {
+  if (value === null || value === undefined) return "–";
+  if (typeof value === "string") return value;
+  const abs = Math.abs(value);
+  return abs !== 0 && (abs < 1e-3 || abs >= 1e6) ? value.toExponential(digits - 1) : significant(value, digits);
+}
+
+// A row of spec values, numbers in as many digits as it takes for different values to read
+// differently (weight_decay 0 against 0.0001, not "0" and "0").
+function showRow(values) {
+  const numbers = distinctLabels(values.map((v) => (typeof v === "number" ? v : null)),
+    (v, digits) => (v === null ? "" : Number.isInteger(v) ? grouped(v) : significant(v, digits)), 4);
+  return values.map((v, i) => {
+    if (v === undefined || v === null) return "–";
+    if (typeof v === "number") return numbers[i];
+    return typeof v === "string" ? v : JSON.stringify(v);
+  });
 }
 
 // The spec fields whose values differ between the jobs, one row each; the effective batch
 // first, since it is what the jobs are usually compared by.
-function diffTable(jobs) {
+// The spec fields whose values differ between the jobs: [[shown name, one value per job]].
+function differingFields(jobs) {
   const flat = jobs.map((j) => flatten(j.spec));
   const fields = [...new Set(flat.flatMap(Object.keys))].filter((f) => !IGNORED_FIELDS.has(f)
     && new Set(flat.map((s) => JSON.stringify(s[f]))).size > 1);
-  const rows = [["effective batch", jobs.map(batchSize)], ...fields.map((f) => [FIELD_NAMES[f] ?? f, flat.map((s) => s[f])])];
+  return fields.map((f) => [FIELD_NAMES[f] ?? f, flat.map((s) => s[f] ?? null)]);
+}
+
+// Parallel coordinates of the differing fields (and the effective batch, when it differs)
+// against each job's last value of `metric`; null with fewer than two jobs or nothing to spread.
+function parallelView(jobs, metric, lastValue) {
+  const batches = jobs.map(batchSize);
+  const fields = [...(new Set(batches).size > 1 ? [["effective batch", batches]] : []), ...differingFields(jobs)];
+  if (jobs.length < 2 || !fields.length) return null;
+  const finals = jobs.map((job) => lastValue(job, metric));
+  const axes = [...fields.map(([name, values]) => ({ name, values })), { name: `last ${metric}`, values: finals }];
+  const lines = jobs.map((job, i) => ({ id: job.id, color: COLORS[i % COLORS.length], label: uniqueLabel(job) }));
+  return [el("h2", {}, `Spec fields against the last ${metric}`), el("div", { class: "card parallel-box" }, parallelCoordinates(axes, lines))];
+}
+
+function diffTable(jobs) {
+  const fields = differingFields(jobs);
+  const rows = [["effective batch", jobs.map(batchSize)], ...fields];
   const same = new Set(jobs.map(batchSize)).size === 1;
   return [
     el("h2", {}, "What differs"),
     fields.length ? null : el("p", { class: "muted" }, "The specs are the same but for their names."),
-    el("div", { class: "table-wrap" }, el("table", { id: "compare-diff-table" },
+    el("div", { class: "table-wrap" }, el("table", { id: "compare-diff-table", class: "responsive" },
       el("thead", {}, el("tr", {}, el("th", {}, "Field"), jobs.map((j, i) => el("th", {},
         el("span", { class: "swatch", style: `background:${COLORS[i % COLORS.length]}` }), " ", uniqueLabel(j))))),
-      el("tbody", {}, rows.map(([field, values], r) => el("tr", { dataset: { field }, class: r === 0 && same ? "same" : "" },
-        el("th", { scope: "row" }, field), values.map((v) => el("td", { class: "mono" }, show(v)))))))),
+      el("tbody", {}, rows.map(([field, values], r) => cardRow({ dataset: { field }, class: r === 0 && same ? "same" : "" },
+        [null, ...jobs.map(uniqueLabel)], [el("th", { scope: "row" }, field), ...showRow(values).map((text) => el("td", { class: "mono" }, text))]))))),
   ];
 }
 

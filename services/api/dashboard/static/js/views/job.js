@@ -2,13 +2,15 @@
 // its attempts, the events timeline (filterable, checkpoints folded), checkpoints with
 // downloads, Cancel (confirmed) / Resume / Clone, and the spec.
 
-import { api, downloadFile, sleep, streamJob } from "../api.js";
+import { api, downloadFile, saveBlob, sleep, streamJob } from "../api.js";
 import { chartControls, chartSettings } from "../chart_controls.js";
 import { LineChart, Series, xContext } from "../charts.js";
-import { clear, el, errorBox, richText } from "../dom.js";
+import { cardRow, clear, el, errorBox, richText } from "../dom.js";
+import { metricsCsv } from "../metrics_csv.js";
 import {
-  ACTIVE, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, exactnessOfEvent, formatBytes,
-  formatNumber, grouped, hasMetric, isNonFinite, jobLabel, latestMetric, progressBar, runTime, statusBadge,
+  ACTIVE, EXACTNESS_CAVEATS, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, exactnessOfEvent,
+  formatBytes, formatNumber, grouped, hasMetric, isNonFinite, jobLabel, latestMetric, nonFiniteStop, progressBar, runTime,
+  statusBadge,
 } from "../format.js";
 
 // Points per metric fetched as history; a live curve longer than COMPACT_AT is fetched again,
@@ -23,6 +25,9 @@ const PANELS = [
   { id: "chart-grad-norm", title: "Gradient norm", metrics: ["grad_norm"] },
   { id: "chart-samples", title: "Samples/s", metrics: ["samples_per_s"] },
 ];
+// Any other metric the run logs (items_per_s, step_time_s, a GPU worker's system metrics, ...)
+// gets a chart of its own, after these, the first time a point of it arrives.
+const DRAWN = new Set(PANELS.flatMap((p) => p.metrics));
 const EVENT_TONES = {
   succeeded: "good", started: "info", resumed: "info", checkpoint: "muted", created: "muted",
   failed: "bad", traceback: "bad", process_died: "bad", oom_backoff: "warn", requeued: "warn", lease_expired: "warn",
@@ -32,6 +37,8 @@ const EVENT_TONES = {
 // How an attempt ended, in the page's words (the API's `outcome`).
 const OUTCOMES = { handed_back: "handed back (worker stopped)", lost: "worker lost" };
 const CHECKPOINTS_NAMED = 4;
+const ATTEMPT_COLUMNS = ["Attempt", "Worker", "Started", "Ended", "Outcome", "From step", "Steps"];
+const CHECKPOINT_COLUMNS = ["Step", "Epoch", "Size", "val_loss", "sha256", "File"];
 
 export async function render({ root, id, signal }) {
   let job;
@@ -67,18 +74,20 @@ class JobPage {
     this.compacting = new Set();
     this.settings = chartSettings();
     this.kindFilter = "";
+    this.caveat = null; // {text, message} of a warning that limits the exactness check
 
     this.title = el("h1", {});
     this.badge = el("span");
     this.exactness = el("span");
     this.cancelButton = el("button", { type: "button", id: "cancel", class: "danger", onclick: () => this.cancel() }, "Cancel");
     this.resumeButton = el("button", { type: "button", id: "resume", onclick: () => this.act("resume") }, "Resume");
+    this.deleteButton = el("button", { type: "button", id: "delete", class: "danger", onclick: () => this.remove() }, "Delete");
+    this.csvButton = el("button", { type: "button", id: "export-csv", title: "every logged point, not downsampled", onclick: () => this.exportCsv() }, "CSV");
     this.problem = el("div", { id: "problem" });
     this.summary = el("dl", { class: "summary" });
     this.streamState = el("span", { class: "muted small", id: "stream-state" });
-    const chartGrid = el("div", { class: "charts" });
-    const sync = `job-${job.id}`;
-    this.panels = PANELS.map((panel) => ({ ...panel, chart: new LineChart(chartGrid, { title: panel.title, id: panel.id, sync }) }));
+    this.chartGrid = el("div", { class: "charts" });
+    this.panels = PANELS.map((panel) => this.panel(panel));
     this.attemptRows = el("tbody");
     this.kindSelect = el("select", { id: "event-kind", "aria-label": "show events of kind" });
     this.kindSelect.addEventListener("change", () => { this.kindFilter = this.kindSelect.value; this.renderEvents(); });
@@ -91,29 +100,33 @@ class JobPage {
       el("div", { class: "toolbar" }, this.title, this.badge, this.exactness, el("span", { class: "spacer" }),
         el("a", { href: `#/compare?ids=${job.id}`, class: "button" }, "Compare…"),
         el("a", { href: `#/submit?from=${job.id}`, class: "button", id: "clone" }, "Clone"),
-        this.cancelButton, this.resumeButton),
+        this.csvButton, this.cancelButton, this.resumeButton, this.deleteButton),
       this.problem,
       this.summary,
       el("section", {},
         el("div", { class: "section-head" }, el("h2", {}, "Training curves ", this.streamState),
           chartControls(this.settings, () => this.draw())),
-        chartGrid),
+        this.chartGrid),
       el("section", {}, el("h2", {}, "Attempts"),
-        el("div", { class: "table-wrap" }, el("table", { id: "attempts" },
-          el("thead", {}, el("tr", {}, ["#", "Worker", "Started", "Ended", "Outcome", "From step", "Steps"].map((c) => el("th", {}, c)))),
+        el("div", { class: "table-wrap" }, el("table", { id: "attempts", class: "responsive" },
+          el("thead", {}, el("tr", {}, ["#", ...ATTEMPT_COLUMNS.slice(1)].map((c) => el("th", {}, c)))),
           this.attemptRows))),
       el("div", { class: "columns" },
         el("section", {}, el("div", { class: "section-head" }, el("h2", {}, "Events"),
           el("label", { class: "inline small" }, "show ", this.kindSelect)), this.timeline),
         el("section", {}, el("h2", {}, "Checkpoints"),
-          el("div", { class: "table-wrap" }, el("table", { id: "checkpoints" },
-            el("thead", {}, el("tr", {}, ["Step", "Epoch", "Size", "val_loss", "sha256", ""].map((c) => el("th", {}, c)))),
+          el("div", { class: "table-wrap" }, el("table", { id: "checkpoints", class: "responsive" },
+            el("thead", {}, el("tr", {}, CHECKPOINT_COLUMNS.map((c, i) => el("th", {}, i === CHECKPOINT_COLUMNS.length - 1 ? "" : c)))),
             this.checkpoints)))),
       el("details", { class: "spec-box" }, el("summary", {}, "Spec (normalised)"), this.spec),
     );
     signal.addEventListener("abort", () => this.panels.forEach((p) => p.chart.destroy()), { once: true });
     this.show(job);
     this.loadCheckpoints();
+  }
+
+  panel(panel) {
+    return { ...panel, chart: new LineChart(this.chartGrid, { title: panel.title, id: panel.id, sync: `job-${this.id}` }) };
   }
 
   show(job) {
@@ -123,9 +136,12 @@ class JobPage {
     job = this.job;
     this.title.textContent = jobLabel(job);
     clear(this.badge, statusBadge(job.status));
-    clear(this.exactness, exactnessBadge(job));
+    clear(this.exactness, exactnessBadge(job, this.caveat));
+    const stop = nonFiniteStop(job);
+    if (stop) this.markStop(stop);
     this.cancelButton.hidden = !["queued", "running"].includes(job.status);
     this.resumeButton.hidden = !["failed", "cancelled"].includes(job.status);
+    this.deleteButton.hidden = !FINISHED.has(job.status); // the API deletes finished jobs only
     const spec = job.spec;
     const optimizer = `${spec.optimizer.name}, lr ${spec.optimizer.lr}`;
     const epochs = spec.epochs ? ` of ${spec.epochs}` : "";
@@ -141,13 +157,14 @@ class JobPage {
       ["Model / dataset", `${spec.model.name} on ${spec.dataset.name}`],
       ["Optimizer", optimizer],
       ["Loss", el("span", { id: "latest-loss", class: isNonFinite(job, "loss") ? "nonfinite" : "" }, latestMetric(job, "loss"))],
+      stop && ["Stopped by", el("span", { id: "stopped-by", class: "nonfinite" }, `${stop.metric} ${stop.label} at step ${grouped(stop.step)}`)],
       ["Validation", validation.length ? validation.map((n) => `${n.replace("val_", "")} ${latestMetric(job, n)}`).join(", ") : "–"],
       ["Queue", queue],
       ["Owner", job.owner ?? "–"],
       ["Created", dateTime(job.created_at)],
       [FINISHED.has(job.status) ? "Took" : "Running for", took === null ? "–" : duration(took)],
     ];
-    clear(this.summary, rows.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
+    clear(this.summary, rows.filter(Boolean).map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
     this.showError();
     this.spec.textContent = JSON.stringify(spec, null, 2);
     this.renderAttempts();
@@ -171,6 +188,26 @@ class JobPage {
     const what = this.job.status === "running" ? "It stops at its next micro-batch." : "It will not run.";
     if (!window.confirm(`Cancel job ${jobLabel(this.job)}? ${what}`)) return;
     await this.act("cancel");
+  }
+
+  async remove() {
+    if (!window.confirm(`Delete job ${jobLabel(this.job)}? Its checkpoints, metrics and events go too; this cannot be undone.`)) return;
+    try {
+      await api(`v1/jobs/${this.id}`, { method: "DELETE", signal: this.signal });
+    } catch (error) {
+      if (!this.signal.aborted) clear(this.problem, errorBox(error));
+      return;
+    }
+    location.hash = "#/jobs";
+  }
+
+  async exportCsv() {
+    try {
+      const text = await metricsCsv(this.id, this.signal);
+      saveBlob(new Blob([text], { type: "text/csv" }), `${jobLabel(this.job)}-metrics.csv`);
+    } catch (error) {
+      if (!this.signal.aborted) clear(this.problem, errorBox(error));
+    }
   }
 
   async act(verb) {
@@ -221,7 +258,7 @@ class JobPage {
       this.addEvent(data);
       if (data.kind === "exactness_check" && this.job) {
         this.job.exactness = exactnessOfEvent(data);
-        clear(this.exactness, exactnessBadge(this.job));
+        clear(this.exactness, exactnessBadge(this.job, this.caveat));
       }
     } else if (event === "end") {
       this.streamState.textContent = "";
@@ -243,7 +280,12 @@ class JobPage {
 
   addPoint(point, schedule = true) {
     let series = this.series.get(point.name);
-    if (!series) this.series.set(point.name, (series = new Series()));
+    if (!series) {
+      this.series.set(point.name, (series = new Series()));
+      if (!DRAWN.has(point.name)) {
+        this.panels.push(this.panel({ id: `chart-${point.name.replace(/[^a-z0-9]+/gi, "-")}`, title: point.name, metrics: [point.name] }));
+      }
+    }
     series.add(point);
     if (series.length > COMPACT_AT && !this.compacting.has(point.name)) this.compact(point.name);
     if (schedule && !this.drawPending) {
@@ -304,19 +346,31 @@ class JobPage {
 
   renderAttempts() {
     const attempts = this.attempts();
-    clear(this.attemptRows, attempts.length ? attempts.map((a) => el("tr", { dataset: { attempt: String(a.attempt) } },
+    clear(this.attemptRows, attempts.length ? attempts.map((a) => cardRow({ dataset: { attempt: String(a.attempt) } }, ATTEMPT_COLUMNS, [
       el("td", { class: "num" }, String(a.attempt)),
       el("td", { class: "mono small" }, a.worker),
       el("td", {}, dateTime(a.started)),
       el("td", {}, dateTime(a.ended)),
       el("td", {}, a.outcome),
       el("td", { class: "num" }, a.fromStep ? grouped(a.fromStep) : "start"),
-      el("td", { class: "num" }, a.steps == null ? "–" : grouped(a.steps))))
+      el("td", { class: "num" }, a.steps == null ? "–" : grouped(a.steps))]))
       : el("tr", {}, el("td", { colspan: 7, class: "muted empty" }, "Not started yet")));
+  }
+
+  // The point the run stopped at, on its metric's chart (with the NaN / inf marker), where no
+  // point was logged for that step.
+  markStop({ step, metric, label }) {
+    const series = this.series.get(metric);
+    if (series?.steps.includes(step)) return;
+    this.addPoint({ name: metric, step, value: null, nonfinite: label, ts: this.job.finished_at, epoch: this.job.progress?.epoch });
   }
 
   addEvent(event) {
     if (this.eventIds.has(event.id)) return;
+    if (EXACTNESS_CAVEATS[event.kind] && !this.caveat) {
+      this.caveat = { text: EXACTNESS_CAVEATS[event.kind], message: event.message };
+      clear(this.exactness, exactnessBadge(this.job, this.caveat));
+    }
     this.eventIds.add(event.id);
     this.lastEventId = Math.max(this.lastEventId ?? 0, event.id);
     this.events.push(event);
@@ -372,8 +426,9 @@ class JobPage {
   async loadCheckpoints() {
     try {
       const { items } = await api(`v1/jobs/${this.id}/checkpoints`, { signal: this.signal });
+      const none = FINISHED.has(this.job.status) ? "None: this job saved no checkpoint" : "None yet";
       clear(this.checkpoints, items.length ? items.map((c) => this.checkpointRow(c))
-        : el("tr", {}, el("td", { colspan: 6, class: "muted empty" }, "None yet")));
+        : el("tr", {}, el("td", { colspan: 6, class: "muted empty" }, none)));
     } catch (error) {
       if (!this.signal.aborted) clear(this.problem, errorBox(error));
     }
@@ -387,12 +442,12 @@ class JobPage {
       event.preventDefault(); // the file needs the token: fetch it, then save the blob
       downloadFile(download.getAttribute("href"), filename).catch((error) => clear(this.problem, errorBox(error)));
     });
-    return el("tr", { dataset: { step: String(c.step) } },
+    return cardRow({ dataset: { step: String(c.step) } }, CHECKPOINT_COLUMNS, [
       el("td", { class: "num" }, grouped(c.step), c.is_best ? el("span", { class: "best", title: "best val_loss" }, " ★") : null),
       el("td", { class: "num" }, epochNumber(c.epoch)),
       el("td", { class: "num" }, formatBytes(c.size_bytes)),
       el("td", { class: "num" }, formatNumber(c.metrics.val_loss)),
       el("td", { class: "mono small", title: c.sha256 }, c.sha256.slice(0, 12)),
-      el("td", {}, download));
+      el("td", {}, download)]);
   }
 }

@@ -7,48 +7,8 @@
 import { api, openapi } from "../api.js";
 import { clear, el, errorBox } from "../dom.js";
 import { grouped, jobLabel } from "../format.js";
-
-const YAML_SCRIPT = "dashboard/vendor/js-yaml.min.js";
-const SCHEDULERS = ["none", "cosine", "step"];
-
-// The form: one entry per spec field, in sections. `path` is the spec's (and the API's error)
-// path; `show(spec)` hides fields that do not apply (momentum is SGD's, betas AdamW's).
-function fieldsFor(models, priorities) {
-  const int = (min, max) => ({ type: "number", min, max, step: 1 });
-  const real = (min) => ({ type: "number", min, step: "any" });
-  return [
-    { section: "Job", path: "name", label: "Name", attrs: { placeholder: "model-dataset" } },
-    // Namespace entries ("timm:", "hf:") are patterns, not models: write those in the YAML/JSON tab.
-    { section: "Job", path: "model", label: "Model", choices: models.filter((m) => !m.name.endsWith(":")).map((m) => [m.name, m.description]), value: "mlp" },
-    { section: "Job", path: "dataset", label: "Dataset", choices: [], value: "digits" },
-    { section: "Batch", path: "micro_batch_size", label: "Micro-batch m", attrs: int(1, 1048576), value: 16, hint: "samples per forward/backward" },
-    { section: "Batch", path: "accumulation_steps", label: "Accumulation N", attrs: int(1, 65536), value: 4, hint: "micro-batches per optimizer step" },
-    { section: "Batch", path: "gpus", label: "GPUs", attrs: int(0, 64), value: 1, hint: "0 = CPU" },
-    { section: "Length", path: "epochs", label: "Epochs", attrs: int(1), value: 1, optional: true },
-    { section: "Length", path: "max_steps", label: "Max steps", attrs: { ...int(1), placeholder: "instead of epochs" }, optional: true, hint: "optimizer steps; overrides epochs" },
-    { section: "Optimizer", path: "optimizer.name", label: "Optimizer", choices: [["sgd"], ["adamw"]], value: "sgd" },
-    { section: "Optimizer", path: "optimizer.lr", label: "Learning rate", attrs: real(0), value: 0.1 },
-    { section: "Optimizer", path: "optimizer.momentum", label: "Momentum", attrs: real(0), value: 0, show: (s) => s.optimizer?.name === "sgd" },
-    { section: "Optimizer", path: "optimizer.betas", label: "Betas", attrs: { placeholder: "0.9, 0.999" }, value: "0.9, 0.999", list: true, show: (s) => s.optimizer?.name === "adamw" },
-    { section: "Optimizer", path: "optimizer.weight_decay", label: "Weight decay", attrs: real(0), value: 0 },
-    { section: "Optimizer", path: "grad_clip_norm", label: "Gradient clip norm", attrs: { ...real(0), placeholder: "none" }, optional: true },
-    { section: "Schedule", path: "scheduler.name", label: "LR schedule", choices: SCHEDULERS.map((s) => [s]), value: "none", hint: "counted in optimizer steps" },
-    { section: "Schedule", path: "scheduler.warmup_steps", label: "Warm-up steps", attrs: int(0), value: 0, show: (s) => ["cosine", "step"].includes(s.scheduler?.name) },
-    { section: "Schedule", path: "scheduler.step_size", label: "Step size", attrs: int(1), value: 100, show: (s) => s.scheduler?.name === "step" },
-    { section: "Schedule", path: "scheduler.gamma", label: "Gamma", attrs: real(0), value: 0.1, show: (s) => s.scheduler?.name === "step" },
-    { section: "Evaluation and checkpoints", path: "eval_every", label: "Evaluate every", attrs: { ...int(1), placeholder: "each epoch's end" }, optional: true, hint: "optimizer steps" },
-    { section: "Evaluation and checkpoints", path: "checkpoint_every", label: "Checkpoint every", attrs: int(1), value: 100, hint: "optimizer steps (and always at the end)" },
-    { section: "Evaluation and checkpoints", path: "keep_checkpoints", label: "Keep checkpoints", attrs: int(1), value: 3, hint: "latest ones, plus the best" },
-    { section: "Run", path: "precision", label: "Precision", choices: [["fp32"], ["bf16"], ["fp16"]], value: "fp32" },
-    { section: "Run", path: "seed", label: "Seed", attrs: int(0), value: 0 },
-    { section: "Run", path: "queue", label: "Queue", value: "default", hint: "the worker queue (GPU class)" },
-    priorities && { section: "Run", path: "priority", label: "Priority", choices: priorities.map((p) => [p]), value: priorities.includes("normal") ? "normal" : priorities[0] },
-    { section: "Run", path: "max_restarts", label: "Max restarts", attrs: int(0, 100), value: 3, hint: "after lost workers" },
-    { section: "Run", path: "compile", label: "torch.compile", check: true, value: false },
-    { section: "Run", path: "fast_path", label: "Fast path", check: true, value: true },
-    { section: "Run", path: "data_on_device", label: "Data on the GPU", check: true, value: false },
-  ].filter(Boolean);
-}
+import { loadYaml } from "../yaml.js";
+import { fieldsFor, modelEntry } from "./submit_fields.js";
 
 function getPath(object, path) {
   return path.split(".").reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), object);
@@ -62,18 +22,18 @@ function setPath(object, path, value) {
 }
 
 // A spec as submitted: names for the model and dataset unless they carry options, the
-// scheduler as its name when it has nothing else, no nulls (the API's "not given").
+// scheduler as its name when it has nothing else, no nulls (the API's "not given") and no
+// defaults that only lengthen it (download: false, strict: true).
 function tidy(spec) {
   const out = JSON.parse(JSON.stringify(spec, (_k, v) => (v === null ? undefined : v)));
   for (const key of ["model", "dataset"]) {
     const value = out[key];
-    if (value && typeof value === "object" && Object.keys(value).length === 1) out[key] = value.name;
-    else if (value && typeof value === "object" && value.download === false && value.data_root === undefined) {
-      delete value.download;
-      if (Object.keys(value).length === 1) out[key] = value.name;
-    }
+    if (!value || typeof value !== "object") continue;
+    if (value.download === false) delete value.download;
+    if (Object.keys(value).length === 1 && value.name !== undefined) out[key] = value.name;
   }
   if (out.scheduler && typeof out.scheduler === "object" && out.scheduler.name === "none" && !out.scheduler.warmup_steps) delete out.scheduler;
+  if (out.init_from && out.init_from.strict === true) delete out.init_from.strict;
   return out;
 }
 
@@ -88,106 +48,125 @@ function inFormWords(message, path) {
     .replace(/^Extra inputs are not permitted$/, "is not a spec field");
 }
 
-async function loadYaml() {
-  if (window.jsyaml) return window.jsyaml;
-  await new Promise((resolve, reject) => {
-    document.head.append(el("script", { src: YAML_SCRIPT, onload: resolve, onerror: () => reject(new Error("could not load the YAML reader")) }));
-  });
-  return window.jsyaml;
-}
-
-export async function render({ root, params, signal }) {
+export async function render({ root, params, signal, me }) {
   const from = params.get("from");
-  const [models, datasets, source, described] = await Promise.all([
+  const [models, datasets, source, described, yaml] = await Promise.all([
     api("v1/catalog/models", { signal }),
     api("v1/catalog/datasets", { signal }),
     from ? api(`v1/jobs/${encodeURIComponent(from)}`, { signal }) : null,
     // Fields that newer servers accept (priority) are offered only when this one documents them.
     openapi(),
+    loadYaml(),
   ]);
   const priorityField = described?.components?.schemas?.JobSpec?.properties?.priority;
   const priorities = priorityField && (priorityField.enum ?? priorityField.anyOf?.find((a) => a.enum)?.enum);
   const byName = Object.fromEntries(datasets.items.map((d) => [d.name, d]));
-  const fields = fieldsFor(models.items, priorities);
+  // The allowed data roots are the servers' paths: the API tells admins only.
+  const fields = fieldsFor({ models: models.items, datasets: datasets.items, priorities, roots: me?.data_roots });
   const inputs = new Map(); // path -> {field, input, box, error}
-  let extras = {}; // spec keys the form does not show (model options, data_root), kept on submit
+  let extras = {}; // top-level spec keys the form does not show, kept on submit
   let mode = "form";
 
   for (const field of fields) {
     const id = `f-${field.path.replaceAll(".", "-").replaceAll("_", "-")}`;
     let input;
+    let list = null;
     if (field.choices) {
       input = el("select", { id }, field.choices.map(([value, title]) => el("option", { value, title }, value)));
     } else if (field.check) {
       input = el("input", { id, type: "checkbox" });
     } else {
-      input = el("input", { id, ...(field.attrs || {}), ...(field.attrs?.type ? {} : { type: "text" }) });
+      if (field.datalist) list = el("datalist", { id: `${id}-list` }, field.datalist.map(([value, title]) => el("option", { value, title })));
+      input = el("input", { id, ...(field.attrs || {}), ...(field.attrs?.type ? {} : { type: "text" }), list: list?.id });
     }
     const error = el("small", { class: "field-error", id: `${id}-error`, role: "alert" });
     const box = field.check
       ? el("label", { class: "field check" }, el("span", {}, input, " ", field.label), error)
-      : el("label", { class: "field" }, el("span", {}, field.label), input, field.hint && el("small", { class: "muted" }, field.hint), error);
+      : el("label", { class: "field" }, el("span", {}, field.label), input, list, field.hint && el("small", { class: "muted" }, field.hint), error);
     inputs.set(field.path, { field, input, box, error });
   }
   const input = (path) => inputs.get(path).input;
   // Short ids the tests and people know: #m, #n, #gpus, #name, #lr, #queue, #max-steps.
   for (const [path, short] of [["micro_batch_size", "m"], ["accumulation_steps", "n"], ["gpus", "gpus"], ["name", "name"],
-    ["optimizer.lr", "lr"], ["queue", "queue"], ["max_steps", "max-steps"], ["epochs", "epochs"], ["model", "model"], ["dataset", "dataset"]]) {
+    ["optimizer.lr", "lr"], ["queue", "queue"], ["max_steps", "max-steps"], ["epochs", "epochs"], ["model.name", "model"],
+    ["dataset.name", "dataset"], ["dataset.data_root", "data-root"]]) {
     input(path).id = short;
     inputs.get(path).error.id = `${short}-error`;
   }
 
-  const fillDatasets = () => {
-    const model = models.items.find((m) => m.name === input("model").value);
-    const keep = input("dataset").value || "digits";
-    clear(input("dataset"), (model?.compatible_datasets ?? []).map((d) => el("option", { value: d, selected: d === keep, title: byName[d]?.description }, d)));
+  // The datasets the model can train on (its namespace's for timm: and hf: names; all of them
+  // for a name the catalog does not know); `wanted` stays offered even if it is not one of them
+  // (a clone keeps its dataset).
+  const fillDatasets = (wanted) => {
+    const entry = modelEntry(models.items, input("model.name").value.trim());
+    const names = [...(entry?.compatible_datasets ?? datasets.items.map((d) => d.name))];
+    const keep = wanted || input("dataset.name").value || "digits";
+    if (wanted && !names.includes(wanted)) names.push(wanted);
+    clear(input("dataset.name"), names.map((d) => el("option", { value: d, selected: d === keep, title: byName[d]?.description }, d)));
   };
 
   const setValue = (path, value) => {
     const { field, input: node } = inputs.get(path);
     if (field.check) node.checked = Boolean(value);
     else if (field.list) node.value = Array.isArray(value) ? value.join(", ") : value ?? "";
+    else if (field.options) node.value = value && Object.keys(value).length ? yaml.dump(value, { flowLevel: 0 }).trim() : "";
+    else if (field.text && value !== "" && value !== undefined) node.value = field.text(value);
     else node.value = value ?? "";
   };
+
+  // A model's or dataset's own options: the keys its other fields do not hold.
+  const optionsOf = (ref, shown) => Object.fromEntries(Object.entries(ref ?? {}).filter(([k, v]) => !shown.includes(k) && v !== null));
 
   // The form from a spec (a clone's, or what the editor holds); what it cannot show is kept.
   const fill = (spec) => {
     const s = JSON.parse(JSON.stringify(spec));
     for (const key of ["model", "dataset", "scheduler"]) if (typeof s[key] === "string") s[key] = { name: s[key] };
-    extras = {};
-    for (const key of ["model", "dataset"]) {
-      const { name, ...rest } = s[key] || {};
-      if (Object.keys(rest).some((k) => rest[k] !== null && !(k === "download" && rest[k] === false))) extras[key] = rest;
-    }
+    s.model = { ...s.model, options: optionsOf(s.model, ["name"]) };
+    s.dataset = { ...s.dataset, options: optionsOf(s.dataset, ["name", "data_root", "download"]) };
     const shown = new Set([...inputs.keys()].map((p) => p.split(".")[0]));
-    for (const [key, value] of Object.entries(s)) if (!shown.has(key) && value !== null) extras[key] = value;
+    extras = Object.fromEntries(Object.entries(s).filter(([key, value]) => !shown.has(key) && value !== null));
     for (const [path, { field }] of inputs) {
-      const value = path === "model" || path === "dataset" ? s[path]?.name : getPath(s, path);
+      const value = getPath(s, path);
       setValue(path, value === undefined || value === null ? (field.optional ? "" : field.value) : value);
-      if (path === "model") fillDatasets();
+      if (path === "model.name") fillDatasets(s.dataset?.name);
     }
     if (s.epochs === undefined || s.epochs === null) setValue("epochs", "");
   };
 
   const numberOf = (node) => (node.value.trim() === "" ? undefined : Number(node.value));
+  // A YAML mapping typed in an options field; throws with what is wrong.
+  const optionsIn = (node) => {
+    if (!node.value.trim()) return {};
+    const parsed = yaml.load(node.value);
+    if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) throw new Error("must be a mapping, such as {pretrained: true}");
+    return parsed;
+  };
 
-  // The spec the form describes.
+  // The spec the form describes (an options field that does not parse adds nothing).
   const spec = () => {
     const s = {};
+    const options = [];
     for (const [path, { field, input: node, box }] of inputs) {
       if (box.hidden) continue;
       let value;
       if (field.check) value = node.checked;
       else if (field.list) value = node.value.split(/[\s,]+/).filter(Boolean).map(Number);
-      else if (field.attrs?.type === "number") value = numberOf(node);
+      else if (field.options) {
+        try {
+          options.push([path.replace(/\.options$/, ""), optionsIn(node)]);
+        } catch { /* shown by checkInputs */ }
+        continue;
+      } else if (field.attrs?.type === "number") value = numberOf(node);
       else value = node.value.trim() || undefined;
+      if (value !== undefined && field.parse && typeof value === "string") value = field.parse(value);
       if (value !== undefined) setPath(s, path, value);
     }
-    if (s.max_steps !== undefined) delete s.epochs;
-    for (const [key, value] of Object.entries(extras)) {
-      if (key === "model" || key === "dataset") s[key] = { name: s[key], ...value };
-      else s[key] ??= value;
+    for (const [parent, values] of options) {
+      for (const [key, value] of Object.entries(values)) if (getPath(s, `${parent}.${key}`) === undefined) setPath(s, `${parent}.${key}`, value);
     }
+    if (s.max_steps !== undefined) delete s.epochs;
+    if (s.init_from && s.init_from.job === undefined && s.init_from.uri === undefined) delete s.init_from;
+    for (const [key, value] of Object.entries(extras)) s[key] ??= value;
     return tidy(s);
   };
 
@@ -199,7 +178,10 @@ export async function render({ root, params, signal }) {
 
   const update = () => {
     const shownFor = spec();
-    for (const { field, box } of inputs.values()) box.hidden = field.show ? !field.show(shownFor) : false;
+    // A field that holds a value the user gave stays in sight (a data root typed before the
+    // dataset changed), so nothing is sent that the form does not show.
+    const given = ({ field, input: node }) => (field.check ? node.checked && !field.value : field.value === undefined && node.value.trim() !== "");
+    for (const entry of inputs.values()) entry.box.hidden = entry.field.show ? !(entry.field.show(shownFor) || given(entry)) : false;
     const s = spec();
     const m = s.micro_batch_size;
     const n = s.accumulation_steps;
@@ -230,7 +212,10 @@ export async function render({ root, params, signal }) {
     clear(editorErrors);
   };
   const showAt = (path, text) => {
-    const entry = inputs.get(path) ?? inputs.get(path.split(".")[0]) ?? (path.startsWith("scheduler") ? inputs.get("scheduler.name") : null);
+    // `model` is its name's field, `model.hidden` (an option) its options'.
+    const top = path.split(".")[0];
+    const entry = inputs.get(path) ?? inputs.get(`${path}.name`) ?? inputs.get(`${top}.options`) ?? inputs.get(top)
+      ?? inputs.get(`${top}.name`);
     if (!entry || entry.box.hidden) return false;
     entry.error.textContent = entry.error.textContent ? `${entry.error.textContent}; ${text}` : text;
     entry.box.classList.add("invalid");
@@ -239,7 +224,16 @@ export async function render({ root, params, signal }) {
   const checkInputs = () => {
     let ok = true;
     for (const [path, { field, input: node, box }] of inputs) {
-      if (box.hidden || field.attrs?.type !== "number") continue;
+      if (box.hidden) continue;
+      if (field.options) {
+        try {
+          optionsIn(node);
+        } catch (error) {
+          showAt(path, error.reason ? `not YAML: ${error.reason}` : error.message);
+          ok = false;
+        }
+      }
+      if (field.attrs?.type !== "number") continue;
       const v = node.validity;
       const problem = v.badInput ? "must be a number"
         : v.valueMissing || (!field.optional && node.value.trim() === "") ? "required"
@@ -250,6 +244,12 @@ export async function render({ root, params, signal }) {
         showAt(path, problem);
         ok = false;
       }
+    }
+    // Your own data (imagefolder, files, hf_disk) has no default folder.
+    const dataset = byName[input("dataset.name").value];
+    if (dataset?.source === "own" && !input("dataset.data_root").value.trim()) {
+      showAt("dataset.data_root", `required: the folder that holds your ${dataset.name} data`);
+      ok = false;
     }
     return ok;
   };
@@ -266,7 +266,6 @@ export async function render({ root, params, signal }) {
         throw new Error(`not valid JSON: ${error.message}`);
       }
     }
-    const yaml = await loadYaml();
     try {
       return yaml.load(text);
     } catch (error) {
@@ -295,8 +294,7 @@ export async function render({ root, params, signal }) {
   const switchTo = async (target) => {
     if (target === mode) return;
     if (target === "editor") {
-      const yaml = await loadYaml().catch(() => null);
-      editor.value = yaml ? yaml.dump(spec(), { lineWidth: 100 }) : JSON.stringify(spec(), null, 2);
+      editor.value = yaml.dump(spec());
     } else {
       const parsed = await checkEditor();
       if (!parsed) return; // stay: the editor says what is wrong
@@ -350,10 +348,10 @@ export async function render({ root, params, signal }) {
     }
   };
 
-  input("model").addEventListener("change", fillDatasets);
+  input("model.name").addEventListener("change", () => fillDatasets());
   for (const [path, { field }] of inputs) {
     setValue(path, field.value ?? "");
-    if (path === "model") fillDatasets();
+    if (path === "model.name") fillDatasets();
   }
   if (source) {
     fill(source.spec);

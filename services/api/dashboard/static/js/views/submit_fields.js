@@ -1,0 +1,79 @@
+// The submit form's fields: one entry per spec field, in sections. `path` is the spec's (and
+// the API's 422) path; `show(spec)` hides fields that do not apply (momentum is SGD's, betas
+// AdamW's, a data root is for data read from disk); a field holding a value is always shown.
+// Kinds: `choices` (a select), `check` (a checkbox), `options` (a YAML mapping merged into its
+// parent: a model's or a dataset's own options), else an input with `attrs`; `parse` turns the
+// typed text into the spec's value and `text` back.
+
+const SCHEDULERS = ["none", "cosine", "step"];
+// The namespaces of the catalog ("timm:", "hf:"): a name after the colon picks the model.
+const NAMESPACE = /^([a-z_]+:)/;
+
+// The catalog entry a model name belongs to: its own, or its namespace's ("timm:resnet18").
+export function modelEntry(models, name) {
+  const prefix = NAMESPACE.exec(name ?? "")?.[1];
+  return models.find((m) => m.name === name) ?? (prefix ? models.find((m) => m.name === prefix) : undefined);
+}
+
+export function fieldsFor({ models, datasets, priorities, roots }) {
+  const int = (min, max) => ({ type: "number", min, max, step: 1 });
+  const real = (min) => ({ type: "number", min, step: "any" });
+  const byName = Object.fromEntries(datasets.map((d) => [d.name, d]));
+  const dataset = (s) => byName[s.dataset?.name ?? s.dataset];
+  const rootsHint = roots?.length ? `inside ${roots.join(" or ")}` : "inside a data root of this service (an admin can tell you which)";
+  return [
+    { section: "Job", path: "name", label: "Name", attrs: { placeholder: "model-dataset" } },
+    { section: "Job", path: "model.name", label: "Model", value: "mlp", datalist: models.map((m) => [m.name, m.description]),
+      attrs: { placeholder: "mlp, timm:resnet18, hf:gpt2", autocomplete: "off" },
+      hint: "a catalog model, timm:<name>, hf:<model_type> or hf:<directory>" },
+    { section: "Job", path: "model.options", label: "Model options", options: true,
+      attrs: { placeholder: "{pretrained: true}" }, hint: "YAML mapping; the catalog lists each model's options" },
+    { section: "Job", path: "dataset.name", label: "Dataset", choices: [], value: "digits" },
+    { section: "Job", path: "dataset.data_root", label: "Data root", datalist: (roots ?? []).map((r) => [r]),
+      attrs: { placeholder: roots?.[0] ? `${roots[0]}/…` : "/data/…", autocomplete: "off" },
+      hint: `the data's folder, ${rootsHint}, or s3://bucket/prefix`, show: (s) => Boolean(dataset(s)?.needs_data_root) },
+    { section: "Job", path: "dataset.download", label: "Download if missing", check: true, value: false,
+      show: (s) => dataset(s)?.needs_data_root && dataset(s)?.source === "builtin" },
+    { section: "Job", path: "dataset.options", label: "Dataset options", options: true,
+      attrs: { placeholder: "{columns: {text: body}}" }, hint: "YAML mapping; the catalog lists each dataset's options" },
+    { section: "Batch", path: "micro_batch_size", label: "Micro-batch m", attrs: int(1, 1048576), value: 16, hint: "samples per forward/backward" },
+    { section: "Batch", path: "accumulation_steps", label: "Accumulation N", attrs: int(1, 65536), value: 4, hint: "micro-batches per optimizer step" },
+    { section: "Batch", path: "gpus", label: "GPUs", attrs: int(0, 64), value: 1, hint: "0 = CPU" },
+    { section: "Length", path: "epochs", label: "Epochs", attrs: int(1), value: 1, optional: true },
+    { section: "Length", path: "max_steps", label: "Max steps", attrs: { ...int(1), placeholder: "instead of epochs" }, optional: true, hint: "optimizer steps; overrides epochs" },
+    { section: "Length", path: "timeout", label: "Timeout", attrs: { placeholder: "the service's maximum" }, optional: true,
+      hint: "seconds, or 90m, 12h, 7d", parse: (t) => (/^\d+$/.test(t) ? Number(t) : t) },
+    { section: "Optimizer", path: "optimizer.name", label: "Optimizer", choices: [["sgd"], ["adamw"]], value: "sgd" },
+    { section: "Optimizer", path: "optimizer.lr", label: "Learning rate", attrs: real(0), value: 0.1 },
+    { section: "Optimizer", path: "optimizer.momentum", label: "Momentum", attrs: real(0), value: 0, show: (s) => s.optimizer?.name === "sgd" },
+    { section: "Optimizer", path: "optimizer.betas", label: "Betas", attrs: { placeholder: "0.9, 0.999" }, value: "0.9, 0.999", list: true, show: (s) => s.optimizer?.name === "adamw" },
+    { section: "Optimizer", path: "optimizer.weight_decay", label: "Weight decay", attrs: real(0), value: 0 },
+    { section: "Optimizer", path: "grad_clip_norm", label: "Gradient clip norm", attrs: { ...real(0), placeholder: "none" }, optional: true },
+    { section: "Optimizer", path: "on_nonfinite", label: "On NaN / inf", choices: [["fail", "fail the job"], ["skip", "skip the step"]], value: "fail",
+      hint: "a window whose loss or gradient is not finite" },
+    { section: "Schedule", path: "scheduler.name", label: "LR schedule", choices: SCHEDULERS.map((s) => [s]), value: "none", hint: "counted in optimizer steps" },
+    { section: "Schedule", path: "scheduler.warmup_steps", label: "Warm-up steps", attrs: int(0), value: 0, show: (s) => ["cosine", "step"].includes(s.scheduler?.name) },
+    { section: "Schedule", path: "scheduler.step_size", label: "Step size", attrs: int(1), value: 100, show: (s) => s.scheduler?.name === "step" },
+    { section: "Schedule", path: "scheduler.gamma", label: "Gamma", attrs: real(0), value: 0.1, show: (s) => s.scheduler?.name === "step" },
+    { section: "Evaluation and checkpoints", path: "eval_every", label: "Evaluate every", attrs: { ...int(1), placeholder: "each epoch's end" }, optional: true, hint: "optimizer steps" },
+    { section: "Evaluation and checkpoints", path: "checkpoint_every", label: "Checkpoint every", attrs: int(1), value: 100, hint: "optimizer steps (and always at the end)" },
+    { section: "Evaluation and checkpoints", path: "keep_checkpoints", label: "Keep checkpoints", attrs: int(1), value: 3, hint: "latest ones, plus the best" },
+    { section: "Evaluation and checkpoints", path: "verify_window", label: "Check the first window", value: "true",
+      choices: [["true", "fail the job when accumulation is not exact"], ["warn", "record it and train on"], ["false", "skip the check"]],
+      parse: (t) => (t === "warn" ? t : t === "true"), text: (v) => String(v), hint: "against the big batch, before the first step" },
+    { section: "Warm start", path: "init_from.job", label: "From job", attrs: { placeholder: "one of your job ids", autocomplete: "off" }, optional: true },
+    { section: "Warm start", path: "init_from.step", label: "Checkpoint step", attrs: { ...int(1), placeholder: "the latest" }, optional: true },
+    { section: "Warm start", path: "init_from.uri", label: "Or weights file", datalist: (roots ?? []).map((r) => [r]),
+      attrs: { placeholder: roots?.[0] ? `${roots[0]}/model.pt` : "/data/model.pt", autocomplete: "off" }, optional: true,
+      hint: `a checkpoint or state dict ${rootsHint}` },
+    { section: "Warm start", path: "init_from.strict", label: "Every key must match", check: true, value: true },
+    { section: "Run", path: "precision", label: "Precision", choices: [["fp32"], ["bf16"], ["fp16"]], value: "fp32" },
+    { section: "Run", path: "seed", label: "Seed", attrs: int(0), value: 0 },
+    { section: "Run", path: "queue", label: "Queue", value: "default", hint: "the worker queue (GPU class)" },
+    priorities && { section: "Run", path: "priority", label: "Priority", choices: priorities.map((p) => [p]), value: priorities.includes("normal") ? "normal" : priorities[0] },
+    { section: "Run", path: "max_restarts", label: "Max restarts", attrs: int(0, 100), value: 3, hint: "after lost workers" },
+    { section: "Run", path: "compile", label: "torch.compile", check: true, value: false },
+    { section: "Run", path: "fast_path", label: "Fast path", check: true, value: true },
+    { section: "Run", path: "data_on_device", label: "Data on the GPU", check: true, value: false },
+  ].filter(Boolean);
+}
