@@ -9,6 +9,7 @@ one of those dependencies or a dependency of one of them, and none of them may p
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -116,3 +117,18 @@ def test_an_api_host_install_pulls_no_torch() -> None:
     assert not heavy, f"an API host would install {sorted(heavy)}"
     worker = {canonicalize_name(Requirement(d).name) for d in PROJECT["optional-dependencies"]["worker"]}
     assert {"torch", "torchvision", "numpy"} <= worker
+
+
+def test_the_images_requirement_lists_are_pyprojects() -> None:
+    """docker/requirements.py, which writes the images' lists, follows `accum[worker]`
+    self-references and gives the API image exactly the core and s3 requirements."""
+    spec = importlib.util.spec_from_file_location("image_requirements", ROOT / "docker" / "requirements.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.requirements(PROJECT, ["s3"]) == sorted(str(r) for r in api_requirements())
+    worker = module.requirements(PROJECT, ["models", "s3", "gpu"])
+    assert {"torch", "torchvision", "timm", "obstore", "nvidia-ml-py", "fastapi"} <= {
+        canonicalize_name(Requirement(text).name) for text in worker
+    }
+    assert not any(text.startswith("accum") for text in worker)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -40,7 +41,15 @@ def test_the_package_list_names_every_package_in_the_tree() -> None:
 
 
 @pytest.mark.slow
-def test_wheel_in_a_fresh_venv_runs_the_demo_from_an_empty_folder(tmp_path: Path) -> None:
+@pytest.mark.timeout(1500)  # pip unpacks torch and its CUDA wheels (3.5 GB): 9 min on a busy disk
+def test_wheel_in_a_fresh_venv_runs_the_demo_from_an_empty_folder() -> None:
+    # Not tmp_path: another pytest session on this machine, starting during the long install,
+    # prunes older sessions' tmp_path folders (pytest keeps three) and took this venv with it.
+    with tempfile.TemporaryDirectory(prefix="accum-wheel-") as folder:
+        installed_wheel_runs_the_demo(Path(folder))
+
+
+def installed_wheel_runs_the_demo(tmp_path: Path) -> None:
     dist, venv, empty = tmp_path / "dist", tmp_path / "venv", tmp_path / "empty"
     empty.mkdir()
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dist, ROOT], 300)
