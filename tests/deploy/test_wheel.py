@@ -10,6 +10,7 @@ pip installs the torch CI pins (from this machine's local wheels where pip is co
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,16 +51,23 @@ def test_wheel_in_a_fresh_venv_runs_the_demo_from_an_empty_folder() -> None:
 
 
 def installed_wheel_runs_the_demo(tmp_path: Path) -> None:
-    dist, venv, empty = tmp_path / "dist", tmp_path / "venv", tmp_path / "empty"
+    source, dist, venv, empty = (tmp_path / n for n in ("source", "dist", "venv", "empty"))
     empty.mkdir()
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dist, ROOT], 300)
-    (wheel,) = dist.glob("accum-*.whl")
-    run([sys.executable, "-m", "venv", venv], 120)
-    python = venv / "bin" / "python"
-    run([python, "-m", "pip", "install", "--quiet", "-c", ROOT / "constraints.txt", f"{wheel}[worker]"], 900)
-
-    # Nothing of this checkout may leak in: no PYTHONPATH, no ACCUM_* settings, an empty cwd.
+    # Nothing of this checkout may leak in: no PYTHONPATH (pip would take an accum.egg-info on
+    # it for an installed accum), no ACCUM_* settings, an empty working folder.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("ACCUM_")}
+    # Built from a copy: an in-tree build leaves build/ behind, whose stale files a later
+    # wheel would ship.
+    for name in ("src", "services", "migrations", "examples"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dist, source], 300, env=env)
+    (wheel,) = dist.glob("accum-*.whl")
+    run([sys.executable, "-m", "venv", venv], 120, env=env)
+    python = venv / "bin" / "python"
+    run([python, "-m", "pip", "install", "--quiet", "-c", ROOT / "constraints.txt", f"{wheel}[worker]"], 900, env=env)
+
     where = run([python, "-c", "import services; print(services.__file__)"], 60, cwd=empty, env=env)
     assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout
 
