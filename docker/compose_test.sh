@@ -43,6 +43,7 @@ build() { "$BUILDER" build -q "${BUILD_ARGS[@]}" "$@" . >/dev/null; }
 step "build accum-api" build -f docker/Dockerfile --target api -t accum-api:latest
 step "build accum-worker" build -f docker/Dockerfile --target worker -t accum-worker:latest
 step "build accum-standins" build -f docker/standins.Dockerfile -t accum-standins:latest
+"$DOCKER" image prune -f >/dev/null  # the previous builds' images, untagged by these
 
 # What the README promises: the worker's torch is the pin, the API has none.
 PIN=$(sed -n 's/^torch==//p' constraints.txt)
@@ -55,5 +56,5 @@ echo "accum-worker: torch $GOT (pin $PIN); accum-api: no torch"
 COMPOSE=${COMPOSE:-docker-compose}
 $COMPOSE version >/dev/null 2>&1 || COMPOSE="$DOCKER compose"
 export COMPOSE
-step "compose stack test" "$PYTHON" -m pytest -m compose -x -q -p no:cacheprovider tests/deploy/test_compose_stack.py
+step "compose stack test" "$PYTHON" -m pytest -m compose -x -q -s -p no:cacheprovider tests/deploy/test_compose_stack.py
 printf '%s\n' "${TIMES[@]}"
