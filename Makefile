@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The stamp changes whenever the dependency list or the pins change, so `make` reinstalls then only.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt examples/plugin/pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install browser test test-fast test-reliability reliability-report demo up lint bench clean screenshots
+.PHONY: install browser test test-fast compose-test test-reliability reliability-report demo up lint bench clean screenshots
 
 install: $(STAMP)
 
@@ -35,7 +35,13 @@ test: install browser
 # two cores mostly spin (tests/accumcore measured 60 CPU-s against 119). `make test` runs all.
 test-fast: install
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist worksteal --ignore=tests/reliability --ignore=tests/bench \
-	  -m "not browser and not reliability_slow and not sweep" $(PYTEST_ARGS)
+	  -m "not browser and not reliability_slow and not sweep and not compose" $(PYTEST_ARGS)
+
+# The deployment, end to end (docs/deployment.md): Docker engine (installed when absent),
+# both images built from the wheel, the compose stack up on this machine through
+# docker/compose.test.yml, a job through it (a worker restart mid-job included), torn down.
+compose-test: install
+	PYTHON=$(abspath $(PY)) bash docker/compose_test.sh
 
 # Every reliability test, the slow ones too, plus bench/service/load.py; figures land in
 # bench/results/ and docs/reliability.md is rewritten from them.
@@ -61,7 +67,7 @@ lint: install
 bench: install
 	$(PY) -m bench.run_all
 
-# PNGs of the dashboard's main pages at 1366x900 and 390x844, for the README and docs/dashboard.md (about 2 min).
+# PNGs of the dashboard's main pages at 1366x900 and 360x800, for the README and docs/dashboard.md (about 2 min).
 screenshots: install browser
 	$(PY) tests/dashboard/screenshots.py docs/screenshots
 

@@ -255,7 +255,8 @@ MODELS: dict[str, ModelInfo] = {
     },
 }
 
-# scikit-learn's bundled digits: 1797 images; a fixed 20% (rounded up) goes to validation.
+# The 8x8 digits shipped as package data (scikit-learn's copy, services/catalog/data): 1797
+# images; a fixed 20% (rounded up) goes to validation.
 DIGITS_TOTAL = 1797
 DIGITS_VAL_SIZE = 360
 
@@ -264,7 +265,7 @@ _text_stats = corpus_stats(TEXT_DEFAULT_MAX_LEN)
 DATASETS: dict[str, DatasetInfo] = {
     "digits": DatasetInfo(
         name="digits",
-        description="scikit-learn's bundled 8x8 handwritten digits (real data, offline), fixed split.",
+        description="8x8 handwritten digits shipped with accum (scikit-learn's copy; real data, offline), fixed split.",
         task="classification",
         num_classes=10,
         train_size=DIGITS_TOTAL - DIGITS_VAL_SIZE,

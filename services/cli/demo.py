@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.cli.common import load_spec
+from services.packaged import packaged_dir
 from services.ports import free_port
 
 if TYPE_CHECKING:
     from services.settings import Settings
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SPEC = REPO_ROOT / "examples" / "digits_small_cnn.yaml"
+DEFAULT_SPEC = packaged_dir("examples") / "digits_small_cnn.yaml"
 
 
 def register(commands: Any) -> None:

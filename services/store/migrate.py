@@ -7,12 +7,12 @@ run ``accum db upgrade`` (``accum up`` does) before starting it.
     upgrade(settings.database_url)            # to head; idempotent
     downgrade(settings.database_url, "base")  # drop everything
 
-The scripts live in ``migrations/`` at the repository root (next to the ``services`` package).
+The scripts ship inside the package (``services/migrations`` in the wheel; ``migrations/`` at the
+top of the repository): ``services.packaged`` finds them.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from alembic import command
@@ -21,18 +21,18 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-import services
+from services.packaged import packaged_dir
 from services.store.db import make_engine
 from services.store.models import Base
 
-MIGRATIONS_DIR = Path(services.__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = packaged_dir("migrations")
 
 
 def alembic_config(database_url: str) -> Config:
     if not (MIGRATIONS_DIR / "env.py").is_file():
         raise FileNotFoundError(
-            f"Alembic migrations not found at {MIGRATIONS_DIR}; install accum from a source "
-            "checkout (pip install -e .) so migrations/ sits next to services/"
+            f"Alembic migrations not found at {MIGRATIONS_DIR}: this accum was installed without "
+            "its package data; reinstall it from a wheel (pip install accum-*.whl) or a checkout"
         )
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))

@@ -55,14 +55,14 @@ def test_every_entry_has_a_one_line_description() -> None:
         assert len(info.description) <= 160, info.name
 
 
-def test_digits_size_matches_scikit_learn() -> None:
-    datasets = pytest.importorskip("sklearn.datasets")
-    images, labels = datasets.load_digits(return_X_y=True)
-    assert len(labels) == DIGITS_TOTAL
-    from services.catalog.datasets import load_digits_arrays  # reads sklearn's file directly
+def test_shipped_digits_match_the_catalog_sizes() -> None:
+    """The digits file ships with the package (no scikit-learn): 8x8 images of 0..16, ten labels."""
+    from services.catalog.datasets import load_digits_arrays
 
-    ours = load_digits_arrays()
-    assert (ours[0] == images).all() and (ours[1] == labels).all()
+    images, labels = load_digits_arrays()
+    assert images.shape == (DIGITS_TOTAL, 64) and labels.shape == (DIGITS_TOTAL,)
+    assert images.min() == 0 and images.max() == 16 and (images == images.round()).all()
+    assert sorted(set(labels.tolist())) == list(range(10))
     info = DATASETS["digits"]
     assert info.train_size + info.val_size == DIGITS_TOTAL
 

@@ -1,18 +1,19 @@
-"""The API image really runs without torch, and its requirement list covers what it imports.
+"""The API image really runs without torch, and pyproject's core dependencies cover what it imports.
 
-docker/api.Dockerfile installs the package with `--no-deps` plus docker/api-requirements.txt.
-Here a subprocess refuses to import torch, torchvision, numpy, scikit-learn and scipy, then
-imports everything the API image runs (the API app, the `accum` CLI, migrations) and serves
-/healthz; every distribution it imported must be in the requirement list or be a dependency
-of one of its entries.
+docker/Dockerfile's `api` stage installs the wheel as `accum[s3]`: the core dependencies (an API
+host's) and the s3 extra, with constraints.txt. Here a subprocess refuses to import torch,
+torchvision, numpy, scikit-learn and scipy, then imports everything the API image runs (the API
+app, the `accum` CLI, migrations) and serves /healthz; every distribution it imported must be
+one of those dependencies or a dependency of one of them, and none of them may pull torch.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import re
 import subprocess
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -20,12 +21,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUIREMENTS = ROOT / "docker" / "api-requirements.txt"
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # greenlet: SQLAlchemy and Celery import it when present (dev installs have it through
 # playwright); refusing it proves the image works without it.
 HEAVY = ("torch", "torchvision", "numpy", "sklearn", "scipy", "greenlet")
 API_EXTRAS = ("s3",)
-OPPORTUNISTIC = {"cryptography", "xxhash", "httpx2", "cffi", "brotlicffi", "hiredis"}
+OPPORTUNISTIC = {"cryptography", "xxhash", "httpx2", "cffi", "brotlicffi", "hiredis", "sniffio"}
 
 PROBE = """
 import importlib.abc, json, sys
@@ -49,13 +50,15 @@ print(json.dumps(sorted({m.split(".")[0] for m in set(sys.modules) - before})))
 """
 
 
+def api_requirements() -> list[Requirement]:
+    """What `pip install accum[s3]` asks for: the core dependencies and the API's extras."""
+    extras = [d for extra in API_EXTRAS for d in PROJECT["optional-dependencies"][extra]]
+    return [Requirement(text) for text in PROJECT["dependencies"] + extras]
+
+
 def requirement_closure() -> set[str]:
-    """Canonical names of the listed distributions and, recursively, their dependencies."""
-    pending = [
-        Requirement(line.split("#")[0].strip())
-        for line in REQUIREMENTS.read_text().splitlines()
-        if line.split("#")[0].strip()
-    ]
+    """Canonical names of the API's distributions and, recursively, their dependencies."""
+    pending = api_requirements()
     seen: set[str] = set()
     while pending:
         requirement = pending.pop()
@@ -97,33 +100,35 @@ def test_api_imports_no_heavy_package_and_needs_only_listed_ones(tmp_path: Path)
     needed -= {"accum"}
     # Imported only because they happen to be installed here (by the models and test extras):
     # redis-py uses cryptography and xxhash when present, starlette's TestClient prefers
-    # httpx2, cryptography brings cffi. The image runs without them.
-    needed -= OPPORTUNISTIC
+    # httpx2, cryptography brings cffi, anyio uses sniffio, and FastAPI's telemetry imports
+    # whichever OpenTelemetry SDK parts are installed. The image runs without them.
+    needed = {n for n in needed - OPPORTUNISTIC if not n.startswith("opentelemetry-")} | (
+        needed & {"opentelemetry-api"}
+    )
     missing = needed - requirement_closure()
-    assert not missing, f"add to {REQUIREMENTS.name}: {sorted(missing)}"
+    assert not missing, f"add to pyproject.toml's dependencies: {sorted(missing)}"
 
 
-def test_requirement_list_matches_the_project_dependencies() -> None:
-    """Every API requirement is a project dependency with the same bounds, or pinned where CI
-    pins it (constraints.txt) to a version the project's range admits."""
-    import tomllib
+def test_an_api_host_install_pulls_no_torch() -> None:
+    """The core and s3 requirements, followed through what is installed here, reach no torch,
+    numpy or CUDA wheel: those come only with the worker extra."""
+    closure = requirement_closure()
+    heavy = {n for n in closure if n in {"torch", "torchvision", "numpy", "scikit-learn", "scipy", "triton"} or n.startswith("nvidia-")}
+    assert not heavy, f"an API host would install {sorted(heavy)}"
+    worker = {canonicalize_name(Requirement(d).name) for d in PROJECT["optional-dependencies"]["worker"]}
+    assert {"torch", "torchvision", "numpy"} <= worker
 
-    metadata_ = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    # The core dependencies, and the extras the API image installs (s3: the artifact store).
-    project = metadata_["dependencies"] + [d for extra in API_EXTRAS for d in metadata_["optional-dependencies"][extra]]
-    declared = {canonicalize_name(Requirement(d).name): Requirement(d) for d in project}
-    constraints = (ROOT / "constraints.txt").read_text().splitlines()
-    for line in REQUIREMENTS.read_text().splitlines():
-        text = line.split("#")[0].strip()
-        if not text:
-            continue
-        requirement = Requirement(text)
-        name = canonicalize_name(requirement.name)
-        assert name in declared, f"{name} is in the API image but not in pyproject.toml"
-        pinned = [spec.version for spec in requirement.specifier if spec.operator == "=="]
-        if pinned:  # a pin the package's range admits, the same as CI's (constraints.txt)
-            assert declared[name].specifier.contains(pinned[0]), name
-            assert f"{requirement.name}=={pinned[0]}" in constraints, name
-        else:
-            assert str(requirement.specifier) == str(declared[name].specifier), name
-    assert not re.search(r"^(torch|torchvision|numpy|scikit-learn)\b", REQUIREMENTS.read_text(), re.M)
+
+def test_the_images_requirement_lists_are_pyprojects() -> None:
+    """docker/requirements.py, which writes the images' lists, follows `accum[worker]`
+    self-references and gives the API image exactly the core and s3 requirements."""
+    spec = importlib.util.spec_from_file_location("image_requirements", ROOT / "docker" / "requirements.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.requirements(PROJECT, ["s3"]) == sorted(str(r) for r in api_requirements())
+    worker = module.requirements(PROJECT, ["models", "s3", "gpu"])
+    assert {"torch", "torchvision", "timm", "obstore", "nvidia-ml-py", "fastapi"} <= {
+        canonicalize_name(Requirement(text).name) for text in worker
+    }
+    assert not any(text.startswith("accum") for text in worker)

@@ -24,7 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 OUR_SERVICES = [name for name, svc in SERVICES.items() if str(svc.get("image", "")).startswith("accum-")]
-GPU_WORKERS = [name for name in SERVICES if name.startswith("worker")]
+WORKERS = [name for name in SERVICES if name.startswith("worker")]
+
+
+def gpu_reservations(service: dict[str, Any]) -> list[dict[str, Any]]:
+    return (service.get("deploy") or {}).get("resources", {}).get("reservations", {}).get("devices", [])
+
+
+# One worker per GPU (a device id each), the worker of every GPU (count: all), the CPU worker.
+ONE_GPU_WORKERS = [n for n in WORKERS if any("device_ids" in d for d in gpu_reservations(SERVICES[n]))]
+ALL_GPUS_WORKERS = [n for n in WORKERS if any(d.get("count") == "all" for d in gpu_reservations(SERVICES[n]))]
 SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
@@ -49,7 +58,8 @@ def depends(service: dict[str, Any], on: str) -> str | None:
 
 def test_the_services_a_gpu_node_needs_are_there() -> None:
     assert {"postgres", "redis", "migrate", "api", "worker"} <= SERVICES.keys()
-    assert set(OUR_SERVICES) >= {"migrate", "api", *GPU_WORKERS}
+    assert set(OUR_SERVICES) >= {"migrate", "api", *WORKERS}
+    assert ONE_GPU_WORKERS and ALL_GPUS_WORKERS and "worker-cpu" in WORKERS
 
 
 def test_postgres_keeps_its_data_in_a_volume_and_reports_health() -> None:
@@ -68,7 +78,7 @@ def test_start_up_order_migrates_before_api_and_workers() -> None:
     assert depends(SERVICES["migrate"], "postgres") == "service_healthy"
     assert SERVICES["migrate"].get("restart") == "no"
     assert command_of(SERVICES["migrate"])[:3] == ["accum", "db", "upgrade"]
-    for name in ["api", *GPU_WORKERS]:
+    for name in ["api", *WORKERS]:
         assert depends(SERVICES[name], "migrate") == "service_completed_successfully", name
         assert depends(SERVICES[name], "redis") == "service_healthy", name
 
@@ -79,27 +89,37 @@ def test_api_healthcheck_asks_readyz() -> None:
     assert healthcheck.get("start_period")
 
 
-def test_every_worker_reserves_exactly_one_distinct_nvidia_gpu() -> None:
-    assert len(GPU_WORKERS) >= 2, "show how a second worker is pinned to GPU 1"
+def test_every_one_gpu_worker_reserves_exactly_one_distinct_nvidia_gpu() -> None:
+    assert len(ONE_GPU_WORKERS) >= 2, "show how a second worker is pinned to GPU 1"
     claimed: list[str] = []
-    for name in GPU_WORKERS:
-        devices = SERVICES[name]["deploy"]["resources"]["reservations"]["devices"]
+    for name in ONE_GPU_WORKERS:
+        devices = gpu_reservations(SERVICES[name])
         assert len(devices) == 1, name
         device = devices[0]
         assert device["driver"] == "nvidia"
         assert "gpu" in device["capabilities"]
-        ids = device.get("device_ids")
-        assert ids is not None or device.get("count") == 1, f"{name}: one GPU per worker"
-        if ids is not None:
-            assert len(ids) == 1, f"{name}: one GPU per worker"
-            claimed.extend(ids)
+        assert len(device["device_ids"]) == 1, f"{name}: one GPU per worker"
+        claimed.extend(device["device_ids"])
     assert len(claimed) == len(set(claimed)), "two workers reserve the same GPU"
+
+
+def test_the_all_gpus_worker_serves_the_multi_gpu_queue_and_is_opt_in() -> None:
+    """`gpus: k` jobs need one worker holding k GPUs: it reserves them all, on its own queue,
+    behind a profile (it would claim the GPUs the one-GPU workers reserve)."""
+    (name,) = ALL_GPUS_WORKERS
+    service = SERVICES[name]
+    assert service["profiles"] and gpu_reservations(service)[0]["driver"] == "nvidia"
+    argv = build_parser().parse_args(
+        [re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", a) for a in command_of(service)[1:]]
+    )
+    assert argv.queues == "multi-gpu"
+    assert not gpu_reservations(SERVICES["worker-cpu"]) and SERVICES["worker-cpu"]["profiles"]
 
 
 def test_api_and_workers_share_the_s3_store_and_no_artefacts_volume() -> None:
     url = SERVICES["api"]["environment"]["ACCUM_ARTIFACTS_URL"]
     assert re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", url) == "s3://accum/artifacts"
-    for name in ["api", *GPU_WORKERS]:
+    for name in ["api", *WORKERS]:
         env = SERVICES[name]["environment"]
         assert env["ACCUM_ARTIFACTS_URL"] == url, name
         assert "minio:9000" in env["AWS_ENDPOINT_URL"] and env["AWS_ACCESS_KEY_ID"], name
@@ -152,11 +172,11 @@ def dockerfile(name: str) -> str:
     return (ROOT / "docker" / name).read_text()
 
 
-@pytest.mark.parametrize("name", ["api.Dockerfile", "worker.Dockerfile"])
+@pytest.mark.parametrize("name", ["Dockerfile", "standins.Dockerfile"])
 def test_dockerfiles_copy_files_that_exist(name: str) -> None:
     sources = []
     for line in dockerfile(name).splitlines():
-        if line.startswith("COPY "):
+        if line.startswith("COPY ") and "--from=" not in line:
             parts = [p for p in line.split()[1:] if not p.startswith("--")]
             sources.extend(parts[:-1])
     assert sources
@@ -168,25 +188,44 @@ def test_our_images_are_built_here_from_dockerfiles_that_exist() -> None:
     for name in OUR_SERVICES:
         build = SERVICES[name].get("build")
         assert build, f"{name} would be pulled from a registry instead of built"
-        assert (ROOT / build.get("context", ".") / build["dockerfile"]).is_file()
+        text = (ROOT / build.get("context", ".") / build["dockerfile"]).read_text()
+        assert f" AS {build['target']}\n" in text, f"{name}: no stage {build['target']}"
 
 
-def test_api_image_is_slim_and_installs_no_torch() -> None:
-    text = dockerfile("api.Dockerfile")
-    base = re.search(r"^FROM (\S+)", text, re.M)
-    assert base and "slim" in base.group(1) and "torch" not in base.group(1)
-    assert "--no-deps" in text and "api-requirements.txt" in text
-    requirements = (ROOT / "docker" / "api-requirements.txt").read_text().lower()
-    for heavy in ("torch", "torchvision", "numpy", "scikit-learn"):
-        assert not re.search(rf"^{heavy}\b", requirements, re.M), heavy
+def stage(name: str) -> str:
+    """The lines of docker/Dockerfile's stage `name`."""
+    text = dockerfile("Dockerfile")
+    start = text.index(f" AS {name}\n")
+    end = text.find("\nFROM ", start)
+    return text[start: end if end > 0 else None]
+
+
+def test_images_install_the_wheel_with_pyprojects_requirements_and_the_pins() -> None:
+    """No second dependency list: the images install what pyproject asks for, with
+    constraints.txt (the torch CI tests), then the wheel the `wheel` stage built."""
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", dockerfile("Dockerfile"), re.M)
+    assert "install.sh --wheel-of . /dist" in stage("wheel")
+    install = dockerfile("install.sh")
+    assert "pip install -c /tmp/accum/constraints.txt" in install and "pip check" in install
+    for name, extras in (("api", "s3"), ("worker", "worker,models,s3,gpu")):
+        text = stage(name)
+        assert f"install.sh -r /tmp/accum/{name}.txt" in text, name
+        assert f"requirements.py pyproject.toml {extras} > {name}.txt" in stage("requirements")
+        assert "from=wheel" in text and "constraints.txt" in text, name
+        assert "install.sh --wheel /dist" in text, name
+        assert "USER accum" in text, f"{name} runs as root"
+    assert not list((ROOT / "docker").glob("*requirements*.txt"))
+
+
+def test_api_image_installs_no_torch_and_proves_it_at_build() -> None:
+    text = stage("api")
+    assert '! python -c "import torch"' in text
     assert "'torch' not in sys.modules" in text, "the build proves the API imports no torch"
 
 
-def test_worker_image_is_built_on_a_cuda_pytorch_base() -> None:
-    text = dockerfile("worker.Dockerfile")
-    base = re.search(r"^ARG BASE=(\S+)", text, re.M)
-    assert base and base.group(1).startswith("pytorch/pytorch:") and "cuda" in base.group(1)
-    assert "FROM ${BASE}" in text
+def test_worker_image_checks_the_torch_pin_and_runs_a_worker() -> None:
+    text = stage("worker")
+    assert "s/^torch==//p' /tmp/accum/constraints.txt" in text and "torch.__version__" in text
     command = re.search(r"^CMD (\[.*\])", text, re.M)
     assert command
     argv = yaml.safe_load(command.group(1))

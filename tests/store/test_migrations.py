@@ -4,15 +4,21 @@ models (autogenerate finds nothing to add)."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import Connection, create_engine, inspect, text
+from sqlalchemy.orm import Session
 
 from services.store import migrate
+from services.store.jobs import load_job
 from services.store.models import Base
+from services.store.status import JobStatus
 
 
 @pytest.fixture
@@ -92,6 +98,19 @@ def test_concurrent_upgrades_of_a_fresh_database_both_succeed(empty_database_url
     assert migrate.schema_drift(empty_database_url) == []
 
 
+def insert_owner_and_jobs(conn: Connection, statuses: dict[str, str]) -> None:
+    """Owner 1 and a job per id with the given status, in the first migration's columns."""
+    conn.execute(text("INSERT INTO owners (id, name, is_admin, created_at) "
+                      "VALUES (1, 'o', false, CURRENT_TIMESTAMP)"))
+    for job_id, status in statuses.items():
+        conn.execute(text(
+            "INSERT INTO jobs (id, owner_id, spec, spec_hash, status, queue, attempts, "
+            "restarts, max_restarts, progress, latest_metrics, created_at, updated_at) "
+            "VALUES (:id, 1, '{\"model\": \"mlp\"}', 'h', :status, 'default', 1, 0, 3, "
+            "'{}', '{\"val_accuracy\": 0.9}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"),
+            {"id": job_id, "status": status})
+
+
 def test_0006_turns_checkpoint_paths_into_store_keys(empty_database_url: str) -> None:
     """Rows written before the artifact store held the worker's absolute path (or a file://
     URL); after 0006 each holds ``<job>/<step>.pt``, whatever the path was."""
@@ -99,13 +118,7 @@ def test_0006_turns_checkpoint_paths_into_store_keys(empty_database_url: str) ->
     engine = create_engine(empty_database_url)
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO owners (id, name, is_admin, created_at) "
-                              "VALUES (1, 'o', false, CURRENT_TIMESTAMP)"))
-            conn.execute(text(
-                "INSERT INTO jobs (id, owner_id, spec, spec_hash, status, queue, attempts, "
-                "restarts, max_restarts, progress, latest_metrics, created_at, updated_at) "
-                "VALUES ('j1', 1, '{}', 'h', 'succeeded', 'default', 1, 0, 3, '{}', '{}', "
-                "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+            insert_owner_and_jobs(conn, {"j1": "succeeded"})
             for step, uri in ((10, "/srv/accum/artifacts/j1/10.pt"),
                               (20, "file:///mnt/share/artifacts/j1/20.pt")):
                 conn.execute(text(
@@ -120,5 +133,62 @@ def test_0006_turns_checkpoint_paths_into_store_keys(empty_database_url: str) ->
         with engine.connect() as conn:
             uris = conn.execute(text("SELECT uri FROM checkpoints ORDER BY step")).scalars().all()
         assert uris == ["j1/10.pt", "j1/20.pt"]  # relative: the older API reads it under its dir
+    finally:
+        engine.dispose()
+
+
+UPGRADE_IN_A_NEW_RELEASE = (
+    "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout);"
+    "from services.cli.main import main; sys.exit(main(['db', 'upgrade']))"
+)
+
+
+def run_migrate_service(url: str) -> str:
+    """What the compose file's `migrate` service runs (`accum db upgrade`), as its own process."""
+    env = {**os.environ, "ACCUM_DATABASE_URL": url}
+    result = subprocess.run([sys.executable, "-c", UPGRADE_IN_A_NEW_RELEASE], env=env,
+                            capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("database_backend", ["postgresql"])
+def test_a_new_release_migrates_a_database_holding_jobs_once_and_keeps_them(
+    empty_database_url: str,
+) -> None:
+    """A stack deployed at the first migration, holding a queued and a finished job (with its
+    checkpoint and events), brought up by a newer release: its migrate service takes the
+    database to head, every job is kept with its status, and a second start migrates nothing."""
+    migrate.upgrade(empty_database_url, "0001")
+    engine = create_engine(empty_database_url)
+    try:
+        with engine.begin() as conn:
+            insert_owner_and_jobs(conn, {"queued1": "queued", "done1": "succeeded"})
+            conn.execute(text(
+                "INSERT INTO checkpoints (job_id, step, attempt, uri, size_bytes, sha256, "
+                "metrics, is_best, created_at) VALUES ('done1', 40, 1, "
+                "'/srv/accum/artifacts/done1/40.pt', 7, 'abc', '{}', true, CURRENT_TIMESTAMP)"))
+            conn.execute(text(
+                "INSERT INTO job_events (job_id, attempt, kind, message, data, created_at) "
+                "VALUES ('done1', 1, 'succeeded', 'done', '{}', CURRENT_TIMESTAMP)"))
+
+        first = run_migrate_service(empty_database_url)
+        assert "Running upgrade 0001 -> 0002" in first
+        assert f"-> {migrate.head_revision()}," in first
+        assert migrate.current_revision(empty_database_url) == migrate.head_revision()
+        assert migrate.schema_drift(empty_database_url) == []
+        second = run_migrate_service(empty_database_url)
+        assert "Running upgrade" not in second, "an up-to-date database is migrated once only"
+
+        with Session(engine) as session:
+            queued, done = load_job(session, "queued1"), load_job(session, "done1")
+            assert queued is not None and done is not None
+            assert (queued.status, done.status) == (JobStatus.QUEUED, JobStatus.SUCCEEDED)
+            assert done.latest_metrics == {"val_accuracy": 0.9} and queued.spec == {"model": "mlp"}
+            assert queued.priority == 1 and queued.run_seconds == 0  # later columns' defaults
+        with engine.connect() as conn:
+            keys = conn.execute(text("SELECT key FROM checkpoints")).scalars().all()
+            events = conn.execute(text("SELECT count(*) FROM job_events")).scalar_one()
+        assert keys == ["done1/40.pt"] and events == 1
     finally:
         engine.dispose()
