@@ -206,8 +206,9 @@ def back_off(heartbeat: Heartbeat, delay_s: float, cap_s: float) -> None:
 
 def _after_fault(settings: Settings, sessions: sessionmaker[Session], attempt: Attempt,
                  fault: ArtifactStoreError) -> Outcome:
-    """Back to the queue with a restart counted (``HANDED_BACK``), or ``FAILED`` when no
-    restarts are left; ``LEASE_LOST`` when the lease is gone or a cancel came first."""
+    """Back to the queue with a restart counted (``HANDED_BACK``), ``FAILED`` when no
+    restarts are left, ``CANCELLED`` when a cancel came first; ``LEASE_LOST`` when the lease
+    is gone."""
     reason = f"checkpoint store {settings.artifacts_url}: {fault}"
 
     def requeue() -> tuple[str, str] | None:
@@ -217,7 +218,12 @@ def _after_fault(settings: Settings, sessions: sessionmaker[Session], attempt: A
     moved = retry_while_unreachable(requeue, what=f"job {attempt.job_id}: handing back after a "
                                     "store fault", for_s=settings.lease_timeout_s)
     if moved is None:
-        return Outcome.LEASE_LOST  # the lease is gone (or a cancel came first: the reaper finishes it)
+        # A cancel came first: finished as cancelled while the lease is held (its attempt too),
+        # else the lease is gone and the job is its new owner's.
+        cancelled = retry_while_unreachable(
+            lambda: _finish(sessions, attempt, Outcome.CANCELLED, None),
+            what=f"job {attempt.job_id}: recording cancelled", for_s=settings.lease_timeout_s)
+        return Outcome.CANCELLED if cancelled else Outcome.LEASE_LOST
     if moved[0] == JobStatus.QUEUED:
         enqueue_job(settings, attempt.job_id, moved[1], PRIORITIES.get(attempt.spec.get("priority", "")))
         return Outcome.HANDED_BACK
