@@ -101,33 +101,44 @@ def list_workers(
     return views
 
 
+def ranks_offered(gpus: int | None, devices: list[dict[str, Any]] | None) -> int:
+    """The DDP ranks one worker offers a job: its GPUs, else the CPU ranks it registered
+    (``accum worker --cpu-ranks K``: ``"ranks"`` on its CPU device); 0 = one process only."""
+    cpu = [int(d.get("ranks") or 0) for d in devices or [] if d.get("kind") == "cpu"]
+    return gpus or max(cpu, default=0)
+
+
 @dataclass
 class QueueOffer:
     """What the workers seen on a queue within the grace period offer: the most GPUs one of
-    them has, and the models, datasets and plugins any of them can build."""
+    them has, the most ranks (GPUs, or CPU ranks) one of them offers a job, and the models,
+    datasets and plugins any of them can build."""
 
     workers: int = 0
     max_gpus: int = 0
+    max_ranks: int = 0
     models: set[str] = field(default_factory=set)
     datasets: set[str] = field(default_factory=set)
     plugins: set[str] = field(default_factory=set)
 
 
-def queue_offers(session: Session, seen_since: datetime) -> dict[str, QueueOffer]:
+def queue_offers(session: Session, seen_since: datetime, running_only: bool = False) -> dict[str, QueueOffer]:
     """Per queue, what its workers seen since ``seen_since`` offer (a stopped worker counts:
-    it served the queue, and an autoscaler may bring it back). Empty: no worker registered
-    in that time."""
+    it served the queue, and an autoscaler may bring it back; not with ``running_only``, for
+    a worker deciding whether another can take a job now). Empty: no worker registered in
+    that time."""
     offers: dict[str, QueueOffer] = {}
-    rows = session.execute(
-        select(Worker.queues, Worker.gpus, Worker.models, Worker.datasets, Worker.plugins).where(
-            Worker.last_seen >= seen_since
-        )
-    ).all()
-    for queues, gpus, models, datasets, plugins in rows:
+    query = select(Worker.queues, Worker.gpus, Worker.devices, Worker.models, Worker.datasets,
+                   Worker.plugins).where(Worker.last_seen >= seen_since)
+    if running_only:
+        query = query.where(Worker.stopped_at.is_(None))
+    rows = session.execute(query).all()
+    for queues, gpus, devices, models, datasets, plugins in rows:
         for queue in queues or []:
             offer = offers.setdefault(queue, QueueOffer())
             offer.workers += 1
             offer.max_gpus = max(offer.max_gpus, gpus or 0)
+            offer.max_ranks = max(offer.max_ranks, ranks_offered(gpus, devices))
             offer.models.update(models or [])
             offer.datasets.update(datasets or [])
             offer.plugins.update(plugins or [])

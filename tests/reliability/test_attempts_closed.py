@@ -24,9 +24,21 @@ from worker_stack import Stack
 from services.store import tokens
 from services.store.models import JobAttempt
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # real workers: minutes on a loaded machine
 
-LEASES = {"lease_timeout_s": 3.0, "heartbeat_interval_s": 0.5, "reaper_interval_s": 0.2}
+# Short enough for the lost lease and the store fault to take seconds; a machine loaded past
+# 6 s without a heartbeat still loses a lease now and then: an extra ``lost`` attempt, allowed.
+LEASES = {"lease_timeout_s": 6.0, "heartbeat_interval_s": 1.0, "reaper_interval_s": 0.2}
+# path -> (how its first attempt ends, how its job's last attempt ends)
+EXPECTED = {
+    "success": ("succeeded", "succeeded"),
+    "failure": ("failed", "failed"),
+    "cancel": ("cancelled", "cancelled"),
+    "timeout": ("failed", "failed"),
+    "lost lease": ("lost", "succeeded"),
+    "worker shutdown": ("handed_back", "succeeded"),
+    "store fault": ("store_fault", "succeeded"),
+}
 # Long enough to be stopped mid-run on a loaded machine, short enough to finish after a resume.
 RESUMED = {"max_steps": 300, "checkpoint_every": 20, "keep_checkpoints": 2, "max_restarts": 10}
 ENDLESS = {"max_steps": 10_000_000, "checkpoint_every": 50, "keep_checkpoints": 2}
@@ -126,15 +138,15 @@ def test_every_path_closes_its_attempt_with_its_outcome_and_own_steps(
     )
 
     assert not open_rows, (open_rows, outcomes, own.worker_logs())
-    assert outcomes["success"] == ["succeeded"]
-    assert outcomes["failure"] == ["failed"]
-    assert outcomes["cancel"] == ["cancelled"]
-    assert outcomes["timeout"] == ["failed"] and answers["timeout"]["error"]["reason"] == "timeout"
-    assert outcomes["lost lease"] == ["lost", "succeeded"], outcomes
-    assert outcomes["worker shutdown"] == ["handed_back", "succeeded"], outcomes
-    faults = outcomes["store fault"][:-1]
-    assert faults and set(faults) == {"store_fault"} and outcomes["store fault"][-1] == "succeeded"
-    assert own.job(jobs["store fault"]).restarts == len(faults)
+    for path, (first, last) in EXPECTED.items():
+        ended = outcomes[path]
+        assert (ended[0], ended[-1]) == (first, last), (path, outcomes)
+        # Between them only what the store outage or the machine's load makes: more store
+        # faults while the store is down, a lease that lapsed.
+        assert set(ended[1:-1]) <= {"store_fault", "lost"}, (path, outcomes)
+    assert answers["timeout"]["error"]["reason"] == "timeout"
+    faults = outcomes["store fault"].count("store_fault")
+    assert own.job(jobs["store fault"]).restarts == faults + outcomes["store fault"].count("lost")
 
     for path, job in answers.items():
         attempts = job["attempts"]
