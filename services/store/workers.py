@@ -122,17 +122,15 @@ class QueueOffer:
     plugins: set[str] = field(default_factory=set)
 
 
-def queue_offers(session: Session, seen_since: datetime, running_only: bool = False) -> dict[str, QueueOffer]:
+def queue_offers(session: Session, seen_since: datetime) -> dict[str, QueueOffer]:
     """Per queue, what its workers seen since ``seen_since`` offer (a stopped worker counts:
-    it served the queue, and an autoscaler may bring it back; not with ``running_only``, for
-    a worker deciding whether another can take a job now). Empty: no worker registered in
-    that time."""
+    it served the queue, and an autoscaler may bring it back). Empty: no worker registered
+    in that time."""
     offers: dict[str, QueueOffer] = {}
-    query = select(Worker.queues, Worker.gpus, Worker.devices, Worker.models, Worker.datasets,
-                   Worker.plugins).where(Worker.last_seen >= seen_since)
-    if running_only:
-        query = query.where(Worker.stopped_at.is_(None))
-    rows = session.execute(query).all()
+    rows = session.execute(
+        select(Worker.queues, Worker.gpus, Worker.devices, Worker.models, Worker.datasets,
+               Worker.plugins).where(Worker.last_seen >= seen_since)
+    ).all()
     for queues, gpus, devices, models, datasets, plugins in rows:
         for queue in queues or []:
             offer = offers.setdefault(queue, QueueOffer())

@@ -93,22 +93,23 @@ def ranks_here(settings: Settings) -> int:
 
 
 def left_to_a_bigger_worker(session: Session, job_id: str, settings: Settings) -> bool:
-    """A ``gpus: k`` job with more ranks than this worker offers, which a live worker of its
-    queue can run: not claimed here (that worker gets it when the reaper sends its message
-    again). Without such a worker the claim goes on and ``train`` fails it with the fix."""
+    """A ``gpus: k`` job with more ranks than this worker offers, which a worker of its queue
+    registered (the fleet the submit check reads: seen within ``ACCUM_QUEUE_GRACE_S``, a
+    stopped one too): not claimed here, it waits for that worker (the reaper sends its message
+    again). Failed only where the API would refuse it now: ``train`` fails it with the fix."""
     row = session.execute(select(Job.spec, Job.queue).where(Job.id == job_id)).one_or_none()
     gpus = int((row.spec or {}).get("gpus") or 0) if row is not None else 0
     if row is None or gpus <= max(ranks_here(settings), 1):
         return False
-    live = queue_offers(session, utcnow() - timedelta(seconds=settings.lease_timeout_s), running_only=True)
-    offer = live.get(row.queue)
+    fleet = queue_offers(session, utcnow() - timedelta(seconds=settings.queue_grace_s))
+    offer = fleet.get(row.queue)
     return offer is not None and offer.max_ranks >= gpus
 
 
 def too_few_ranks(gpus: int, ranks: int, job_id: str) -> str:
     has = f"{ranks} CPU rank{'s' if ranks != 1 else ''} (--cpu-ranks)" if ranks else "no GPU and no --cpu-ranks"
     return (f"gpus {gpus} needs {gpus} ranks on one worker; the worker that took the job offers "
-            f"{has}, and no worker of its queue offered more: start one with {gpus} GPUs, or "
+            f"{has}, and no worker of its queue registered more: start one with {gpus} GPUs, or "
             f"`accum worker --cpu-ranks {gpus}` to train on CPU ranks (gloo), then "
             f"{resume_hint(job_id)}")
 
