@@ -13,8 +13,8 @@ submit would be worse than a job that waits.
 One rule from the first second: a ``gpus: k`` job trains only on a worker that registered k
 ranks. The API applies it at submit against the registered fleet; the worker that takes a job
 applies it again against its own ranks (a job accepted before any worker registered fails
-there with this 422's message, unless a worker of its queue offers enough: then it is left to
-that one), and ``accum up`` answers only once its worker is registered.
+there, naming ``--cpu-ranks``, unless a worker of its queue registered enough: then it waits
+for that one), and ``accum up`` answers only once its worker is registered.
 
 Torch-free: the API imports it. The answers come from the workers' own registry rows
 (``services.store.workers``), so a queue, a GPU count or a model name is what the fleet
