@@ -99,7 +99,7 @@ def left_to_a_bigger_worker(session: Session, job_id: str, settings: Settings) -
     again). Failed only where the API would refuse it now: ``train`` fails it with the fix."""
     row = session.execute(select(Job.spec, Job.queue).where(Job.id == job_id)).one_or_none()
     gpus = int((row.spec or {}).get("gpus") or 0) if row is not None else 0
-    if row is None or gpus <= max(ranks_here(settings), 1):
+    if row is None or gpus <= 1 or gpus <= ranks_here(settings):  # NVML read for DDP jobs only
         return False
     fleet = queue_offers(session, utcnow() - timedelta(seconds=settings.queue_grace_s))
     offer = fleet.get(row.queue)
