@@ -4,10 +4,17 @@
 
 A spec is refused when its queue has had no registered worker within ``ACCUM_QUEUE_GRACE_S``
 (unless ``ACCUM_ALLOW_EMPTY_QUEUES``: an autoscaled fleet starts workers for queued jobs),
-when it asks for more GPUs than any worker of its queue has, or names a model or dataset none
-of them advertises. With no worker registered in that time at all (a fresh deployment whose
-workers are not up yet, an API tested alone), nothing is checked: there is no fleet to
-check against, and refusing every submit would be worse than a job that waits.
+when it asks for more ranks (``gpus``) than any worker of its queue offers (GPUs, or CPU
+ranks of ``--cpu-ranks``), or names a model or dataset none of them advertises. With no
+worker registered in that time at all (a fresh deployment whose workers are not up yet, an
+API tested alone), nothing is checked: there is no fleet to check against, and refusing every
+submit would be worse than a job that waits.
+
+One rule from the first second: a ``gpus: k`` job trains only on a worker that registered k
+ranks. The API applies it at submit against the registered fleet; the worker that takes a job
+applies it again against its own ranks (a job accepted before any worker registered fails
+there, naming ``--cpu-ranks``, unless a worker of its queue registered enough: then it waits
+for that one), and ``accum up`` answers only once its worker is registered.
 
 Torch-free: the API imports it. The answers come from the workers' own registry rows
 (``services.store.workers``), so a queue, a GPU count or a model name is what the fleet
@@ -82,6 +89,24 @@ def offered_as(field: str, name: str) -> str:
     return name
 
 
+def ranks_refusal(gpus: int, queue: str, offer: QueueOffer) -> Refusal | None:
+    """``gpus: k`` asks for k ranks on one worker: GPUs, or the CPU ranks of a worker started
+    with ``--cpu-ranks``. Any worker trains a ``gpus: 1`` job in one process (on its CPU when it
+    has no GPU: the spec's documented fallback); none trains a DDP job on ranks it did not
+    register. The worker that takes a job applies the same rule (services/worker/runner.py)."""
+    most = max(offer.max_ranks, 1)
+    if gpus <= most:
+        return None
+    return Refusal(
+        "gpus",
+        f"gpus {gpus} is more than any worker of queue {queue!r} offers: at most {offer.max_ranks} "
+        f"rank{'s' if offer.max_ranks != 1 else ''} (GPUs, or CPU ranks of `accum worker "
+        f"--cpu-ranks K`) on one worker ({offer.workers} worker{'s' if offer.workers != 1 else ''}); "
+        f"ask for at most {most}, or submit to a queue of bigger nodes",
+        gpus, list(range(most + 1)),
+    )
+
+
 def fleet_refusals(
     session: Session, spec: JobSpec, settings: Any, now: datetime | None = None,
     view: FleetView | None = None,
@@ -106,18 +131,9 @@ def fleet_refusals(
             queue, served,
         )]
     refusals = []
-    # A worker without GPUs trains a `gpus: 1` job on its CPU (the spec's documented
-    # fallback), never a DDP job: one process per GPU asked for.
-    most = max(offer.max_gpus, 1)
-    if spec.gpus > most:
-        refusals.append(Refusal(
-            "gpus",
-            f"gpus {spec.gpus} is more than any worker of queue {queue!r} has: at most "
-            f"{offer.max_gpus} GPU{'s' if offer.max_gpus != 1 else ''} on one worker "
-            f"({offer.workers} worker{'s' if offer.workers != 1 else ''}); ask for at most {most}, "
-            "or submit to a queue of bigger nodes",
-            spec.gpus, list(range(most + 1)),
-        ))
+    gpus = ranks_refusal(spec.gpus, queue, offer)
+    if gpus is not None:
+        refusals.append(gpus)
     for field, name, known in (
         ("model", spec.model.name, offer.models),
         ("dataset", spec.dataset.name, offer.datasets),

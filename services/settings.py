@@ -110,6 +110,10 @@ class Settings(BaseSettings):
     # bytes, fetch seconds, store errors. 0 = off.
     worker_metrics_port: int = Field(default=0, ge=0, le=65535)
     worker_metrics_host: str = "127.0.0.1"
+    # A worker without GPUs offers this many CPU ranks (gloo) to `gpus: k` jobs, k <= it, and
+    # registers them (`accum worker --cpu-ranks K`). 0: `gpus: 0` or `1` jobs only, one process;
+    # such a worker never trains a `gpus: 2` job on CPU (services/fleet.py).
+    cpu_ranks: int = Field(default=0, ge=0, le=64)
     # Submit-time maxima (services.spec.limits): a spec above them is a 422 at its field.
     max_restarts: int = Field(default=10, ge=0, le=100, description="Most max_restarts a job may ask.")
     max_gpus: int = Field(default=8, ge=0, le=64, description="Most gpus a job may ask.")

@@ -21,7 +21,9 @@ from services.store.sessions import session_factory
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Iterator[Settings]:
-    settings = Settings(home=tmp_path / "home", lease_timeout_s=2, heartbeat_interval_s=1)
+    """A worker without GPUs that offers 2 CPU ranks (``accum worker --cpu-ranks 2``): the
+    ``gpus: 2`` tests run their ranks on it with gloo."""
+    settings = Settings(home=tmp_path / "home", lease_timeout_s=2, heartbeat_interval_s=1, cpu_ranks=2)
     upgrade(settings.database_url)
     yield settings
     reset_enqueue_cache()

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,15 +108,16 @@ class Stack:
         return Stack(self.name, self.settings.model_copy(update=settings),
                      f"it-{uuid.uuid4().hex[:10]}", logs)
 
-    def start_worker(self, pool: str = "solo", **env: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, pool: str = "solo", args: Sequence[str] = (), **env: str) -> subprocess.Popen[bytes]:
         """A ``python -m services.worker`` on this stack's queue; ``pool`` is its ``--pool``,
-        ``env`` variables set for it alone (another node: ``ACCUM_HOME``, ``ACCUM_CACHE_DIR``)."""
+        ``args`` more options (``--cpu-ranks 2``), ``env`` variables set for it alone (another
+        node: ``ACCUM_HOME``, ``ACCUM_CACHE_DIR``)."""
         index = len(self.workers)
         hostname = f"test-{self.name}-{index}-{uuid.uuid4().hex[:6]}@localhost"
         log = open(self.logs / f"worker-{index}.log", "wb")  # noqa: SIM115 - owned by the process
         process = subprocess.Popen(
             [sys.executable, "-m", "services.worker", "--queues", self.queue,
-             "--hostname", hostname, "--pool", pool, "--loglevel", "INFO"],
+             "--hostname", hostname, "--pool", pool, "--loglevel", "INFO", *args],
             cwd=ROOT, env={**self.env(), **env}, stdout=log, stderr=subprocess.STDOUT,
         )
         self.workers.append(process)

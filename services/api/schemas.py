@@ -87,9 +87,11 @@ class AttemptPublic(BaseModel):
     gpu: str | None
     started_at: datetime
     ended_at: datetime | None
-    outcome: Literal["running", "succeeded", "failed", "cancelled", "handed_back", "lost"] = Field(
+    outcome: Literal["running", "succeeded", "failed", "cancelled", "handed_back", "store_fault",
+                     "lost"] = Field(
         description="running while it runs; handed_back: its worker shut down and gave the job "
-        "back; lost: its lease expired (the worker died or was cut off)"
+        "back; store_fault: the artifact store failed it and the job was queued again with a "
+        "restart counted; lost: its lease expired (the worker died or was cut off)"
     )
     resume_step: int | None = Field(description="The checkpoint step it started from; null: the start")
     end_step: int | None = Field(description="The optimizer step it had reached when it ended")

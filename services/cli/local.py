@@ -4,6 +4,10 @@ Migrates the database, makes sure ACCUM_HOME/local.json holds a token that works
 API (uvicorn, real HTTP) and one worker as child processes. Children get their own session, so
 Ctrl-C reaches only this process, which then stops them in order: a SIGTERM, and after a grace
 period SIGKILL (a job that was running is picked up again through its lease).
+
+The worker starts first and the API only once the worker is in the registry: from the API's
+first answer, a submit is checked against the fleet (services/fleet.py) that will run it; a
+`gpus: 2` job is a 422 then as a minute later, never 2 ranks on a worker that offers none.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
 
 LOCAL_OWNER = "local"
 READY_TIMEOUT_S = 60.0
+# The worker imports torch before it registers: slower than the API on a loaded machine.
+WORKER_READY_TIMEOUT_S = 180.0
 STOP_GRACE_S = 15.0
 
 
@@ -72,6 +78,7 @@ class LocalService:
     host: str = "127.0.0.1"
     port: int = 8000
     log_dir: Path | None = None
+    cpu_ranks: int | None = None  # the worker's --cpu-ranks
     children: list[Child] = field(default_factory=list)
     token: str = ""
 
@@ -87,8 +94,11 @@ class LocalService:
         home.mkdir(parents=True, exist_ok=True)
         self._check_port_free()
         upgrade_database(self.settings)
+        worker = f"local-{os.getpid()}@{socket.gethostname()}"
+        ranks = [] if self.cpu_ranks is None else ["--cpu-ranks", str(self.cpu_ranks)]
+        self._spawn("worker", ["worker", "--hostname", worker, *ranks])
+        self._wait_registered(worker)
         self._spawn("api", ["api", "--host", self.host, "--port", str(self.port)])
-        self._spawn("worker", ["worker", "--hostname", f"local-{os.getpid()}@{socket.gethostname()}"])
         self._wait_ready()
         self.token = self._working_token()
         write_local_config(self.url, self.token, home)
@@ -165,6 +175,29 @@ class LocalService:
                     f"cannot serve on {self.host}:{self.port} ({exc.strerror}); another `accum up` "
                     "may be running there: stop it, or choose another port with --port"
                 ) from exc
+
+    def _wait_registered(self, name: str) -> None:
+        """Until the worker's registry row is there (it writes it once it consumes)."""
+        # Lazy, as in admin.py: the client commands of this CLI load no SQLAlchemy.
+        from sqlalchemy import select
+
+        from services.store.models import Worker
+        from services.store.sessions import session_factory
+
+        deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            child = self.dead_child()
+            if child is not None:
+                raise LocalServiceError(self._death_message(child))
+            with session_factory(self.settings)() as session:
+                if session.scalar(select(Worker.name).where(Worker.name == name,
+                                                            Worker.stopped_at.is_(None))):
+                    return
+            time.sleep(0.2)
+        raise LocalServiceError(
+            f"the worker {name} did not register within {WORKER_READY_TIMEOUT_S:.0f} s"
+            + self._log_hint()
+        )
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S

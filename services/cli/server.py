@@ -3,6 +3,7 @@
     accum up [--host 127.0.0.1] [--port 8000]   # embedded: SQLite database and broker
     accum api --host 0.0.0.0 --port 8000        # API only (production: behind compose)
     accum worker --queues default --gpus 0      # one worker per GPU
+    accum worker --cpu-ranks 2                  # no GPU: gpus: 2 jobs on 2 CPU ranks (gloo)
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def register(commands: Any) -> None:
     )
     worker.add_argument("--pool", choices=("solo", "prefork"), default="solo")
     worker.add_argument("--gpus", help="pin to these GPUs (sets CUDA_VISIBLE_DEVICES), e.g. 0")
+    for sub in (up, worker):
+        sub.add_argument(
+            "--cpu-ranks", type=int, metavar="K",
+            help="a node without GPUs: offer K CPU ranks (gloo) to `gpus: k` jobs, k <= K, "
+            "registered in GET /v1/workers (ACCUM_CPU_RANKS; default 0: one process per job)",
+        )
     worker.add_argument("--loglevel", default="INFO")
     worker.set_defaults(func=cmd_worker)
 
@@ -65,7 +72,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     # Quiet by default: the token and the URL are what a person needs from this terminal; the
     # children's banners, access lines (the dashboard polls) and task lines go to files.
     log_dir = None if args.verbose else (args.log_dir or Path(settings.home) / "logs")
-    service = LocalService(settings, host=args.host, port=args.port, log_dir=log_dir)
+    service = LocalService(settings, host=args.host, port=args.port, log_dir=log_dir,
+                           cpu_ranks=args.cpu_ranks)
     with sigterm_as_exception():
         try:
             token = service.start()
@@ -132,6 +140,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         pool=args.pool,
         gpus=args.gpus,
         loglevel=args.loglevel,
+        cpu_ranks=args.cpu_ranks,
     )
     exit_worker_process(0)
     return 0  # not reached: the process ends above

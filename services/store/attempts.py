@@ -3,7 +3,8 @@ with the outcome by whichever transition ends it (``leases``: finish, hand-back,
 takeover). Steps done = ``end_step`` - ``resume_step``. Functions here flush, never commit.
 
 Outcomes: ``succeeded``, ``failed``, ``cancelled``, ``handed_back`` (the worker shut down and
-gave the job back), ``lost`` (its lease expired: the worker died or was cut off).
+gave the job back), ``store_fault`` (the artifact store failed it: the job went back to the
+queue with a restart counted), ``lost`` (its lease expired: the worker died or was cut off).
 ``record_process_death`` writes why an attempt's process died (``cause``), when its worker saw
 it die; the reaper then closes it as ``lost`` and the poison rule names the cause.
 """
@@ -21,7 +22,7 @@ from services.store.models import Job, JobAttempt
 from services.store.status import ACTIVE, ordered
 from services.store.types import utcnow
 
-OUTCOMES = ("succeeded", "failed", "cancelled", "handed_back", "lost")
+OUTCOMES = ("succeeded", "failed", "cancelled", "handed_back", "store_fault", "lost")
 _INSERT = insert(cast(Table, JobAttempt.__table__))
 
 

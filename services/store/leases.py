@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from services.store.attempts import close_attempt, open_attempt
 from services.store.events import add_event
@@ -104,6 +105,7 @@ def claim_job(
         )
         close_attempt(session, job_id, claimed.attempts - 1, "lost", now,
                       last_heartbeat=row.heartbeat_at)
+    _rewind_progress(session, claimed)
     open_attempt(session, claimed, worker_name, now)
     add_event(
         session,
@@ -115,6 +117,27 @@ def claim_job(
         attempt=claimed.attempts,
     )
     return claimed
+
+
+def _rewind_progress(session: Session, job: Job) -> None:
+    """The job's progress goes back to the step this attempt starts from: an attempt before it
+    may have trained past its latest stored checkpoint (lease lost, store fault) and a resume
+    from an older step or from scratch starts earlier still. Progress then shows this attempt's
+    own steps only, so its ``end_step`` (``close_attempt``) and ``steps_done`` are its own even
+    when it ends before its first step (a checkpoint that cannot be fetched)."""
+    progress = dict(job.progress or {})
+    step = job.resume_step or 0
+    if progress.get("optimizer_step", 0) == step:
+        return
+    epoch = session.scalar(
+        select(Checkpoint.epoch).where(Checkpoint.job_id == job.id, Checkpoint.step == step)
+    )
+    rewound = {**progress, "optimizer_step": step, "epoch": epoch or 0}
+    session.execute(
+        update(Job).where(Job.id == job.id).values(progress=rewound)
+        .execution_options(synchronize_session=False)
+    )
+    set_committed_value(job, "progress", rewound)
 
 
 def _claim_where(
@@ -472,7 +495,8 @@ def requeue_after_fault(
     object missing or damaged): back to ``queued`` with a restart counted and ``resume_step``
     = latest checkpoint, or ``failed`` when no restarts are left. Returns ``("queued",
     queue)`` (enqueue there after the commit), ``("failed", message)``, or None when
-    ``worker_id`` no longer holds the lease or a cancel came first. Writes ``store_fault`` and
+    ``worker_id`` no longer holds the lease or a cancel came first (then finish it as
+    cancelled). Closes the attempt (``store_fault``, or ``failed``); writes ``store_fault`` and
     the outcome's event. Does not commit.
     """
     now = now or utcnow()
@@ -499,6 +523,7 @@ def requeue_after_fault(
         .returning(Job.queue, Job.resume_step)
         .execution_options(synchronize_session=False)
     ).one()
+    close_attempt(session, job_id, attempt, "store_fault", now)
     add_event(
         session, job_id, "requeued",
         f"restart {restarts + 1} of {max_restarts} after a store fault, "

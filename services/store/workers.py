@@ -101,13 +101,22 @@ def list_workers(
     return views
 
 
+def ranks_offered(gpus: int | None, devices: list[dict[str, Any]] | None) -> int:
+    """The DDP ranks one worker offers a job: its GPUs, else the CPU ranks it registered
+    (``accum worker --cpu-ranks K``: ``"ranks"`` on its CPU device); 0 = one process only."""
+    cpu = [int(d.get("ranks") or 0) for d in devices or [] if d.get("kind") == "cpu"]
+    return gpus or max(cpu, default=0)
+
+
 @dataclass
 class QueueOffer:
     """What the workers seen on a queue within the grace period offer: the most GPUs one of
-    them has, and the models, datasets and plugins any of them can build."""
+    them has, the most ranks (GPUs, or CPU ranks) one of them offers a job, and the models,
+    datasets and plugins any of them can build."""
 
     workers: int = 0
     max_gpus: int = 0
+    max_ranks: int = 0
     models: set[str] = field(default_factory=set)
     datasets: set[str] = field(default_factory=set)
     plugins: set[str] = field(default_factory=set)
@@ -119,15 +128,15 @@ def queue_offers(session: Session, seen_since: datetime) -> dict[str, QueueOffer
     in that time."""
     offers: dict[str, QueueOffer] = {}
     rows = session.execute(
-        select(Worker.queues, Worker.gpus, Worker.models, Worker.datasets, Worker.plugins).where(
-            Worker.last_seen >= seen_since
-        )
+        select(Worker.queues, Worker.gpus, Worker.devices, Worker.models, Worker.datasets,
+               Worker.plugins).where(Worker.last_seen >= seen_since)
     ).all()
-    for queues, gpus, models, datasets, plugins in rows:
+    for queues, gpus, devices, models, datasets, plugins in rows:
         for queue in queues or []:
             offer = offers.setdefault(queue, QueueOffer())
             offer.workers += 1
             offer.max_gpus = max(offer.max_gpus, gpus or 0)
+            offer.max_ranks = max(offer.max_ranks, ranks_offered(gpus, devices))
             offer.models.update(models or [])
             offer.datasets.update(datasets or [])
             offer.plugins.update(plugins or [])

@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hostname", default=None, help="Celery node name (default accum@host)")
     parser.add_argument("--pool", choices=("solo", "prefork"), default="solo")
     parser.add_argument("--gpus", default=None, help="sets CUDA_VISIBLE_DEVICES, e.g. 0 or 0,1")
+    parser.add_argument("--cpu-ranks", type=int, default=None, metavar="K",
+                        help="without GPUs: offer K CPU ranks (gloo) to gpus: k jobs (ACCUM_CPU_RANKS)")
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
         pool=args.pool,
         gpus=args.gpus,
         loglevel=args.loglevel,
+        cpu_ranks=args.cpu_ranks,
     )
     exit_worker_process(0)
 

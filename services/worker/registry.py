@@ -179,9 +179,25 @@ def served_datasets() -> list[str]:
     return sorted([*DATASETS, *own])
 
 
-def describe(name: str, queues: Sequence[str]) -> dict[str, Any]:
-    """This worker's registry row (every column but the times)."""
-    devices = detect_devices()
+def with_cpu_ranks(devices: list[dict[str, Any]], cpu_ranks: int) -> list[dict[str, Any]]:
+    """The devices with the CPU ranks this worker offers ``gpus: k`` jobs on its CPU device
+    (``accum worker --cpu-ranks K``). Refused beside GPUs: a job's ranks are its GPUs there."""
+    if not cpu_ranks:
+        return devices
+    gpus = [d for d in devices if d["kind"] == "gpu"]
+    if gpus:
+        raise ValueError(
+            f"--cpu-ranks {cpu_ranks} (ACCUM_CPU_RANKS) is for a worker without GPUs; this one "
+            f"sees {len(gpus)}: drop --cpu-ranks (its jobs run one rank per GPU), or hide the "
+            "GPUs with CUDA_VISIBLE_DEVICES= to train on CPU ranks"
+        )
+    return [{**d, "ranks": cpu_ranks} if d["kind"] == "cpu" else d for d in devices]
+
+
+def describe(name: str, queues: Sequence[str], cpu_ranks: int = 0) -> dict[str, Any]:
+    """This worker's registry row (every column but the times); ``cpu_ranks``: see
+    ``with_cpu_ranks`` (raises ValueError on a worker with GPUs)."""
+    devices = with_cpu_ranks(detect_devices(), cpu_ranks)
     return {
         "name": name,
         "host": socket.gethostname(),

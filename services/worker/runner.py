@@ -19,8 +19,10 @@ import time
 import traceback
 import uuid
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from accumcore import NonFiniteError
@@ -38,9 +40,12 @@ from services.store.leases import (
     requeue_after_fault,
 )
 from services.store.nonfinite import label
+from services.store.models import Job
 from services.store.queue_order import PRIORITIES, held_by_running_cap, next_in_line
 from services.store.sessions import session_factory
-from services.store.status import JobStatus
+from services.store.status import JobStatus, resume_hint
+from services.store.types import utcnow
+from services.store.workers import queue_offers
 from services.worker import shutdown
 from services.worker.attempt import Attempt, Outcome
 from services.worker.datasets import named_as_synced, with_local_data_root
@@ -66,18 +71,49 @@ def describe_gpu() -> str:
     job trains there (and ``micro_batch_size: "auto"`` sizes m on what is free). Without NVML
     the count comes from ``torch.cuda.device_count()``, which creates no context, and the name
     is left out."""
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = nvml_devices()
-    if devices is not None:
-        names = [device["name"] for device in visible(devices, mask)]
-    else:
-        import torch
-
-        names = ["GPU"] * (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    names = visible_gpu_names()
     if not names:
         return "cpu"
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
     label = f"{len(names)}x {names[0]}"
     return f"{label} (CUDA_VISIBLE_DEVICES={mask})" if mask is not None else label
+
+
+def visible_gpu_names() -> list[str]:
+    """The names of the GPUs this process may use (``describe_gpu`` says why through NVML)."""
+    devices = nvml_devices()
+    if devices is not None:
+        return [device["name"] for device in visible(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))]
+    import torch
+
+    return ["GPU"] * (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def ranks_here(settings: Settings) -> int:
+    """The ranks this worker offers a ``gpus: k`` job: its GPUs, else ``--cpu-ranks``."""
+    return len(visible_gpu_names()) or settings.cpu_ranks
+
+
+def left_to_a_bigger_worker(session: Session, job_id: str, settings: Settings) -> bool:
+    """A ``gpus: k`` job with more ranks than this worker offers, which a worker of its queue
+    registered (the fleet the submit check reads: seen within ``ACCUM_QUEUE_GRACE_S``, a
+    stopped one too): not claimed here, it waits for that worker (the reaper sends its message
+    again). Failed only where the API would refuse it now: ``train`` fails it with the fix."""
+    row = session.execute(select(Job.spec, Job.queue).where(Job.id == job_id)).one_or_none()
+    gpus = int((row.spec or {}).get("gpus") or 0) if row is not None else 0
+    if row is None or gpus <= 1 or gpus <= ranks_here(settings):  # NVML read for DDP jobs only
+        return False
+    fleet = queue_offers(session, utcnow() - timedelta(seconds=settings.queue_grace_s))
+    offer = fleet.get(row.queue)
+    return offer is not None and offer.max_ranks >= gpus
+
+
+def too_few_ranks(gpus: int, ranks: int, job_id: str) -> str:
+    has = f"{ranks} CPU rank{'s' if ranks != 1 else ''} (--cpu-ranks)" if ranks else "no GPU and no --cpu-ranks"
+    return (f"gpus {gpus} needs {gpus} ranks on one worker; the worker that took the job offers "
+            f"{has}, and no worker of its queue registered more: start one with {gpus} GPUs, or "
+            f"`accum worker --cpu-ranks {gpus}` to train on CPU ranks (gloo), then "
+            f"{resume_hint(job_id)}")
 
 
 def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
@@ -89,6 +125,10 @@ def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
         if held_by_running_cap(session, job_id, settings.max_running_jobs_per_owner):
             log.info("job %s waits: its owner runs ACCUM_MAX_RUNNING_JOBS_PER_OWNER jobs on its "
                      "queue already", job_id)
+            return None
+        if left_to_a_bigger_worker(session, job_id, settings):
+            log.info("job %s asks for more ranks than this worker offers: left to a bigger "
+                     "worker of its queue", job_id)
             return None
         job = claim_job(
             session, job_id, worker_id, socket.gethostname(), describe_gpu(),
@@ -209,8 +249,9 @@ def back_off(heartbeat: Heartbeat, delay_s: float, cap_s: float) -> None:
 
 def _after_fault(settings: Settings, sessions: sessionmaker[Session], attempt: Attempt,
                  fault: ArtifactStoreError) -> Outcome:
-    """Back to the queue with a restart counted (``HANDED_BACK``), or ``FAILED`` when no
-    restarts are left; ``LEASE_LOST`` when the lease is gone or a cancel came first."""
+    """Back to the queue with a restart counted (``HANDED_BACK``), ``FAILED`` when no
+    restarts are left, ``CANCELLED`` when a cancel came first; ``LEASE_LOST`` when the lease
+    is gone."""
     reason = f"checkpoint store {settings.artifacts_url}: {fault}"
 
     def requeue() -> tuple[str, str] | None:
@@ -220,7 +261,12 @@ def _after_fault(settings: Settings, sessions: sessionmaker[Session], attempt: A
     moved = retry_while_unreachable(requeue, what=f"job {attempt.job_id}: handing back after a "
                                     "store fault", for_s=settings.lease_timeout_s)
     if moved is None:
-        return Outcome.LEASE_LOST  # the lease is gone (or a cancel came first: the reaper finishes it)
+        # A cancel came first: finished as cancelled while the lease is held (its attempt too),
+        # else the lease is gone and the job is its new owner's.
+        cancelled = retry_while_unreachable(
+            lambda: _finish(sessions, attempt, Outcome.CANCELLED, None),
+            what=f"job {attempt.job_id}: recording cancelled", for_s=settings.lease_timeout_s)
+        return Outcome.CANCELLED if cancelled else Outcome.LEASE_LOST
     if moved[0] == JobStatus.QUEUED:
         enqueue_job(settings, attempt.job_id, moved[1], PRIORITIES.get(attempt.spec.get("priority", "")))
         return Outcome.HANDED_BACK
@@ -253,6 +299,9 @@ def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartb
         # DDP ranks build from the attempt's spec: they read the local copy too.
         attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
     if spec.gpus > 1:
+        ranks = ranks_here(settings)
+        if spec.gpus > ranks:  # never k ranks on a worker that did not register them
+            raise ValueError(too_few_ranks(spec.gpus, ranks, attempt.job_id))
         # Lazy: torch.distributed must stay out of a prefork worker's parent (the runner is
         # preloaded there); with it imported, the forked child hung before its first job on
         # Redis (tests/integration/test_worker_prefork.py).

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from celery import signals
 from celery.utils.nodenames import default_nodename, host_format
+from pydantic import ValidationError
 
 from services.artifacts import open_store
 from services.artifacts.probe import startup_check
@@ -26,7 +27,7 @@ from services.settings import Settings
 from services.worker import shutdown
 from services.worker.cache_sweep import sweep_deleted_jobs
 from services.worker.metrics_server import serve_metrics
-from services.worker.registry import Registration
+from services.worker.registry import Registration, describe
 from services.worker.tasks import register_tasks
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def start_worker(
     gpus: str | None = None,
     loglevel: str = "INFO",
     preload: bool = True,
+    cpu_ranks: int | None = None,
 ) -> None:
     """Consume ``queues`` until SIGTERM/SIGINT (warm shutdown: the running job stops at its
     next micro-batch, is checkpointed at its last finished window and handed back to the
@@ -59,18 +61,28 @@ def start_worker(
             imports torch, e.g. ``"0"``, or ``"0,1"`` for a worker that runs 2-GPU jobs.
         loglevel: Celery's log level.
         preload: import torch and the runner before consuming (a warm first job).
+        cpu_ranks: replaces ``settings.cpu_ranks`` (``ACCUM_CPU_RANKS``): the CPU ranks (gloo)
+            a worker without GPUs offers ``gpus: k`` jobs, registered with its CPU device.
     """
     if pool not in ("solo", "prefork"):
         raise ValueError(f"pool must be 'solo' or 'prefork', got {pool!r}")
+    if cpu_ranks is not None:
+        settings = with_cpu_ranks_setting(settings, cpu_ranks)
     # A worker that cannot write its checkpoints would fail every job it takes: refuse now.
     refusal = startup_check(open_store(settings.artifacts_url))
     if refusal is not None:
         raise SystemExit(refusal)
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+    names = list(queues or [DEFAULT_QUEUE])
+    # The node name as Celery expands it: what tasks see as their hostname and record on jobs.
+    nodename = host_format(default_nodename(hostname or default_hostname()))
+    try:  # what it registers, --cpu-ranks checked against its devices before it consumes
+        description = describe(nodename, names, settings.cpu_ranks)
+    except ValueError as exc:
+        raise SystemExit(f"accum worker: {exc}") from exc
     # Before anything forks or spawns: children inherit the metrics' multiprocess directory.
     stop_metrics = serve_metrics(settings)
-    names = list(queues or [DEFAULT_QUEUE])
     app = make_celery(settings, queues=names)
     register_tasks(app, settings)
     embedded = is_embedded_broker(settings.broker_url)
@@ -88,11 +100,9 @@ def start_worker(
     shutdown.connect(signals)
     reaper = LeaseReaper(settings, queues=names)
     reaper.start()
-    # The node name as Celery expands it: what tasks see as their hostname and record on jobs.
-    nodename = host_format(default_nodename(hostname or default_hostname()))
     # Registered once the worker consumes (listed idle only when it can take a job).
     # Its beat also drops the node cache's files of deleted jobs.
-    registration = Registration(settings, nodename, names,
+    registration = Registration(settings, nodename, names, description,
                                 on_beat=lambda: sweep_deleted_jobs(settings))
 
     def register(**_: Any) -> None:
@@ -121,6 +131,15 @@ def start_worker(
         reaper.stop()
         if stop_metrics is not None:
             stop_metrics()
+
+
+def with_cpu_ranks_setting(settings: Settings, cpu_ranks: int) -> Settings:
+    """``settings`` with ``cpu_ranks`` checked against the setting's own bounds."""
+    try:
+        return Settings.model_validate({**settings.model_dump(), "cpu_ranks": cpu_ranks})
+    except ValidationError as exc:  # the field's bound, in pydantic's words
+        reason = exc.errors()[0]["msg"][0].lower() + exc.errors()[0]["msg"][1:]
+        raise SystemExit(f"accum worker: --cpu-ranks {cpu_ranks}: {reason} (0: no CPU ranks)") from exc
 
 
 def exit_worker_process(code: int = 0) -> None:

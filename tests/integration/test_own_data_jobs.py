@@ -55,7 +55,7 @@ def own(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     write_labelled_text(data / "labelled", "jsonl", rows=90)
     write_labelled_text(data / "labelled", "parquet", rows=90, seed=1)
     save_bert(data / "models" / "bert")
-    stack.start_worker()
+    stack.start_worker(args=("--cpu-ranks", "2"))  # the two-rank warm start runs on CPU ranks
     try:
         yield stack
     finally:

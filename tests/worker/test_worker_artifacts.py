@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 from job_specs import TINY_SPEC
+from sqlalchemy import select
 
 from services.artifacts import open_store
 from services.settings import Settings
 from services.store import checkpoints, events, jobs
-from services.store.models import Owner
+from services.store.models import JobAttempt, Owner
 from services.store.sessions import session_factory
 from services.worker import runner
 from services.worker.attempt import Outcome
@@ -45,6 +46,14 @@ def load(settings: Settings, job_id: str) -> Any:
 def store_events(settings: Settings, job_id: str) -> list[Any]:
     with session_factory(settings)() as session:
         return [e for e in events.list_events(session, job_id) if e.kind == "store_fault"]
+
+
+def attempt_rows(settings: Settings, job_id: str) -> list[tuple[str | None, int | None, int | None]]:
+    """``(outcome, resume_step, end_step)`` of each of the job's attempts."""
+    with session_factory(settings)() as session:
+        rows = session.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id)
+                               .order_by(JobAttempt.attempt))
+        return [(r.outcome, r.resume_step, r.end_step) for r in rows]
 
 
 def fail_and_resume(settings: Settings, job_id: str) -> None:
@@ -108,6 +117,33 @@ def test_a_missing_checkpoint_object_is_a_transient_fault_then_a_clear_failure(
     assert settings.artifacts_url in job.error["message"]
     assert "--from-step" in job.error["message"]  # and how to come back
     assert len(store_events(other, job_id)) == job.max_restarts + 1
+    # Every attempt is closed: the faulted ones trained nothing (each failed to fetch step 4).
+    assert attempt_rows(other, job_id) == [("succeeded", None, 4)] + [
+        ("store_fault", 4, 4)] * job.max_restarts + [("failed", 4, 4)]
+
+
+def test_a_cancel_during_the_fault_back_off_ends_the_job_cancelled(
+    store_settings_for: Settings, make_job: Callable[..., str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancel that arrives while the faulted attempt backs off: not handed back, not left
+    ``cancelling`` for the reaper with its attempt open, but cancelled by its worker."""
+    settings = store_settings_for
+    job_id = make_job(SPEC)
+    assert run_job(settings, job_id, "node-a") == "succeeded"
+    open_store(settings.artifacts_url).delete(f"{job_id}/4.pt")
+    fail_and_resume(settings, job_id)
+
+    def cancel_meanwhile(*_: Any) -> None:
+        with session_factory(settings).begin() as session:
+            jobs.request_cancel(session, jobs.load_job(session, job_id))
+
+    monkeypatch.setattr(runner, "back_off", cancel_meanwhile)
+    other = settings.model_copy(update={"cache_dir": tmp_path / "cold"})
+    assert run_job(other, job_id, "node-b") == Outcome.CANCELLED
+    job = load(other, job_id)
+    assert (job.status, job.lease_owner) == ("cancelled", None)
+    assert attempt_rows(other, job_id) == [("succeeded", None, 4), ("cancelled", 4, 4)]
 
 
 def test_a_damaged_cached_copy_is_fetched_again(

@@ -90,7 +90,7 @@ def test_a_multi_gpu_jobs_uploads_are_served_from_its_rank_0(sqlite_stack: Stack
     # Rank 0 of a `gpus: 2` job is a spawned process of its own: it inherits the worker's
     # multiprocess directory, and the endpoint sums its files with the worker's.
     stack, port = sqlite_stack, free_port()
-    stack.start_worker(ACCUM_WORKER_METRICS_PORT=str(port))
+    stack.start_worker(ACCUM_WORKER_METRICS_PORT=str(port), ACCUM_CPU_RANKS="2")
     try:
         job = stack.create(max_steps=8, checkpoint_every=4, gpus=2)
         stack.wait(job)

@@ -54,6 +54,18 @@ def test_a_pinned_worker_lists_only_its_gpus_and_a_gpu_less_one_its_cpu(
         assert cpu["kind"] == "cpu" and cpu["cores"] >= 1 and cpu["name"]
 
 
+def test_cpu_ranks_go_on_the_cpu_device_and_are_refused_beside_gpus() -> None:
+    cpu = [{"kind": "cpu", "name": "cpu", "cores": 2}]
+    assert registry.with_cpu_ranks(cpu, 2) == [{**cpu[0], "ranks": 2}]
+    assert registry.with_cpu_ranks(cpu, 0) == cpu  # no ranks: one process per job
+    assert store_workers.ranks_offered(0, registry.with_cpu_ranks(cpu, 2)) == 2
+    assert store_workers.ranks_offered(0, cpu) == 0
+    gpus = registry.detect_devices([lambda: registry.parse_nvidia_smi(SMI)])
+    assert store_workers.ranks_offered(len(gpus), gpus) == len(gpus)
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES= to train on CPU ranks"):
+        registry.with_cpu_ranks(gpus, 2)
+
+
 def test_describing_the_worker_imports_no_torch_and_lists_the_catalog() -> None:
     code = (
         "import sys, json\n"

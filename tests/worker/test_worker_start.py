@@ -1,6 +1,6 @@
 """A worker whose artifact store is not writable refuses to start, with one line naming the
 store's URL and the error (a real ``python -m services.worker`` process); one with a working
-S3 store starts."""
+S3 store starts. ``--cpu-ranks`` outside its setting's bounds stops it naming the bound."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from services.ports import free_port
+from services.settings import Settings
+from services.worker.start import with_cpu_ranks_setting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,3 +58,10 @@ def test_a_writable_s3_store_lets_the_worker_start(tmp_path: Path, s3_url: str) 
     finally:
         process.terminate()
         process.communicate(timeout=30)
+
+
+def test_cpu_ranks_out_of_the_settings_bounds_stop_the_worker_naming_the_bound(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    assert with_cpu_ranks_setting(settings, 3).cpu_ranks == 3 and settings.cpu_ranks == 0
+    with pytest.raises(SystemExit, match=r"--cpu-ranks 65: input should be less than or equal to 64"):
+        with_cpu_ranks_setting(settings, 65)

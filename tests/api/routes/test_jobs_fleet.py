@@ -1,6 +1,7 @@
 """`POST /v1/jobs` against the registered fleet: a queue no worker has served within
 ACCUM_QUEUE_GRACE_S is a 422 naming the queues that exist (ACCUM_ALLOW_EMPTY_QUEUES lets it
-through), more GPUs than any worker of the queue has is a 422, and so are a model or dataset
+through), more ranks than any worker of the queue offers (GPUs, or the CPU ranks of
+``--cpu-ranks``) is a 422, and so are a model or dataset
 its workers do not advertise; with no worker registered at all nothing is checked."""
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def test_gpus_above_the_most_a_worker_of_the_queue_has_are_refused(
     client: TestClient, alice: dict[str, str], spec: dict[str, Any],
 ) -> None:
     error = field_error(client.post("/v1/jobs", json={**spec, "gpus": 5}, headers=alice), "body.gpus")
-    assert error["allowed"] == [0, 1, 2, 3, 4] and "at most 4 GPUs" in error["msg"]
+    assert error["allowed"] == [0, 1, 2, 3, 4] and "at most 4 ranks" in error["msg"]
     assert client.post("/v1/jobs", json={**spec, "gpus": 4}, headers=alice).status_code == 201
 
 
@@ -73,7 +74,20 @@ def test_a_cpu_only_queue_takes_one_gpu_jobs_on_its_cpu_but_no_ddp(
         store_workers.register(session, worker_row("cpu@n1", ["default"]))
     assert client.post("/v1/jobs", json={**spec, "gpus": 1}, headers=alice).status_code == 201
     error = field_error(client.post("/v1/jobs", json={**spec, "gpus": 2}, headers=alice), "body.gpus")
-    assert error["allowed"] == [0, 1] and "at most 0 GPUs" in error["msg"]
+    assert error["allowed"] == [0, 1] and "at most 0 ranks" in error["msg"]
+    assert "--cpu-ranks" in error["msg"]  # how a CPU node offers more
+
+
+def test_a_cpu_worker_registered_with_cpu_ranks_takes_ddp_jobs_up_to_them(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    cpu = {"kind": "cpu", "name": "cpu", "cores": 4, "ranks": 3}  # accum worker --cpu-ranks 3
+    with session_factory.begin() as session:
+        store_workers.register(session, worker_row("cpu@n1", ["default"], devices=[cpu]))
+    assert client.post("/v1/jobs", json={**spec, "gpus": 3}, headers=alice).status_code == 201
+    error = field_error(client.post("/v1/jobs", json={**spec, "gpus": 4}, headers=alice), "body.gpus")
+    assert error["allowed"] == [0, 1, 2, 3] and "at most 3 ranks" in error["msg"]
 
 
 @pytest.mark.usefixtures("fleet")

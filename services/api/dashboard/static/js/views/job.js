@@ -35,7 +35,9 @@ const EVENT_TONES = {
   cancel_requested: "muted", cancelled: "muted",
 };
 // How an attempt ended, in the page's words (the API's `outcome`).
-const OUTCOMES = { handed_back: "handed back (worker stopped)", lost: "worker lost" };
+const OUTCOMES = {
+  handed_back: "handed back (worker stopped)", store_fault: "handed back (store fault)", lost: "worker lost",
+};
 const CHECKPOINTS_NAMED = 4;
 const ATTEMPT_COLUMNS = ["Attempt", "Worker", "Started", "Ended", "Outcome", "From step", "Steps"];
 const CHECKPOINT_COLUMNS = ["Step", "Epoch", "Size", "val_loss", "sha256", "File"];
