@@ -39,8 +39,8 @@ from services.store.leases import (
     renew_lease,
     requeue_after_fault,
 )
-from services.store.nonfinite import label
 from services.store.models import Job
+from services.store.nonfinite import label
 from services.store.queue_order import PRIORITIES, held_by_running_cap, next_in_line
 from services.store.sessions import session_factory
 from services.store.status import JobStatus, resume_hint
