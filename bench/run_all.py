@@ -189,6 +189,10 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             lines.append(row(f"peak(m,N) / peak(m,1), {workload}", "<= 1.02",
                              values.get("memory_ratio"), verdicts[1]))
         return lines
+    if name == "tracker_overhead":
+        return [row(f"steps/s logging to {tracker} / without (flush every {r['flush_every_s']} s)",
+                    f">= {r['target']}", ratio, "pass" if ratio >= r["target"] else "miss")
+                for tracker, ratio in r["ratios"].items()]
     if name == "worker" and "latency" in r:
         p50s = [v["p50_ms"] for v in r["latency"].values() if isinstance(v, dict) and "p50_ms" in v]
         return [row(r.get("figure", name), _fmt(r.get("target")), r.get("measured"), r.get("verdict", "-")),

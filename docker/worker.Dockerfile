@@ -20,7 +20,7 @@ COPY examples ./examples
 # pyproject asks for torch/torchvision ranges, which the base image's CUDA build satisfies,
 # so pip keeps them instead of pulling a CPU wheel. The check fails the build if it did not.
 RUN python -c "import torch; print('base torch', torch.__version__)" > /tmp/torch-before \
-    && pip install -e '.[models,s3,gpu]' \
+    && pip install -e '.[models,s3,gpu,trackers]' \
     && python -c "import torch; print('base torch', torch.__version__)" | cmp - /tmp/torch-before
 
 RUN useradd --create-home --uid 1000 accum && mkdir -p /var/lib/accum/artifacts /var/lib/accum/cache /var/lib/accum/data \

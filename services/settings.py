@@ -150,6 +150,9 @@ class Settings(BaseSettings):
     # How often a tracker receives a job's points: one batch per period keeps logging far
     # below 1 % of step time (bench/trainer/tracker_overhead.py).
     tracker_flush_every_s: float = Field(default=2.0, gt=0)
+    # How long an attempt's end waits for a tracker that is down before the job finishes
+    # anyway; its points are delivered by the worker once the tracker is back.
+    tracker_end_wait_s: float = Field(default=30.0, ge=0)
 
     @field_validator("home", mode="after")
     @classmethod

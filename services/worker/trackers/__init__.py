@@ -58,10 +58,10 @@ def job_trackers(settings: Settings, sessions: sessionmaker[Session], attempt: A
     for name in names:
         run_id, delivered = ensure_row(sessions, attempt.job_id, name)
         identity = RunIdentity(
-            job_id=attempt.job_id, name=job_name or attempt.job_id, owner=owner, queue=queue,
+            job_id=attempt.job_id, name=spec.name or job_name or attempt.job_id, owner=owner, queue=queue,
             params=flat_params(spec.normalised()), run_id=run_id, delivered_step=delivered,
             resume_step=attempt.resume_step or 0,
         )
         sinks.append(TrackerSink(make_tracker(name, settings, spec, uploads), sessions, identity,
                                  attempt.attempt, settings.tracker_flush_every_s))
-    return TrackerCallback(sinks, uploads)
+    return TrackerCallback(sinks, uploads, settings.tracker_end_wait_s)

@@ -54,10 +54,10 @@ class FinalCheckpoint:
 class Tracker(Protocol):
     name: str
 
-    def open(self, identity: RunIdentity) -> tuple[str, str | None, int]:
+    def open(self, identity: RunIdentity) -> tuple[str, str | None, int | None]:
         """Start or continue the job's run; returns its id, its web address (None when the
-        tracker has none) and the last step the run already holds by the tracker's own
-        account (-1: none, or the tracker cannot tell)."""
+        tracker has none) and the last step the run holds by the tracker's own account (-1:
+        none; None: it cannot tell, and ``identity.delivered_step`` is taken)."""
         ...
 
     def send(self, points: list[StepPoints], tags: dict[str, str]) -> None:

@@ -15,14 +15,10 @@ from services.worker.trackers.base import FinalCheckpoint, StepPoints
 from services.worker.trackers.sink import TrackerSink, wait_all
 from services.worker.uploads import CheckpointUploads
 
-# How long the end of an attempt waits for its trackers; past it, a sink whose tracker is
-# down goes on in the background and the job's end is not held up.
-END_WAIT_S = 30.0
-
 
 class TrackerCallback(Callback):
     def __init__(self, sinks: list[TrackerSink], uploads: CheckpointUploads,
-                 end_wait_s: float = END_WAIT_S) -> None:
+                 end_wait_s: float) -> None:
         self.sinks, self.uploads, self.end_wait_s = sinks, uploads, end_wait_s
         self._step: StepPoints | None = None
         self._checkpoint: CheckpointInfo | None = None

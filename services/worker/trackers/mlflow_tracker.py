@@ -36,7 +36,7 @@ class MlflowTracker:
         self.register_model = register_model
         self.run_id = ""
 
-    def open(self, identity: RunIdentity) -> tuple[str, str | None, int]:
+    def open(self, identity: RunIdentity) -> tuple[str, str | None, int | None]:
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
         run_id = identity.run_id or self._tagged_run(experiment_id, identity.job_id)

@@ -9,9 +9,10 @@ When the job ends with the tracker still down, the thread outlives the attempt a
 once the tracker is back (as long as this worker process lives; the points are in accum's
 store, and a later attempt of the job sends what its tracker run lacks).
 
-Exactly once per step: ``tracker_runs.delivered_step`` is the last step the tracker has; a
-resumed attempt sends the steps after it, first those of earlier attempts (read back from the
-metrics store), then its own.
+Exactly once per step: ``tracker_runs.delivered_step`` is the last step the tracker has (or
+the tracker's own account, where it keeps one: MLflow's server, W&B's run files); a resumed
+attempt sends the steps after it, first those of earlier attempts (read back from the metrics
+store), then its own.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class TrackerSink:
         try:
             if not self._opened:
                 points = self._open() + points
-            fresh = [p for p in points if p.step > self.delivered_step]
+            fresh = merged([p for p in points if p.step > self.delivered_step])
             if fresh or tags:
                 self.tracker.send(fresh, tags)
         except Exception as exc:  # any client error: the tracker is down, try again later
@@ -112,7 +113,11 @@ class TrackerSink:
         """Open the run; returns the earlier attempts' points it lacks, from the store."""
         run_id, url, held = self.tracker.open(self.identity)
         self._opened = True
-        self.delivered_step = max(self.delivered_step, held)
+        # The tracker's own account wins over the row: a killed attempt may have recorded a
+        # step whose points never left (W&B's service process dies with it), or sent a batch
+        # it did not live to record.
+        if held is not None:
+            self.delivered_step = held
         self._write(lambda s: set_identity(s, self.identity.job_id, self.tracker.name, run_id, url))
         return self._backlog()
 
@@ -173,6 +178,18 @@ class TrackerSink:
         except Exception:
             log.warning("job %s: recording %s delivery failed", self.identity.job_id,
                         self.tracker.name, exc_info=True)
+
+
+def merged(points: list[StepPoints]) -> list[StepPoints]:
+    """One entry per step, ascending: a step the store's backlog and this attempt both have
+    (the exactness check's step 0) is sent once."""
+    by_step: dict[int, StepPoints] = {}
+    for p in points:
+        if p.step in by_step:
+            by_step[p.step] = StepPoints(p.step, {**by_step[p.step].values, **p.values})
+        else:
+            by_step[p.step] = p
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def ensure_row(sessions: sessionmaker[Session], job_id: str, tracker: str) -> tuple[str | None, int]:

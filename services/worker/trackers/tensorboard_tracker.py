@@ -33,7 +33,7 @@ class TensorBoardTracker:
         self.writer: Any = None  # torch's SummaryWriter, imported with the extra
         self.key = ""
 
-    def open(self, identity: RunIdentity) -> tuple[str, str | None, int]:
+    def open(self, identity: RunIdentity) -> tuple[str, str | None, int | None]:
         from torch.utils.tensorboard import SummaryWriter  # the trackers extra
 
         self.key = logdir_key(identity.job_id)
@@ -45,7 +45,7 @@ class TensorBoardTracker:
         writer.add_text("accum/run", json.dumps({"name": identity.name, **identity.tags}), 0)
         self.writer = writer
         url = f"{self.base_url}/?runFilter={identity.job_id}" if self.base_url else None
-        return identity.job_id, url, -1
+        return identity.job_id, url, None  # purge_step makes the row's step the truth
 
     def send(self, points: list[StepPoints], tags: dict[str, str]) -> None:
         writer = self.writer

@@ -33,7 +33,7 @@ class WandbTracker:
         self.root, self.base_url = root, base_url.rstrip("/")
         self.run: Any = None
 
-    def open(self, identity: RunIdentity) -> tuple[str, str | None, int]:
+    def open(self, identity: RunIdentity) -> tuple[str, str | None, int | None]:
         import wandb  # the trackers extra
 
         held = last_step(run_files(self.root, identity.job_id)) if self.mode == "offline" else -1
@@ -47,8 +47,8 @@ class WandbTracker:
             tags=[f"owner:{identity.owner}", f"queue:{identity.queue}"],
             config={**identity.params, **identity.tags}, settings=settings, reinit="create_new",
         )
-        if self.mode == "online":
-            held = max(held, int(self.run.starting_step) - 1)
+        if self.mode == "online":  # the server's account of the resumed run
+            held = int(self.run.starting_step) - 1
         entity = self.entity or getattr(self.run, "entity", None) or ""
         url = (f"{self.base_url}/{entity}/{self.project}/runs/{identity.job_id}"
                if self.mode == "online" and entity else None)
