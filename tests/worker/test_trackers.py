@@ -175,9 +175,11 @@ def test_a_sigkilled_attempt_continues_the_same_runs_with_each_step_once(
         with trackers.sessions() as session:
             kept = checkpoints.list_checkpoints(session, job_id)
         sent = delivered(trackers, job_id)
-        return bool(kept) and all(sent.get(name, (-1, None))[0] > kept[-1].step for name in ALL)
+        return bool(kept) and all(sent.get(name, (-1, None))[0] >= 10 for name in ALL)
 
-    wait_until(past_a_checkpoint_and_delivered, "points delivered past a checkpoint", trackers)
+    # Long enough for two workers to start on a loaded machine (importing torch).
+    wait_until(past_a_checkpoint_and_delivered, "points delivered past a checkpoint", trackers,
+               timeout=300)
     victim = trackers.process_holding(job_id)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
@@ -212,7 +214,9 @@ def test_an_mlflow_server_down_for_the_whole_job_gets_the_points_when_back(
     job_id = trackers.create(trackers=["mlflow"])
     job = trackers.wait(job_id, timeout=180)
     assert job.status == "succeeded", (job.error, trackers.worker_logs())
-    assert "tracker_undelivered" in trackers.event_kinds(job_id)
+    # Reported by the sink's thread, which may find the server down after the job's end.
+    wait_until(lambda: "tracker_undelivered" in trackers.event_kinds(job_id),
+               "the tracker_undelivered event", trackers)
     assert delivered(trackers, job_id)["mlflow"][0] == -1
     try:
         server.start()

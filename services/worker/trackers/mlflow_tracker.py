@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from services.worker.trackers.base import FinalCheckpoint, RunIdentity, StepPoints
 
@@ -29,14 +30,17 @@ class MlflowTracker:
         # sink retries each period itself, so a call to a server that is down returns at once.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        from mlflow.tracking import MlflowClient  # the trackers extra; only when asked for
-
-        self.client = MlflowClient(tracking_uri)
+        self.client: Any = None
         self.tracking_uri, self.experiment = tracking_uri.rstrip("/"), experiment
         self.register_model = register_model
         self.run_id = ""
 
     def open(self, identity: RunIdentity) -> tuple[str, str | None, int | None]:
+        # Imported here, in the sink's thread: a worker without the extra reports the job's
+        # tracker as undelivered (an event), it does not fail the job.
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(self.tracking_uri)
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
         run_id = identity.run_id or self._tagged_run(experiment_id, identity.job_id)

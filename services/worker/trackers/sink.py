@@ -44,7 +44,7 @@ class TrackerSink:
         self._wake = threading.Event()
         self._ending: tuple[str, FinalCheckpoint | None] | None = None
         self._thread: threading.Thread | None = None
-        self._opened = False
+        self.opened = False
         self.delivered_step = identity.delivered_step
         self._outage: str | None = None  # the error of the outage in progress
         self.done = threading.Event()  # everything delivered and the run finished or released
@@ -87,7 +87,7 @@ class TrackerSink:
             points, self._points = self._points, []
             tags, self._tags = self._tags, {}
         try:
-            if not self._opened:
+            if not self.opened:
                 points = self._open() + points
             fresh = merged([p for p in points if p.step > self.delivered_step])
             if fresh or tags:
@@ -112,7 +112,7 @@ class TrackerSink:
     def _open(self) -> list[StepPoints]:
         """Open the run; returns the earlier attempts' points it lacks, from the store."""
         run_id, url, held = self.tracker.open(self.identity)
-        self._opened = True
+        self.opened = True
         # The tracker's own account wins over the row: a killed attempt may have recorded a
         # step whose points never left (W&B's service process dies with it), or sent a batch
         # it did not live to record.
@@ -156,11 +156,13 @@ class TrackerSink:
         self._outage = error
         self._write(lambda s: mark_undelivered(s, self.identity.job_id, self.tracker.name, error))
         # The message names the client's error type only: its text may hold the server's address.
+        since = (f"steps after {self.delivered_step}" if self.delivered_step >= 0
+                 else "the job's parameters and steps")
         self._event("tracker_undelivered",
-                    f"{self.tracker.name} unreachable ({type(exc).__name__}): steps after "
-                    f"{self.delivered_step} not delivered yet; the job goes on and they are sent "
-                    "when it is back", {"tracker": self.tracker.name, "step": self.delivered_step,
-                                        "waiting_steps": waiting})
+                    f"{self.tracker.name} unreachable ({type(exc).__name__}): {since} not "
+                    "delivered yet; the job goes on and they are sent when it is back (a "
+                    "missing client: install accum[trackers] on the worker)",
+                    {"step": self.delivered_step, "waiting_steps": waiting})
 
     def _event(self, kind: str, message: str, data: dict[str, object]) -> None:
         def write(session: Session) -> None:
@@ -206,5 +208,6 @@ def wait_all(sinks: list[TrackerSink], wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     for sink in sinks:
         if not sink.done.wait(max(0.0, deadline - time.monotonic())):
-            log.warning("job %s: %s unreachable at the end of the attempt; its points are "
-                        "delivered when it is back", sink.identity.job_id, sink.tracker.name)
+            log.warning("job %s: %s has not taken every point by the end of the attempt; "
+                        "this worker goes on delivering them", sink.identity.job_id,
+                        sink.tracker.name)
