@@ -58,6 +58,17 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
         server.stop()
 
 
+@pytest.fixture
+def trackers(stack: Stack, tmp_path: Path) -> Iterator[Stack]:
+    """The test's deployment on a queue of its own; its workers (started with the trackers'
+    settings) are stopped after the test."""
+    variant = stack.variant(tmp_path)
+    try:
+        yield variant
+    finally:
+        variant.stop_workers()
+
+
 def accum_points(stack: Stack, job_id: str) -> dict[str, list[tuple[int, float]]]:
     """accum's own metrics API's points: name -> (step, value), by step."""
     with stack.sessions() as session:
@@ -125,9 +136,8 @@ def delivered(stack: Stack, job_id: str) -> dict[str, tuple[int, str | None]]:
 
 
 def test_a_job_reaches_mlflow_tensorboard_and_wandb(
-    stack: Stack, tmp_path: Path, mlflow_server: MlflowServer
+    trackers: Stack, mlflow_server: MlflowServer
 ) -> None:
-    trackers = stack.variant(tmp_path)
     trackers.start_worker(**tracker_env(trackers, mlflow_server.uri))
     job_id = trackers.create(trackers=ALL, eval_every=4, name="digits-tracked")
     job = trackers.wait(job_id, timeout=180)
@@ -162,9 +172,8 @@ def test_a_job_reaches_mlflow_tensorboard_and_wandb(
 
 
 def test_a_sigkilled_attempt_continues_the_same_runs_with_each_step_once(
-    stack: Stack, tmp_path: Path, mlflow_server: MlflowServer
+    trackers: Stack, mlflow_server: MlflowServer
 ) -> None:
-    trackers = stack.variant(tmp_path)
     env = tracker_env(trackers, mlflow_server.uri)
     trackers.start_worker(**env)
     trackers.start_worker(**env)
@@ -201,7 +210,7 @@ def test_a_sigkilled_attempt_continues_the_same_runs_with_each_step_once(
 
 
 def test_an_mlflow_server_down_for_the_whole_job_gets_the_points_when_back(
-    stack: Stack, tmp_path: Path, mlflow_server: MlflowServer
+    trackers: Stack, tmp_path: Path, mlflow_server: MlflowServer
 ) -> None:
     server = MlflowServer(tmp_path / "mlflow", free_port())  # not started yet
     # Its database a copy of the running server's, already migrated: it starts sooner.
@@ -209,7 +218,6 @@ def test_an_mlflow_server_down_for_the_whole_job_gets_the_points_when_back(
     with sqlite3.connect(mlflow_server.root / "mlflow.db") as source, \
             sqlite3.connect(server.root / "mlflow.db") as copy:
         source.backup(copy)
-    trackers = stack.variant(tmp_path)
     trackers.start_worker(**tracker_env(trackers, server.uri, end_wait_s=1))
     job_id = trackers.create(trackers=["mlflow"])
     job = trackers.wait(job_id, timeout=180)
