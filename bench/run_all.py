@@ -189,6 +189,18 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             lines.append(row(f"peak(m,N) / peak(m,1), {workload}", "<= 1.02",
                              values.get("memory_ratio"), verdicts[1]))
         return lines
+    if name == "tracker_overhead":
+        lines = []
+        step_s = 1 / r["steps_per_s_without"]
+        for tracker, ratio in r["ratios"].items():
+            lines.append(row(f"steps/s logging to {tracker} / without, {r.get('clock', 'wall')} clock, "
+                             f"{step_s * 1e3:.2f} ms steps (flush every {r['flush_every_s']} s)",
+                             f">= {r['target']}", ratio, "pass" if ratio >= r["target"] else "miss"))
+            # The same figure as a cost per step: under 1 % of any step 100x longer than it.
+            cost_us = max(1 / ratio - 1, 0.0) * step_s * 1e6
+            lines.append(row(f"  same, logging cost per step in us (1 % of a step from {cost_us / 10:.1f} ms)",
+                             "(shown)", round(cost_us, 1), "-"))
+        return lines
     if name == "worker" and "latency" in r:
         p50s = [v["p50_ms"] for v in r["latency"].values() if isinstance(v, dict) and "p50_ms" in v]
         return [row(r.get("figure", name), _fmt(r.get("target")), r.get("measured"), r.get("verdict", "-")),

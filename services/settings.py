@@ -23,6 +23,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DATABASE_SCHEMES = ("sqlite", "postgresql+psycopg")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# The experiment trackers a worker can log a job to (services.worker.trackers).
+TRACKERS = ("mlflow", "tensorboard", "wandb")
 BROKER_SCHEMES = ("sqlite", "redis", "rediss", "sqla+sqlite", "sqla+postgresql", "amqp", "memory")
 
 
@@ -135,11 +137,48 @@ class Settings(BaseSettings):
     # after a prefork child dies, tells a kernel OOM kill from another SIGKILL.
     oom_events_file: Path = Path("/sys/fs/cgroup/memory.events")
 
+    # Experiment trackers this deployment offers: a job names the ones it wants in its spec's
+    # `trackers` (422 for another). Env: a JSON list, ACCUM_TRACKERS='["mlflow","tensorboard"]'.
+    # Credentials come from the workers' environment as each tracker's client expects them
+    # (MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN, WANDB_API_KEY, AWS_* for s3:// event files).
+    trackers: list[str] = Field(default_factory=list, description="Trackers jobs may ask for.")
+    # The MLflow tracking server the workers log to, and the experiment jobs' runs go in.
+    mlflow_tracking_uri: str = ""
+    mlflow_experiment: str = "accum"
+    # TensorBoard event files go to <artifacts>/tensorboard/<job id>/ (an s3:// store too), so
+    # `tensorboard --logdir <artifacts>/tensorboard` shows every job. A TensorBoard server's
+    # address, when there is one, makes the job's link.
+    tensorboard_url: str = ""
+    # Weights & Biases: `online`, or `offline` for air-gapped nodes (run directories under
+    # wandb_dir that `wandb sync` uploads later).
+    wandb_mode: str = Field(default="online", pattern="^(online|offline)$")
+    wandb_project: str = "accum"
+    wandb_entity: str = ""
+    wandb_dir: Path | None = Field(default=None, description="Default <home>/wandb.")
+    wandb_base_url: str = "https://wandb.ai"
+    # How often a tracker receives a job's points: one batch per period keeps logging far
+    # below 1 % of step time (bench/trainer/tracker_overhead.py).
+    tracker_flush_every_s: float = Field(default=2.0, gt=0)
+    # How long an attempt's end waits for a tracker that is down before the job finishes
+    # anyway; its points are delivered by the worker once the tracker is back.
+    tracker_end_wait_s: float = Field(default=30.0, ge=0)
+
     @field_validator("home", mode="after")
     @classmethod
     def _absolute_home(cls, home: Path) -> Path:
         # Resolved once, so a later chdir (Celery daemonising, tests) cannot move the state.
         return home.expanduser().resolve()
+
+    @field_validator("trackers", mode="after")
+    @classmethod
+    def _known_trackers(cls, trackers: list[str]) -> list[str]:
+        unknown = [name for name in trackers if name not in TRACKERS]
+        if unknown:
+            raise ValueError(
+                f"ACCUM_TRACKERS names {', '.join(map(repr, unknown))}; the trackers accum can "
+                f"log to are {', '.join(TRACKERS)} (a JSON list, e.g. '[\"mlflow\"]')"
+            )
+        return list(dict.fromkeys(trackers))
 
     @field_validator("forwarded_allow_ips", mode="after")
     @classmethod
@@ -194,6 +233,12 @@ class Settings(BaseSettings):
             self.broker_url = f"sqlite:///{self.home / 'broker.sqlite'}"
         self._artifacts_location()
         self.cache_dir = (self.cache_dir or self.home / "cache").expanduser().resolve()
+        self.wandb_dir = (self.wandb_dir or self.home / "wandb").expanduser().resolve()
+        if "mlflow" in self.trackers and not self.mlflow_tracking_uri:
+            raise ValueError(
+                "ACCUM_TRACKERS offers mlflow but ACCUM_MLFLOW_TRACKING_URI is empty; set it to "
+                "the tracking server, e.g. http://mlflow:5000"
+            )
         if self.heartbeat_interval_s * 2 > self.lease_timeout_s:
             raise ValueError(
                 f"ACCUM_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s}) must be at most half of "
@@ -226,6 +271,12 @@ class Settings(BaseSettings):
         """``cache_dir`` typed as a ``Path`` (always set after validation)."""
         assert self.cache_dir is not None
         return self.cache_dir
+
+    @property
+    def wandb_path(self) -> Path:
+        """``wandb_dir`` typed as a ``Path`` (always set after validation)."""
+        assert self.wandb_dir is not None
+        return self.wandb_dir
 
     @property
     def artifacts_on_s3(self) -> bool:

@@ -160,6 +160,7 @@ STORE_TABLES = (
     "checkpoints",
     "job_events",
     "job_attempts",
+    "tracker_runs",
     "jobs",
     "workers",
     "api_tokens",

@@ -1,16 +1,17 @@
 """The job object as every answer carries it: `GET /v1/jobs/{id}`, submit, cancel, resume and
 the SSE `status` event build it here, so they cannot drift apart (owner, attempts, exactness
-check, place in line)."""
+check, tracker runs, place in line)."""
 
 from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from services.api.schemas import JobPublic, exactness
+from services.api.schemas import JobPublic, TrackerRunPublic, exactness
 from services.store.events import latest_event
 from services.store.models import Job
 from services.store.queue_order import queue_position
 from services.store.status import JobStatus
+from services.store.tracker_runs import runs_of
 
 
 def job_view(
@@ -21,6 +22,8 @@ def job_view(
     public = JobPublic.model_validate(job)
     public.owner = owner_name  # (model_copy(update=...) costs 6 us more a job)
     public.exactness = exactness(job.spec or {}, latest_event(session, job.id, "exactness_check"))
+    if job.spec and job.spec.get("trackers"):
+        public.trackers = [TrackerRunPublic.model_validate(run) for run in runs_of(session, job.id)]
     if position and job.status == JobStatus.QUEUED:
         public.queue_position = queue_position(session, job)
     return public

@@ -156,7 +156,26 @@ def exactness(spec: dict[str, Any], event: Any | None) -> Exactness:
     )
 
 
-# `owner`, `exactness` and `queue_position` are not attributes of the row:
+class TrackerRunPublic(BaseModel):
+    """The job's run in one experiment tracker."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    tracker: str = Field(description="mlflow, tensorboard or wandb")
+    run_id: str | None = Field(description="The run's id in the tracker (tensorboard: the job's "
+                               "folder under <artifacts>/tensorboard); null until the worker opened it")
+    url: str | None = Field(description="A link to the run, where the tracker has a web address")
+    delivered_step: int = Field(description="The last optimizer step the tracker has every point "
+                                "of; -1: none yet")
+    pending: bool = Field(
+        validation_alias=AliasChoices("undelivered", "pending"),
+        description="Points wait for the tracker to be reachable again (the job_events say why)",
+    )
+
+    _pending = field_validator("pending", mode="before")(lambda error: bool(error))
+
+
+# `owner`, `exactness`, `trackers` and `queue_position` are not attributes of the row:
 # `services/api/job_view.py` sets them, for the /v1/jobs routes and the stream's `status`
 # messages alike. (A docstring here
 # would become the schema's description in the OpenAPI document.)
@@ -196,6 +215,10 @@ class JobPublic(BaseModel):
     exactness: Exactness | None = Field(
         default=None, description="The first-window exactness check (spec verify_window), in the "
         "answers about one job and the stream's status messages; not in listings"
+    )
+    trackers: list[TrackerRunPublic] | None = Field(
+        default=None, description="The job's runs in the experiment trackers its spec names, "
+        "with links; in the answers about one job, not in listings"
     )
 
     _empty_if_null = field_validator("progress", "latest_metrics", mode="before")(empty_if_null)

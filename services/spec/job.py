@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from services.catalog import check_compatible, compatible_datasets, model_path
+from services.settings import TRACKERS
 from services.spec.errors import one_of, spec_error
 from services.spec.fields import (
     MAX_STEPS,
@@ -196,6 +197,35 @@ def _timeout(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     )
 
 
+def _trackers(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """Tracker names, each once, in the order given."""
+    if not isinstance(value, list):
+        raise spec_error(
+            "trackers",
+            f'trackers must be a list of tracker names, e.g. ["mlflow", "tensorboard"]; got {value!r}',
+            TRACKERS,
+        )
+    for index, name in enumerate(value):
+        if name not in TRACKERS:
+            raise spec_error(
+                "not_allowed",
+                f"trackers[{index}]: unknown tracker {name!r}; choose from: {', '.join(TRACKERS)}",
+                TRACKERS,
+            )
+    return list(dict.fromkeys(value))
+
+
+def _model_name(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    if value is None or (isinstance(value, str) and 0 < len(value) <= MAX_NAME_LENGTH
+                         and value.isprintable() and value.strip() == value):
+        return value
+    raise spec_error(
+        "register_model",
+        f"register_model must be an MLflow registered model's name, 1 to {MAX_NAME_LENGTH} "
+        f"printable characters without surrounding spaces, or left out; got {value!r}",
+    )
+
+
 # A duration field (the spec's `timeout`, a resume's new one): seconds as an int.
 Duration = Annotated[int | str | None, WrapValidator(_timeout)]
 
@@ -277,6 +307,19 @@ class JobSpec(BaseModel):
     fast_path: Bool = True
     data_on_device: Bool = False
     init_from: InitFrom | None = None
+    trackers: Annotated[
+        list[str],
+        WrapValidator(_trackers),
+        Field(description="experiment trackers that receive the job's parameters, metrics and "
+              "final checkpoint: any of mlflow, tensorboard, wandb that this service offers "
+              "(ACCUM_TRACKERS)"),
+    ] = Field(default_factory=list)
+    register_model: Annotated[
+        str | None,
+        WrapValidator(_model_name),
+        Field(description="with trackers: mlflow, the final checkpoint becomes a version of "
+              "this MLflow registered model (else it is the run's artifact)"),
+    ] = None
 
     @field_validator("dataset")
     @classmethod
@@ -381,6 +424,18 @@ class JobSpec(BaseModel):
             )
         return max_steps
 
+    @field_validator("register_model")
+    @classmethod
+    def _register_needs_mlflow(cls, name: str | None, info: ValidationInfo) -> str | None:
+        trackers = info.data.get("trackers")
+        if name is not None and trackers is not None and "mlflow" not in trackers:
+            raise spec_error(
+                "register_model",
+                f"register_model {name!r} registers the final checkpoint in MLflow: add "
+                '"mlflow" to trackers, or leave register_model out',
+            )
+        return name
+
     @model_validator(mode="after")
     def _default_name(self) -> Self:
         if self.name is None:
@@ -407,6 +462,9 @@ class JobSpec(BaseModel):
         data["dataset"] = self.dataset.normalised()
         data["optimizer"] = self.optimizer.normalised()
         data["scheduler"] = self.scheduler.normalised()
+        # Left out when unused, so specs submitted before trackers existed hash the same.
+        for unused in [key for key in ("trackers", "register_model") if not data[key]]:
+            del data[unused]
         return data
 
 

@@ -35,6 +35,7 @@ class SpecLimits:
     max_device_memory_bytes: int = DEFAULT_MAX_DEVICE_MEMORY_BYTES
     max_job_seconds: int = 7 * 86400
     min_checkpoint_every: int = 1
+    trackers: tuple[str, ...] = ()  # ACCUM_TRACKERS: the ones this deployment's workers log to
 
     @classmethod
     def from_settings(cls, settings: Any) -> SpecLimits:
@@ -44,6 +45,7 @@ class SpecLimits:
             max_device_memory_bytes=settings.max_device_memory_bytes,
             max_job_seconds=settings.max_job_seconds,
             min_checkpoint_every=settings.min_checkpoint_every,
+            trackers=tuple(settings.trackers),
         )
 
 
@@ -59,8 +61,25 @@ def with_defaults(spec: JobSpec, limits: SpecLimits) -> JobSpec:
     return spec.model_copy(update=update) if update else spec
 
 
-def _error(field: str, message: str, value: Any, kind: str = "limit") -> dict[str, Any]:
-    return {"type": kind, "loc": ("body", field), "msg": message, "input": value}
+def _error(field: str | tuple[str | int, ...], message: str, value: Any, kind: str = "limit",
+           allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
+    loc = ("body", *field) if isinstance(field, tuple) else ("body", field)
+    error = {"type": kind, "loc": loc, "msg": message, "input": value}
+    if allowed is not None:
+        error["ctx"] = {"allowed": list(allowed)}
+    return error
+
+
+def tracker_errors(spec: JobSpec, offered: tuple[str, ...]) -> list[dict[str, Any]]:
+    """A 422 at each tracker the spec names that this deployment does not log to."""
+    return [
+        _error(("trackers", index),
+               f"tracker {name!r} is not offered on this service (ACCUM_TRACKERS); "
+               + (f"choose from: {', '.join(offered)}" if offered else
+                  "it offers none: leave trackers out, or ask an admin to set ACCUM_TRACKERS"),
+               name, "not_allowed", offered)
+        for index, name in enumerate(spec.trackers) if name not in offered
+    ]
 
 
 def step_memory(spec: JobSpec, data: DatasetInfo | None = None) -> MemoryEstimate:
@@ -90,7 +109,7 @@ def sized_by_catalog(spec: JobSpec, data: DatasetInfo) -> bool:
 
 def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
     """Every way `spec` exceeds `limits` or the run-length bound, as 422 field errors."""
-    errors = []
+    errors = tracker_errors(spec, limits.trackers)
     if spec.max_restarts > limits.max_restarts:
         errors.append(
             _error(

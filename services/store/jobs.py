@@ -20,7 +20,7 @@ from services.store.cursors import decode_cursor, encode_cursor
 from services.store.dialect import insert_for
 from services.store.errors import IdempotencyConflict, JobStateError
 from services.store.events import add_event
-from services.store.models import Checkpoint, Job, JobEvent, Metric, MetricBlock, Owner
+from services.store.models import Checkpoint, Job, JobEvent, Metric, MetricBlock, Owner, TrackerRun
 from services.store.quotas import confirm_under_cap, near_cap
 from services.store.status import ALL, FINISHED, JobStatus, ordered
 from services.store.types import new_id, utcnow
@@ -326,7 +326,7 @@ def delete_finished_job(session: Session, job: Job) -> None:
     if not gone.rowcount:  # type: ignore[attr-defined]
         raise JobStateError(job.id, job.status, "delete", ordered(FINISHED))
     # Children explicitly: SQLite enforces ON DELETE CASCADE only with a pragma.
-    for model in (Checkpoint, Metric, MetricBlock, JobEvent):
+    for model in (Checkpoint, Metric, MetricBlock, JobEvent, TrackerRun):
         session.execute(delete(model).where(model.job_id == job.id)
                         .execution_options(synchronize_session=False))
     session.expunge(job)

@@ -145,6 +145,11 @@ class Job(Base):
         order_by="JobAttempt.attempt", lazy="select", viewonly=True
     )
 
+    # The job's runs in experiment trackers (services.worker.trackers), by tracker name.
+    tracker_runs: Mapped[list[TrackerRun]] = relationship(
+        order_by="TrackerRun.tracker", lazy="select", viewonly=True
+    )
+
     @property
     def worker(self) -> dict[str, str | None] | None:
         """Where the job runs or last ran (``name``, ``host``, ``gpu``); None before a worker
@@ -249,6 +254,23 @@ class Checkpoint(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     is_best: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class TrackerRun(Base):
+    """A job's run in one experiment tracker (MLflow, TensorBoard, W&B): one per job and
+    tracker, continued by every attempt. ``delivered_step`` is the last optimizer step whose
+    points the tracker has (a resumed attempt sends only later ones); ``undelivered`` is the
+    last delivery error while the tracker is unreachable, null once it has everything."""
+
+    __tablename__ = "tracker_runs"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    tracker: Mapped[str] = mapped_column(String(20), primary_key=True)
+    run_id: Mapped[str | None] = mapped_column(String(200))
+    url: Mapped[str | None] = mapped_column(Text)
+    delivered_step: Mapped[int] = mapped_column(Integer, default=-1, server_default="-1")
+    undelivered: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
 
 class AuthFailure(Base):

@@ -46,6 +46,7 @@ from services.worker.heartbeat import Heartbeat
 from services.worker.micro_batch import record_choice, recorded_choice
 from services.worker.resume import checkpoint_uploads, node_cache, prepare_resume
 from services.worker.store_metrics import observe_fetch
+from services.worker.trackers import job_trackers
 from services.worker.training import outcome
 from services.worker.warm_start import describe, job_initial_weights
 
@@ -193,16 +194,20 @@ def _rank_main(
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     try:
         callbacks: list[Callback] = [SharedStop(stop)]
-        store_callback = None
+        store_callback = trackers = None
         if rank == 0:  # one writer: metrics are the same on every rank (the loss is all-reduced)
+            uploads = checkpoint_uploads(settings, attempt, None)
             store_callback = StoreCallback(
                 session_factory(settings), attempt.job_id, attempt.attempt, attempt.worker_id,
                 total_steps=0, keep_checkpoints=spec.keep_checkpoints,
-                uploads=checkpoint_uploads(settings, attempt, None),
+                uploads=uploads,
                 max_owner_bytes=settings.max_artifact_bytes_per_owner,
                 retry_for_s=settings.lease_timeout_s,  # rank 0 has no heartbeat of its own
             )
             callbacks.append(store_callback)
+            trackers = job_trackers(settings, session_factory(settings), attempt, spec, uploads)
+            if trackers is not None:
+                callbacks.append(trackers)
         run = build_run(
             spec,
             callbacks=callbacks,
@@ -243,11 +248,18 @@ def _rank_main(
         if store_callback is not None:
             store_callback.close()  # rank 0's last metrics and checkpoint rows are written
             store_callback = None
+        if trackers is not None:
+            # A stop (cancel, timeout, shutdown) is told apart by the parent: the runs stay
+            # open for a resume or the next attempt either way.
+            trackers.end(None if history.stopped else "succeeded")
+            trackers = None
         finished[rank] = STOPPED if history.stopped else FINISHED
         dist.barrier()  # every rank is done before any closes its connections
     finally:
         if store_callback is not None:
             store_callback.close()
+        if trackers is not None:
+            trackers.end("failed")
         dist.destroy_process_group()
 
 

@@ -22,6 +22,7 @@ from services.worker.heartbeat import Heartbeat
 from services.worker.micro_batch import record_choice, recorded_choice
 from services.worker.resume import checkpoint_uploads, prepare_resume
 from services.worker.store_metrics import observe_fetch
+from services.worker.trackers import job_trackers
 from services.worker.warm_start import describe, job_initial_weights
 
 
@@ -39,11 +40,12 @@ def train_local(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: 
         sessions, spec, attempt.job_id,
         lambda key, sha: observe_fetch(lambda: uploads.cache.fetch(uploads.store, key, sha)),
     )
+    trackers = job_trackers(settings, sessions, attempt, spec, uploads)
     auto = spec.micro_batch_size == "auto"
     chosen = recorded_choice(sessions, attempt.job_id) if auto else None
     run = build_run(
         spec,
-        callbacks=[callback],
+        callbacks=[callback] if trackers is None else [callback, trackers],
         checkpoint_dir=uploads.staging_dir,
         data_root_default=settings.home / "data",
         init_weights=init_weights,
@@ -76,11 +78,20 @@ def train_local(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: 
     except BaseException:
         with contextlib.suppress(Exception):  # the first error is the one to report
             callback.close()  # stop the writer thread
+        if trackers is not None:
+            trackers.end("failed")
         raise
     # on_fit_end closed it, unless a stop's checkpoint followed: that one is uploaded now,
     # before the job is handed back or finished. An upload that failed raises here.
     callback.close()
+    if trackers is not None:
+        trackers.end(TRACKED_END.get(ended))
     return ended
+
+
+# How an attempt's end ends the job's tracker runs; the others leave them open for the next.
+TRACKED_END = {Outcome.SUCCEEDED: "succeeded", Outcome.CANCELLED: "cancelled",
+               Outcome.TIMED_OUT: "failed"}
 
 
 def in_store(exc: NonFiniteError, prefix: str) -> NonFiniteError:

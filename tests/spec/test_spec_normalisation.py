@@ -11,8 +11,9 @@ from services.spec import JobSpec, parse_spec, spec_hash
 
 def test_defaults_are_filled_and_names_become_objects() -> None:
     normalised = parse_spec(MINIMAL_SPEC).normalised()
-    # init_from is left out when absent, so specs stored before it hash the same.
-    assert set(normalised) == set(JobSpec.model_fields) - {"init_from"}
+    # init_from, trackers and register_model are left out when absent or empty, so specs
+    # stored before them hash the same.
+    assert set(normalised) == set(JobSpec.model_fields) - {"init_from", "trackers", "register_model"}
     assert normalised["name"] == "mlp-digits"
     assert normalised["model"] == {"name": "mlp"}
     assert normalised["dataset"] == {"name": "digits", "data_root": None, "download": False}
@@ -30,6 +31,16 @@ def test_defaults_are_filled_and_names_become_objects() -> None:
     assert normalised["queue"] == "default"
     assert normalised["effective_batch_size"] is None and normalised["max_steps"] is None
     json.dumps(normalised, allow_nan=False)  # JSON-ready
+
+
+def test_trackers_are_kept_once_each_and_round_trip() -> None:
+    spec = parse_spec({**MINIMAL_SPEC, "trackers": ["wandb", "mlflow", "wandb"],
+                       "register_model": "digits-mlp"})
+    normalised = spec.normalised()
+    assert normalised["trackers"] == ["wandb", "mlflow"]
+    assert normalised["register_model"] == "digits-mlp"
+    assert parse_spec(normalised) == spec
+    assert spec_hash(parse_spec(MINIMAL_SPEC).normalised()) != spec_hash(normalised)
 
 
 def test_adamw_and_step_scheduler_defaults() -> None:

@@ -134,7 +134,8 @@ class JobPage {
   show(job) {
     // GET /v1/jobs/ID and the stream's `status` messages are the same object; the exactness
     // check may also come as the exactness_check event, so a status message without it keeps it.
-    this.job = { ...job, owner: job.owner ?? this.job?.owner, exactness: job.exactness ?? this.job?.exactness };
+    this.job = { ...job, owner: job.owner ?? this.job?.owner, exactness: job.exactness ?? this.job?.exactness,
+      trackers: job.trackers ?? this.job?.trackers };
     job = this.job;
     this.title.textContent = jobLabel(job);
     clear(this.badge, statusBadge(job.status));
@@ -163,6 +164,7 @@ class JobPage {
       ["Validation", validation.length ? validation.map((n) => `${n.replace("val_", "")} ${latestMetric(job, n)}`).join(", ") : "–"],
       ["Queue", queue],
       ["Owner", job.owner ?? "–"],
+      ...(job.trackers?.length ? [["Trackers", trackerLinks(job.trackers)]] : []),
       ["Created", dateTime(job.created_at)],
       [FINISHED.has(job.status) ? "Took" : "Running for", took === null ? "–" : duration(took)],
     ];
@@ -452,4 +454,16 @@ class JobPage {
       el("td", { class: "mono small", title: c.sha256 }, c.sha256.slice(0, 12)),
       el("td", {}, download)]);
   }
+}
+
+// The job's runs in MLflow, TensorBoard, W&B (GET /v1/jobs/ID `trackers`): a link where the
+// tracker has a web address, else its run id; "(pending)" while points wait for it.
+function trackerLinks(runs) {
+  return el("span", { id: "trackers" }, runs.flatMap((run, index) => [
+    index ? ", " : "",
+    run.url
+      ? el("a", { href: run.url, target: "_blank", rel: "noopener", class: `tracker-${run.tracker}` }, run.tracker)
+      : el("span", { class: `tracker-${run.tracker}`, title: run.run_id ?? "" }, run.tracker),
+    run.pending ? el("span", { class: "muted small" }, " (pending)") : "",
+  ]));
 }
