@@ -12,8 +12,8 @@ Prints one JSON object:
 - ``python_calls_per_micro_batch``: Python function calls per micro-batch counted by
   cProfile, for each side and their difference: independent of the machine's load, so it
   shows per-micro-batch work even where timings are noise.
-- ``profile_top``: where the extra time goes: the functions whose own time under cProfile
-  exceeds the loop's most (extra calls and extra own microseconds per micro-batch; own times
+- ``profile_top``: where the extra time goes: of the functions the Trainer calls more often
+  than the loop, those whose own time under cProfile exceeds the loop's most (extra calls and extra own microseconds per micro-batch; own times
   are load-sensitive, the calls are not).
 """
 
@@ -72,8 +72,9 @@ def _profile(fn: Any, micro_batches: int) -> tuple[pstats.Stats, float]:
 
 
 def _top(trainer: pstats.Stats, loop: pstats.Stats, micro_batches: int) -> list[dict[str, Any]]:
-    """Where the Trainer's extra time goes: the functions whose own time exceeds the loop's
-    most (file:line function; extra calls and extra own microseconds per micro-batch)."""
+    """Where the Trainer's extra time goes: of the functions it calls more often than the loop,
+    those whose own time exceeds the loop's most (file:line function; extra calls and extra
+    own microseconds per micro-batch)."""
     def own(stats: pstats.Stats) -> dict[tuple[str, int, str], tuple[int, float]]:
         return {key: (calls, own_s) for key, (_, calls, own_s, _cum, _) in stats.stats.items()}  # type: ignore[attr-defined]
 
@@ -81,6 +82,8 @@ def _top(trainer: pstats.Stats, loop: pstats.Stats, micro_batches: int) -> list[
     rows = []
     for key, (calls, own_s) in ours.items():
         their_calls, their_own = theirs.get(key, (0, 0.0))
+        if calls <= their_calls:
+            continue  # called as often by the loop (backward, the kernels): a difference is load
         path, line, name = key
         rows.append({"function": f"{os.path.basename(path)}:{line} {name}" if line else name,
                      "calls_per_micro_batch": round((calls - their_calls) / micro_batches, 3),
