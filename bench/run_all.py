@@ -30,7 +30,7 @@ DEFAULT_DOC = ROOT / "docs" / "benchmarks.md"
 NOTES = BENCH / "notes.md"
 # Ours first, in the issue's order; any other bench script (owned by other parts) after.
 ORDER = ["trainer_vs_loop", "trainer_vs_lightning", "exactness", "memory", "accumulation_cost",
-         "auto_micro_batch", "ddp_no_sync", "resnet50_h100"]
+         "auto_micro_batch", "ddp_no_sync", "resnet50_h100", "host_cost"]
 
 
 BENCH_PACKAGES = ("trainer", "service")
@@ -177,6 +177,8 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     if name == "resnet50_h100":
         verdict = r["verdict"] if r.get("measured") is not None else _not_measured(r.get("skipped"))
         return [row("ResNet-50 bf16 img/s via API -> worker -> accumcore", ">= 3000", r.get("measured"), verdict)]
+    if name == "host_cost":
+        return host_cost_rows(r)
     if name == "trainer_overhead":
         lines = []
         for workload, values in r.get("workloads", {}).items():
@@ -214,6 +216,21 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         return [(figure, "(in name)", f"see bench/results/{name}.jsonl", str(verdict))
                 for figure, verdict in r["targets"].items()]
     return [(r.get("figure", name), "-", "see bench/results/" + name + ".jsonl", "-")]
+
+
+def host_cost_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The host-cost figure, then its profile: Python calls per micro-batch (load-independent)
+    and the functions whose own time exceeds the loop's most, where the microseconds go."""
+    calls = r.get("python_calls_per_micro_batch", {})
+    lines = [(r["figure"], f"<= {_fmt(r['target'])}", _fmt(r["measured"]), r["verdict"]),
+             ("  same, Trainer / loop time per epoch (paired rounds)", "(shown)", _fmt(r.get("time_ratio")), "-"),
+             ("  Python calls per micro-batch (cProfile), Trainer / loop / extra", "(shown)",
+              " / ".join(_fmt(calls.get(k)) for k in ("trainer", "loop", "extra")), "-")]
+    for top in r.get("profile_top", [])[:6]:
+        lines.append((f"  profile: `{top['function']}`", "(shown)",
+                      f"+{_fmt(top['own_us_per_micro_batch'])} us own, +{_fmt(top['calls_per_micro_batch'])} calls "
+                      "per micro-batch", "-"))
+    return lines
 
 
 def corner_rows(corners: dict[str, Any], versions: dict[str, Any]) -> list[tuple[str, str, str, str]]:

@@ -131,6 +131,16 @@ def warmups(args: argparse.Namespace) -> int:
 def base_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
+    add_out_argument(parser)
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (median)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall (default) or cpu: process CPU time, stable on a loaded machine")
+    return parser
+
+
+def add_out_argument(parser: argparse.ArgumentParser) -> None:
+    """``--out [DIR]``, which bench/run_all.py passes to every bench script (see ``emit``)."""
     parser.add_argument(
         "--out",
         nargs="?",
@@ -138,11 +148,6 @@ def base_parser(description: str) -> argparse.ArgumentParser:
         default=None,
         help="also append the JSON as a row to OUT/<bench>.jsonl (default bench/results/)",
     )
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (median)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="wall (default) or cpu: process CPU time, stable on a loaded machine")
-    return parser
 
 
 def configure(args: argparse.Namespace) -> None:

@@ -1,6 +1,6 @@
 """Artifact store figures (issue 14), one JSON object on stdout:
 
-    .venv/bin/python -m bench.service.artifacts [--rounds 3] [--mb 100] [--steps 1500]
+    .venv/bin/python -m bench.service.artifacts [--rounds 3] [--mb 100] [--steps 1500] [--quick] [--out [DIR]]
 
 - ``upload``: MB/s of a ``--mb`` MB checkpoint put to a local S3 server (moto, server mode, in
   its own process) by obstore (what accum uses: hashing what it sends, and, as the worker now
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import json
 import os
 import platform
 import statistics
@@ -36,6 +35,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from bench.harness import common as _common
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "bench"
@@ -241,14 +242,17 @@ def main() -> None:
     parser.add_argument("--skip-store", action="store_true", help="no upload/fetch figures")
     parser.add_argument("--server-nice", type=int, default=0,
                         help="run the S3 server at this nice value (it shares this machine's cores)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 2 MB, 30 steps")
+    _common.add_out_argument(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.mb, args.steps = 1, 2, 30
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     server, _ = start_s3(args.server_nice)
     try:
         with tempfile.TemporaryDirectory() as folder:
             tmp = Path(folder)
             result: dict[str, Any] = {
-                "bench": "artifacts",
                 "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
                             "load_average_1m": round(os.getloadavg()[0], 2)},
                 "s3_server": f"moto 5.2.5, server mode, localhost, nice {args.server_nice}",
@@ -262,7 +266,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(10)
-    print(json.dumps(result, indent=2))
+    _common.emit("artifacts", result, args)
 
 
 if __name__ == "__main__":

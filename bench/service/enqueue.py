@@ -2,7 +2,7 @@
 path (``services/dispatch/redis_publish.py``: Celery's own ``as_task_v2`` message in kombu's
 Redis envelope, one LPUSH on a shared redis-py client). One JSON object on stdout.
 
-    .venv/bin/python -m bench.service.enqueue [--messages 2000] [--rounds 7] [--quick]
+    .venv/bin/python -m bench.service.enqueue [--messages 2000] [--rounds 7] [--quick] [--out [DIR]]
 
 Each round times ``--messages`` publishes of each path, interleaved (who goes first
 alternates), by CPU time of this process (what a publish costs the API's route thread) and
@@ -14,7 +14,6 @@ queues it writes are deleted at the end.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,7 @@ from typing import Any
 
 import redis
 
+from bench.harness import common as _common
 from services.dispatch.broker import TASK_NAME, declare_queue
 from services.dispatch.enqueue import celery_app_for, enqueue_job, reset_enqueue_cache
 from services.dispatch.priority import NORMAL, redis_list, redis_step
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="smoke run: 50 messages, 2 rounds")
+    _common.add_out_argument(parser)
     args = parser.parse_args(argv)
     messages, rounds = (50, 2) if args.quick else (args.messages, args.rounds)
     url = os.environ.get("ACCUM_TEST_REDIS_URL", "redis://127.0.0.1:6379/1")
@@ -83,7 +84,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return round(statistics.median(row[key] for row in runs), 1)
 
     result = {
-        "bench": "enqueue",
         "figure": "CPU per enqueue on Redis: send_task / hand-built LPUSH (median of per-round ratios)",
         "cpu_ratio": round(statistics.median(r["send_task_cpu_us"] / r["hand_built_cpu_us"] for r in runs), 2),
         "wall_ratio": round(statistics.median(r["send_task_wall_us"] / r["hand_built_wall_us"] for r in runs), 2),
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "load_average_1m": round(os.getloadavg()[0], 2)},
         "runs": runs,
     }
-    print(json.dumps(result))
+    _common.emit("enqueue", result, args)
     return result
 
 

@@ -2,19 +2,19 @@
 the torch-free memory floor, services/spec/limits.py) against the spec validation a submit
 already does, per spec, interleaved and repeated. Prints one JSON object.
 
-    .venv/bin/python bench/service/spec_limits.py [--repeats 7] [--quick]
+    .venv/bin/python -m bench.service.spec_limits [--repeats 7] [--quick] [--out [DIR]]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
 from typing import Any
 
+from bench.harness import common as _common
 from services.spec import parse_spec
 from services.spec.limits import SpecLimits, limit_errors
 
@@ -38,6 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true")
+    _common.add_out_argument(parser)
     args = parser.parse_args()
     calls = 50 if args.quick else 2000
     limits = SpecLimits()
@@ -55,11 +56,10 @@ def main() -> None:
                 statistics.median(b / a for a, b in zip(parse_us, limits_us, strict=True)), 3
             ),
         }
-    print(json.dumps({
-        "bench": "spec_limits",
+    _common.emit("spec_limits", {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}",
-        "repeats": args.repeats, "calls_per_repeat": calls, "quick": args.quick, "specs": rows,
-    }, indent=1))
+        "repeats": args.repeats, "calls_per_repeat": calls, "specs": rows,
+    }, args)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ def unpack(batch: Any) -> tuple[Any, Any]:
 
 def forward(model: Any, inputs: Any) -> Any:
     """``model(**inputs)`` for a mapping of keyword inputs, else ``model(inputs)``."""
-    if isinstance(inputs, Mapping):
+    # A tensor first: the Mapping check is an ABC's, ~1 us on every micro-batch.
+    if not isinstance(inputs, torch.Tensor) and isinstance(inputs, Mapping):
         return model(**inputs)
     return model(inputs)
 
@@ -52,7 +53,7 @@ def count_items(targets: Any, ignore_index: int) -> Count:
         )
     if targets.is_floating_point() or targets.is_complex():
         return int(targets.shape[0]) if targets.dim() else 1
-    if targets.device.type == "cpu" and not targets.requires_grad:
+    if targets.is_cpu and not targets.requires_grad:  # (is_cpu: .device builds an object, ~1 us)
         # numpy shares the memory and counts several times faster than a torch op here.
         return int(np.count_nonzero(targets.numpy() != ignore_index))
     return (targets != ignore_index).sum()

@@ -25,8 +25,12 @@ def to_floats(values: dict[str, Any]) -> dict[str, float]:
 
 
 def peak_memory_bytes(device: torch.device) -> float | None:
+    """``torch.cuda.max_memory_allocated``, read once per step without its cost: that call
+    flattens the allocator's whole stats tree into a sorted dict of dotted keys in Python,
+    every step; the nested dict it starts from is built in C++ and read here at one key."""
     if device.type == "cuda":
-        return float(torch.cuda.max_memory_allocated(device))
+        stats = torch.cuda.memory_stats_as_nested_dict(device)  # {} before CUDA is initialised
+        return float(stats.get("allocated_bytes", {}).get("all", {}).get("peak", 0))
     return None
 
 

@@ -124,11 +124,14 @@ class WindowStepper:
                     "stepped): lower micro_batch_size, use precision='bf16', or sgd"
                 )
             return replace(outcome, oom=True)
-        skipped = False
-        if self.precision.scaler is not None:
-            previous, self.loss_scale = self.loss_scale, self.precision.loss_scale()
-            # GradScaler lowers the scale exactly when it skipped the step for inf/nan grads.
-            skipped = previous is not None and self.loss_scale is not None and self.loss_scale < previous
+        if self.precision.scaler is None:
+            if self.scheduler is not None:
+                self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return outcome  # the common case: no second object (replace costs ~20 us a step)
+        previous, self.loss_scale = self.loss_scale, self.precision.loss_scale()
+        # GradScaler lowers the scale exactly when it skipped the step for inf/nan grads.
+        skipped = previous is not None and self.loss_scale is not None and self.loss_scale < previous
         if not skipped and self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

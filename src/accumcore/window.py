@@ -90,10 +90,13 @@ def _pending_micro_batches(
     batch: PendingBatch, split: int, counter: Callable[[Any, Any], int | torch.Tensor]
 ) -> list[MicroBatch]:
     """Micro-batches counted from targets alone; each loads its own indices when it runs."""
-    index_chunks = split_indices(batch.indices, split)
-    target_chunks = [batch.targets] if split == 1 else items.split(batch.targets, split)
+    if split == 1:  # the common case: the loaded batch is the micro-batch, no new objects
+        if not batch.indices:
+            return []
+        count = items.normalise_count(counter(None, batch.targets))
+        return [MicroBatch(None, None, count, len(batch.indices), batch)]
     result = []
-    for indices, targets in zip(index_chunks, target_chunks, strict=True):
+    for indices, targets in zip(split_indices(batch.indices, split), items.split(batch.targets, split), strict=True):
         if not indices:
             continue
         count = items.normalise_count(counter(None, targets))

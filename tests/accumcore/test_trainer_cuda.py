@@ -150,3 +150,16 @@ def test_the_auto_micro_batch_probe_measures_each_sizes_own_peak() -> None:
     assert big - small >= 200 * sample  # the big micro-batch's inputs, at the least
     limit = big - 64 * sample  # m=256 does not fit; what does is the search's to find
     assert find_micro_batch_size(model, batch, 256, "cuda", memory_limit_bytes=limit) < 256
+
+
+def test_the_per_step_peak_is_the_allocators_max_memory_allocated() -> None:
+    """``metrics.peak_memory_bytes`` reads the allocator's nested stats at one key instead of
+    ``max_memory_allocated``'s flattened dict: the same figure, after a known allocation."""
+    from accumcore import metrics
+
+    device = torch.device("cuda")
+    torch.cuda.reset_peak_memory_stats(device)
+    block = torch.empty(3 << 20, dtype=torch.uint8, device=device)
+    del block
+    assert metrics.peak_memory_bytes(device) == float(torch.cuda.max_memory_allocated(device))
+    assert metrics.peak_memory_bytes(device) >= 3 << 20

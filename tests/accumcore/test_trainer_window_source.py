@@ -221,3 +221,24 @@ def test_only_the_current_micro_batch_is_moved_to_the_device(hook: bool, monkeyp
     model = nn.Linear(4, 3)
     Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=4).fit(loader)
     assert copies.most == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool, torch.float32,
+                                   torch.float64, torch.bfloat16])
+def test_targets_read_by_index_are_torch_indexing_exactly(dtype: torch.dtype) -> None:
+    """``rows_of`` reads targets through numpy where it can (a fifth of torch's list indexing
+    cost per micro-batch); values, dtype and shape must be torch's own ``targets[indices]``,
+    for dtypes numpy lacks (bfloat16: torch's indexing) and rows of several positions."""
+    from accumcore.window_source import rows_of
+
+    for shape in ((50,), (50, 7)):
+        targets = (torch.arange(int(np.prod(shape))).reshape(shape) % 5 - 1).to(dtype)
+        read = rows_of(targets)
+        for indices in ([3], [49, 0, 7, 7, 12], list(range(50))[::-3]):
+            got, want = read(indices), targets[indices]
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert torch.equal(got, want)
+        targets[3] = 1  # in-place changes to the dataset's targets are seen, as by torch's indexing
+        assert torch.equal(read([3]), targets[[3]])
+    grad = torch.ones(4, requires_grad=True)  # numpy refuses it: torch's indexing
+    assert torch.equal(rows_of(grad)([1, 2]), grad[[1, 2]])

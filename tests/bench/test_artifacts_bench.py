@@ -16,15 +16,17 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_artifacts_bench_prints_its_figures() -> None:
+def test_artifacts_bench_prints_its_figures(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "bench.service.artifacts", "--rounds", "1", "--mb", "2",
-         "--steps", "30"],
+        [sys.executable, "-m", "bench.service.artifacts", "--quick", "--out", str(tmp_path)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"},
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout)
+    # --out (what bench/run_all.py passes) appends the same object as one row.
+    assert [json.loads(row) for row in (tmp_path / "artifacts.jsonl").read_text().splitlines()] == [figures]
+    assert figures["quick"] is True
     store = figures["store"]
     assert set(store["upload_mb_per_s"]) == {"local_file", "obstore", "obstore_writer_sha", "s3fs"}
     assert all(v > 0 for v in store["upload_mb_per_s"].values())
