@@ -54,6 +54,7 @@ EXPECTED: dict[tuple[str, str], Expect] = {
     ("POST", "/v1/jobs"): Expect(201),
     ("GET", "/v1/jobs"): Expect(200),
     ("GET", "/v1/jobs/{job_id}"): Expect(200, "trained"),
+    ("PATCH", "/v1/jobs/{job_id}"): Expect(200, "trained"),
     ("POST", "/v1/jobs/{job_id}/cancel"): Expect(202, "queued"),
     ("POST", "/v1/jobs/{job_id}/resume"): Expect(202, "cancelled"),
     ("GET", "/v1/jobs/{job_id}/metrics"): Expect(200, "trained"),
@@ -68,6 +69,11 @@ EXPECTED: dict[tuple[str, str], Expect] = {
     ("DELETE", "/v1/tokens/{prefix}"): Expect(204, "token"),
     ("DELETE", "/v1/jobs/{job_id}"): Expect(204, "doomed"),
     ("GET", "/v1/workers"): Expect(200),
+}
+# The request bodies of the routes that take one.
+BODIES: dict[tuple[str, str], Any] = {
+    ("POST", "/v1/jobs"): SPEC,
+    ("PATCH", "/v1/jobs/{job_id}"): {"notes": "seen by its owner and the admin only", "tags": ["matrix"]},
 }
 # What each action does to its target when it succeeds (A and the admin).
 AFTER_ACTION = {"queued": "cancelled", "cancelled": "queued", "token": "revoked"}
@@ -186,7 +192,7 @@ def test_no_route_lets_another_owner_see_or_touch_a_job(
             target_id = targets[expect.target] if expect.target else None
             for variant in expect.variants:
                 url = path.format(job_id=target_id, step=step, prefix=target_id)
-                body = SPEC if (method, path) == ("POST", "/v1/jobs") else None
+                body = BODIES.get((method, path))
                 response = client.request(method, url, headers={**headers, **variant}, json=body)
                 requests += 1
                 where = (actor, method, url, variant, response.text[:300])
@@ -194,7 +200,8 @@ def test_no_route_lets_another_owner_see_or_touch_a_job(
                     cross_owner_successes += response.is_success
                     unknown_id = UNKNOWN_PREFIX if expect.target == "token" else new_id()
                     unknown = client.request(
-                        method, url.replace(target_id, unknown_id), headers={**headers, **variant}
+                        method, url.replace(target_id, unknown_id), headers={**headers, **variant},
+                        json=body,
                     )
                     assert response.status_code == 404, where
                     assert not_found_body(response, target_id) == not_found_body(
