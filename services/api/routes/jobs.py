@@ -263,7 +263,10 @@ def read_job(*, session: SessionDep, owner: CurrentOwner, job_id: str) -> JobPub
     return job_public(session, owner, job)
 
 
-@router.patch("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
+@router.patch(
+    "/{job_id}", response_model=JobPublic,
+    responses={**NOT_FOUND, **problem_responses(400, 413)},
+)
 def edit_job(*, session: SessionDep, owner: CurrentOwner, job_id: str, body: JobEdit) -> JobPublic:
     """Rename a job, set its tags or its notes (any job state; the spec is not changed)."""
     job = job_or_404(session, job_id, owner)
