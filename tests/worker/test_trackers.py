@@ -230,10 +230,13 @@ def test_an_mlflow_server_down_for_the_whole_job_gets_the_points_when_back(
         server.start()
         wait_until(lambda: delivered(trackers, job_id)["mlflow"] == (12, None),
                    "the points delivered once MLflow is back", trackers)
+        # The sink records the delivery, then ends the run: wait for the end too.
+        client, run = wait_until(
+            lambda: (found := mlflow_run(server.uri, job_id))[1].info.status == "FINISHED" and found,
+            "the MLflow run ended once MLflow is back", trackers)
         want = accum_points(trackers, job_id)
-        client, run = mlflow_run(server.uri, job_id)
         same_steps_and_values(mlflow_points(client, run.info.run_id, list(want)), want)
-        assert run.info.status == "FINISHED" and run.data.tags["accum.exactness"] == "exact"
+        assert run.data.tags["accum.exactness"] == "exact"
         assert "tracker_delivered" in trackers.event_kinds(job_id)
     finally:
         server.stop()
