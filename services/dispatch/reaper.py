@@ -81,7 +81,9 @@ def reap_once(
     return [job_id for job_id, _ in requeued]
 
 
-def resend_stale_once(settings: Settings, clock: Clock = time.time) -> list[str]:
+def resend_stale_once(
+    settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
+) -> list[str]:
     """Enqueue again, in submit order, every queued job never sent (``enqueued_at`` NULL: its
     publish failed) or whose last message is older than ``settings.requeue_after_s`` at
     ``clock()``; returns their ids. A failed send (the broker still down) marks that job and
@@ -89,7 +91,7 @@ def resend_stale_once(settings: Settings, clock: Clock = time.time) -> list[str]
     now = _now(clock)
     older_than = now - timedelta(seconds=float(settings.requeue_after_s))
     with session_factory(settings).begin() as session:
-        stale = stale_queued_jobs(session, older_than=older_than, now=now)
+        stale = stale_queued_jobs(session, older_than=older_than, now=now, queues=queues)
     send_in_order(settings, stale, "job %s was queued with no recent message; enqueued again on %s")
     return [job_id for job_id, _ in stale]
 
@@ -144,7 +146,7 @@ class LeaseReaper:
             with self.pass_lock:
                 steps: tuple[Callable[[], object], ...] = (
                     lambda: reap_once(self.settings, self.clock, self.queues),
-                    lambda: resend_stale_once(self.settings, self.clock),
+                    lambda: resend_stale_once(self.settings, self.clock, self.queues),
                     lambda: sweep_retention(self.settings, self.clock),
                 )
                 for name, step in zip(("reap", "resend", "retention"), steps, strict=True):

@@ -450,7 +450,8 @@ def reap_expired_leases(
 
 
 def stale_queued_jobs(
-    session: Session, older_than: datetime, limit: int = 100, now: datetime | None = None
+    session: Session, older_than: datetime, limit: int = 100, now: datetime | None = None,
+    queues: Collection[str] | None = None,
 ) -> list[tuple[str, str]]:
     """``(id, queue)`` of jobs ``queued`` whose broker message was last sent before
     ``older_than`` (``enqueued_at``; never sent counts as stale): the message may be lost (the
@@ -467,6 +468,8 @@ def stale_queued_jobs(
         Job.status == JobStatus.QUEUED,
         (Job.enqueued_at.is_(None)) | (Job.enqueued_at < older_than),
     )
+    if queues is not None:  # a worker's reaper: its own queues, sent through its own broker
+        is_stale = and_(is_stale, Job.queue.in_(list(queues)))
     stale = select(Job.id).where(is_stale).order_by(Job.id).limit(limit)
     rows = session.execute(
         update(Job)

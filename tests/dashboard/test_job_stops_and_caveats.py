@@ -33,6 +33,9 @@ def test_the_nonfinite_value_that_stopped_a_run_is_shown_where_it_stopped(
 
     expect(page.locator("#stopped-by")).to_have_text("loss NaN at step 4")
     expect(page.locator("#chart-loss")).to_have_attribute("data-nonfinite", "loss@4:NaN")
+    # The x axis reaches step 4 once the marker is drawn (read before it, 3.9 lay off the chart).
+    page.wait_for_function("() => Number(document.querySelector('#chart-loss')"
+                           ".getAttribute('data-x-range').split(',')[1]) >= 4")
     hover_step(page, "#chart-loss", 3.9)  # nearest logged step: 4, the last (the x axis ends there)
     assert legend(page, "#chart-loss")[:2] == ["4", "NaN"]
     shot(page, "job-stopped-by-nan")

@@ -92,6 +92,21 @@ def test_queued_job_with_a_lost_message_is_enqueued_again_once_per_period(
     assert resend_stale_once(settings, clock=ahead(602)) == [lost_id]
 
 
+def test_a_workers_reaper_resends_the_jobs_of_its_own_queues_only(
+    settings: Settings, make_job: Callable[..., str]
+) -> None:
+    """A worker's reaper sends through its own broker: a stale job of another queue (another
+    deployment's, whose broker may differ) is left to that queue's reapers, or to the API's,
+    which take every queue."""
+    settings = settings.model_copy(update={"requeue_after_s": 300})
+    ours = make_job(queue="a100")
+    theirs = make_job(queue="t4")
+    assert resend_stale_once(settings, clock=ahead(301), queues=["a100"]) == [ours]
+    assert queued_job_ids(settings, "t4") == []
+    assert resend_stale_once(settings, clock=ahead(301)) == [theirs]  # the API's: every queue
+    assert queued_job_ids(settings, "t4") == [theirs]
+
+
 def test_a_failed_send_is_retried_at_the_next_pass_in_submit_order(
     settings: Settings, make_job: Callable[..., str]
 ) -> None:
