@@ -291,13 +291,13 @@ class Settings(BaseSettings):
 
 def trusted_hosts(spec: str) -> list[str]:
     """``trusted_proxies`` as uvicorn's ``ProxyHeadersMiddleware`` takes them, networks in
-    canonical form: it would take "10.1.2.3/16" (host bits set), like a typo, as a name that
+    canonical form: it would take "198.18.2.3/16" (host bits set), like a typo, as a name that
     never matches, and trust nothing for it without a word."""
     return [str(network) for network in trusted_proxies(spec)]
 
 
 def trusted_proxies(spec: str) -> tuple[Network, ...]:
-    """`"10.0.0.5, 10.1.0.0/16"` -> networks; `"*"` trusts every peer. ValueError on a typo."""
+    """`"192.0.2.5, 198.18.0.0/16"` -> networks; `"*"` trusts every peer. ValueError on a typo."""
     networks = []
     for part in (p.strip() for p in spec.split(",")):
         if not part:
@@ -310,7 +310,7 @@ def trusted_proxies(spec: str) -> tuple[Network, ...]:
         except ValueError:
             raise ValueError(
                 f"ACCUM_FORWARDED_ALLOW_IPS: {part!r} is not an IP address or network; give "
-                "the reverse proxies' addresses, comma-separated, e.g. 10.0.0.5,10.1.0.0/16"
+                "the reverse proxies' addresses, comma-separated, e.g. 192.0.2.5,198.18.0.0/16"
             ) from None
     return tuple(networks)
 

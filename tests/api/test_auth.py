@@ -226,9 +226,9 @@ def test_a_forwarded_address_is_counted_cut_to_its_cap(
     settings = api_settings.model_copy(
         update={"auth_failures_per_window": 1, "forwarded_allow_ips": "*"}
     )
-    forged = {**WRONG, "X-Forwarded-For": "x" * 500 + ", 10.0.0.5"}
+    forged = {**WRONG, "X-Forwarded-For": "x" * 500 + ", 192.0.2.5"}
     app = create_app(settings, run_reaper=False)
-    with TestClient(app, raise_server_exceptions=False, client=("10.0.0.6", 40000)) as proxy:
+    with TestClient(app, raise_server_exceptions=False, client=("192.0.2.6", 40000)) as proxy:
         answers = [proxy.get("/v1/jobs", headers=forged).status_code for _ in range(3)]
 
     assert answers == [401, 429, 429]

@@ -32,17 +32,17 @@ def test_without_trusted_proxies_the_header_is_ignored() -> None:
 
 
 def test_only_a_trusted_peer_may_name_the_client() -> None:
-    trusted = "10.0.0.5, 10.1.0.0/16"
-    assert client_address("10.0.0.5", "198.51.100.2", trusted) == "198.51.100.2"
-    assert client_address("10.1.2.3", "198.51.100.2", trusted) == "198.51.100.2"
+    trusted = "192.0.2.5, 198.18.0.0/16"
+    assert client_address("192.0.2.5", "198.51.100.2", trusted) == "198.51.100.2"
+    assert client_address("198.18.2.3", "198.51.100.2", trusted) == "198.51.100.2"
     # An untrusted peer's header is its own invention.
-    assert client_address("10.2.0.1", "198.51.100.2", trusted) == "10.2.0.1"
-    assert client_address("10.0.0.5", None, trusted) == "10.0.0.5"
+    assert client_address("198.19.0.1", "198.51.100.2", trusted) == "198.19.0.1"
+    assert client_address("192.0.2.5", None, trusted) == "192.0.2.5"
 
 
 def test_a_client_cannot_pick_its_address_by_sending_the_header_itself() -> None:
     # The client sent "X-Forwarded-For: 1.1.1.1"; the proxy appended what it saw.
-    spoofed = client_address("10.0.0.5", "1.1.1.1, 198.51.100.2, 10.0.0.6", "10.0.0.5,10.0.0.6")
+    spoofed = client_address("192.0.2.5", "1.1.1.1, 198.51.100.2, 192.0.2.6", "192.0.2.5,192.0.2.6")
     assert spoofed == "198.51.100.2"
 
 
@@ -54,6 +54,6 @@ def test_the_setting_is_checked_at_start_up() -> None:
 
 
 def test_a_network_written_with_host_bits_is_trusted_as_the_setting_check_reads_it() -> None:
-    # uvicorn alone would take "10.1.2.3/16" as a name and trust nobody for it.
-    assert trusted_hosts("10.1.2.3/16, *") == ["10.1.0.0/16", "0.0.0.0/0", "::/0"]
-    assert client_address("10.1.9.9", "198.51.100.2", "10.1.2.3/16") == "198.51.100.2"
+    # uvicorn alone would take "198.18.2.3/16" as a name and trust nobody for it.
+    assert trusted_hosts("198.18.2.3/16, *") == ["198.18.0.0/16", "0.0.0.0/0", "::/0"]
+    assert client_address("198.18.9.9", "198.51.100.2", "198.18.2.3/16") == "198.51.100.2"
