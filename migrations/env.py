@@ -1,7 +1,7 @@
 """Alembic environment for accum (SQLite and PostgreSQL).
 
 The database URL comes from, in order: ``-x url=...`` on the alembic command line, the
-config's ``sqlalchemy.url`` (set by ``services.store.migrate``), then ``Settings`` (the
+config's ``sqlalchemy.url`` (set by ``services.jobdb.migrate``), then ``Settings`` (the
 ``ACCUM_DATABASE_URL`` / ``ACCUM_HOME`` environment). SQLite runs in batch mode because it
 cannot ALTER most things in place.
 
@@ -22,8 +22,8 @@ from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
 from services.settings import get_settings
-from services.store.db import make_engine
-from services.store.models import Base
+from services.jobdb.db import make_engine
+from services.jobdb.models import Base
 
 config = context.config
 MIGRATION_LOCK_ID = 0x616363756D  # "accum": any constant shared by every accum process

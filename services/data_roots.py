@@ -99,7 +99,13 @@ def require_allowed_data_root(data_root: str | None, settings: Settings) -> None
     that names the allowed roots for the worker's operator."""
     if data_root is None:
         return
-    roots = allowed_data_roots(settings)
-    if (reason := data_root_refusal(data_root, roots, show_roots=False)) is not None:
-        log.warning("refused a job's path: %s", data_root_refusal(data_root, roots))
+    if (reason := worker_refusal(data_root, allowed_data_roots(settings))) is not None:
         raise DataRootNotAllowed(reason)
+
+
+def worker_refusal(path: str, roots: Sequence[DataRoot]) -> str | None:
+    """A worker's `data_root_refusal`: the owner's reason (no roots named), after logging the
+    one that names them for the worker's operator."""
+    if (reason := data_root_refusal(path, roots, show_roots=False)) is not None:
+        log.warning("refused a job's path: %s", data_root_refusal(path, roots))
+    return reason

@@ -17,7 +17,7 @@ there, naming ``--cpu-ranks``, unless a worker of its queue registered enough: t
 for that one), and ``accum up`` answers only once its worker is registered.
 
 Torch-free: the API imports it. The answers come from the workers' own registry rows
-(``services.store.workers``), so a queue, a GPU count or a model name is what the fleet
+(``services.jobdb.workers``), so a queue, a GPU count or a model name is what the fleet
 says it has, not what a configuration file claims.
 """
 
@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from services.jobdb.types import utcnow
+from services.jobdb.workers import QueueOffer, queue_offers
 from services.spec import JobSpec
-from services.store.types import utcnow
-from services.store.workers import QueueOffer, queue_offers
+from services.spec.refusal import Refusal
 
 # How long the API keeps what the fleet offers before reading it again. A fresh read on every
 # submit cost 2.0 ms of CPU with no worker registered and 6.0 ms with 64 (a query and every
@@ -42,16 +42,6 @@ from services.store.workers import QueueOffer, queue_offers
 # (bench/service/fleet_check.py, docs/benchmarks.md). A worker that just registered is seen
 # by submits this much later at most.
 FLEET_REFRESH_S = 2.0
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why the fleet cannot run a spec: the field, the reason (with the fix) and what would do."""
-
-    field: str
-    message: str
-    value: Any
-    allowed: list[Any]
 
 
 def _period(seconds: float) -> str:
@@ -98,7 +88,7 @@ def ranks_refusal(gpus: int, queue: str, offer: QueueOffer) -> Refusal | None:
     if gpus <= most:
         return None
     return Refusal(
-        "gpus",
+        ("gpus",),
         f"gpus {gpus} is more than any worker of queue {queue!r} offers: at most {offer.max_ranks} "
         f"rank{'s' if offer.max_ranks != 1 else ''} (GPUs, or CPU ranks of `accum worker "
         f"--cpu-ranks K`) on one worker ({offer.workers} worker{'s' if offer.workers != 1 else ''}); "
@@ -124,7 +114,7 @@ def fleet_refusals(
             return []
         served = sorted(offers)
         return [Refusal(
-            "queue",
+            ("queue",),
             f"no worker has served queue {queue!r} in the last {_period(grace_s)}; queues with "
             f"workers: {', '.join(served)}. Start one with `accum worker --queues {queue}`, or "
             "set ACCUM_ALLOW_EMPTY_QUEUES=1 where an autoscaler starts workers for queued jobs",
@@ -140,7 +130,7 @@ def fleet_refusals(
     ):
         if offered_as(field, name) not in known | offer.plugins:
             refusals.append(Refusal(
-                field,
+                (field,),
                 f"no worker of queue {queue!r} can build {field} {name!r} (upgrade its workers, "
                 "or install the plugin there); they offer the names in `allowed`",
                 name, sorted(known | offer.plugins),

@@ -1,5 +1,6 @@
-"""``free_port()``: a local TCP port nothing listens on now, for the servers and process
-groups accum starts (DDP's rendezvous, ``accum demo``'s API) and those its tests start."""
+"""``free_port()``: a local TCP port nothing listens on now, for the servers accum starts
+(``accum demo``'s API) and those its tests start. Not for a rendezvous: another process can
+take the port before it is bound (``services.worker.rendezvous`` binds as it picks)."""
 
 from __future__ import annotations
 

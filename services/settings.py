@@ -14,6 +14,7 @@ Every local path (SQLite database, embedded broker, artefacts, the local token) 
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -54,6 +55,10 @@ class Settings(BaseSettings):
     # checkpoints its trainers write before they are uploaded. Default <home>/cache.
     cache_dir: Path | None = Field(default=None, description="Default <home>/cache.")
     cache_max_bytes: int = Field(default=20 * 1024**3, gt=0)
+    # A sharded (FSDP) checkpoint whose shards total at most this many bytes is also stored as
+    # one consolidated file (rank 0 of the attempt holds the full state in host memory to write
+    # it): what GET .../checkpoints/{step} serves. Larger ones are shards only. 0: never.
+    consolidate_max_bytes: int = Field(default=4 * 1024**3, ge=0)
     # Downloads from an S3 store: 307 to a presigned URL instead of streaming through the API.
     download_redirect: bool = False
     # Checkpoints of jobs finished longer ago than this are deleted (the final and the best by
@@ -106,7 +111,7 @@ class Settings(BaseSettings):
     queue_grace_s: float = Field(default=86400.0, gt=0)
     allow_empty_queues: bool = False
     # Jobs one owner may have running at once on one queue (0 = no cap): a claim past it
-    # leaves the job queued for the owner's next free place (services/store/queue_order.py).
+    # leaves the job queued for the owner's next free place (services/jobdb/queue_order.py).
     max_running_jobs_per_owner: int = Field(default=0, ge=0)
     # The worker's own Prometheus endpoint (services.worker.metrics_server): upload seconds and
     # bytes, fetch seconds, store errors. 0 = off.
@@ -116,6 +121,16 @@ class Settings(BaseSettings):
     # registers them (`accum worker --cpu-ranks K`). 0: `gpus: 0` or `1` jobs only, one process;
     # such a worker never trains a `gpus: 2` job on CPU (services/fleet.py).
     cpu_ranks: int = Field(default=0, ge=0, le=64)
+    # Multi-node jobs (`nodes: n`, services.jobdb.gangs, services.worker.gang). The address this
+    # worker's node is reached at by the other nodes of a gang it leads (its rendezvous store
+    # listens there), the ports it may open for that, and how long a gang may take to gather
+    # its n workers before it releases them (the job waits again, with the reason in an event).
+    advertise_address: str = "127.0.0.1"
+    rendezvous_ports: str = "29500-29599"
+    gang_form_timeout_s: float = Field(default=120.0, gt=0)
+    # How long a rank waits in one collective (torch.distributed's process-group timeout) before
+    # its attempt ends: a dead or hung peer is noticed within it, not NCCL's default 10 minutes.
+    collective_timeout_s: float = Field(default=60.0, gt=0)
     # Submit-time maxima (services.spec.limits): a spec above them is a 422 at its field.
     max_restarts: int = Field(default=10, ge=0, le=100, description="Most max_restarts a job may ask.")
     max_gpus: int = Field(default=8, ge=0, le=64, description="Most gpus a job may ask.")
@@ -162,6 +177,17 @@ class Settings(BaseSettings):
     # How long an attempt's end waits for a tracker that is down before the job finishes
     # anyway; its points are delivered by the worker once the tracker is back.
     tracker_end_wait_s: float = Field(default=30.0, ge=0)
+    # At most this many steps wait in a tracker's buffer (a long outage, a tracker slower than
+    # training); older ones are let go and read back from accum's metrics store when it is back.
+    tracker_buffer_max_steps: int = Field(default=100_000, ge=10, le=10_000_000)
+    # How far below training the tracker host process runs (its `nice` increment; W&B's own
+    # service process inherits it): on a node whose cores training keeps busy, delivery takes
+    # the idle time instead of time slices from the ranks. 0 runs it at training's priority.
+    tracker_host_nice: int = Field(default=10, ge=0, le=19)
+    # A job's own output (`accum logs`), captured per attempt by the worker: the first this
+    # many lines are stored, each cut at this many bytes (the worker's stdout shows them all).
+    log_max_lines_per_attempt: int = Field(default=10_000, ge=1, le=1_000_000)
+    log_max_line_bytes: int = Field(default=4096, ge=80, le=1_000_000)
 
     @field_validator("home", mode="after")
     @classmethod
@@ -184,6 +210,18 @@ class Settings(BaseSettings):
     @classmethod
     def _proxy_addresses(cls, spec: str) -> str:
         trusted_proxies(spec)  # a typo fails at start-up, not on the first request
+        return spec
+
+    @field_validator("advertise_address", mode="after")
+    @classmethod
+    def _reachable_address(cls, address: str) -> str:
+        advertised_address(address)
+        return address
+
+    @field_validator("rendezvous_ports", mode="after")
+    @classmethod
+    def _port_range(cls, spec: str) -> str:
+        port_range(spec)
         return spec
 
     @field_validator("database_url", mode="after")
@@ -287,6 +325,42 @@ class Settings(BaseSettings):
         """``artifacts_dir`` typed as a ``Path`` (always set after validation)."""
         assert self.artifacts_dir is not None
         return self.artifacts_dir
+
+
+def advertised_address(address: str) -> str:
+    """``ACCUM_ADVERTISE_ADDRESS``: an IP address or a host name other nodes can connect to;
+    raises ValueError with the fix otherwise (a wildcard address names no node)."""
+    value = address.strip()
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        labels = value.rstrip(".").split(".")
+        if value and all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", x) for x in labels):
+            return value
+        raise ValueError(
+            f"ACCUM_ADVERTISE_ADDRESS {address!r} is neither an IP address nor a host name; set "
+            "it to the address the other nodes reach this one at (default 127.0.0.1: one machine)"
+        ) from None
+    if ip.is_unspecified or ip.is_multicast:
+        raise ValueError(
+            f"ACCUM_ADVERTISE_ADDRESS {address!r} names no single node (a wildcard or multicast "
+            "address); set it to this node's own address, the one the other nodes connect to"
+        )
+    return value
+
+
+def port_range(spec: str) -> range:
+    """``ACCUM_RENDEZVOUS_PORTS`` ("29500-29599", or one port "29500") as a range; raises
+    ValueError naming the fix when it is not an ascending range within 1024-65535."""
+    match = re.fullmatch(r"\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?", spec)
+    low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, -1)
+    if not (1024 <= low <= high <= 65535):
+        raise ValueError(
+            f"ACCUM_RENDEZVOUS_PORTS {spec!r} must be a port range such as 29500-29599 (or one "
+            "port), from 1024 to 65535, low to high: the ports a gang's node 0 may open for its "
+            "rendezvous, open between the nodes"
+        )
+    return range(low, high + 1)
 
 
 def trusted_hosts(spec: str) -> list[str]:

@@ -141,7 +141,7 @@ def accum_home(tmp_path: Path) -> Path:
 #                             session's database, migrated once, rows deleted per test)
 # store_settings    function  Settings(home=accum_home, database_url=database_url); broker and
 #                             artefacts default under accum_home
-# db_engine         function  services.store.make_engine(store_settings), disposed afterwards
+# db_engine         function  services.jobdb.make_engine(store_settings), disposed afterwards
 # session_factory   function  sessionmaker bound to db_engine: `with session_factory.begin() as s:`
 #
 # Any test that asks for one of these runs twice, once per backend (ids [sqlite], [postgresql]).
@@ -171,7 +171,7 @@ STORE_TABLES = (
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One migrated SQLite file per session; tests get copies (faster than migrating each)."""
-    from services.store.migrate import upgrade
+    from services.jobdb.migrate import upgrade
 
     path = tmp_path_factory.mktemp("store-template") / "accum.sqlite"
     upgrade(f"sqlite:///{path}")
@@ -181,7 +181,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def migrated_postgres_url(postgres_url: str) -> str:
     """The session's PostgreSQL database with the schema at head."""
-    from services.store.migrate import upgrade
+    from services.jobdb.migrate import upgrade
 
     upgrade(postgres_url)
     return postgres_url
@@ -222,8 +222,8 @@ def store_settings(accum_home: Path, database_url: str) -> Settings:
 
 @pytest.fixture
 def db_engine(store_settings: Settings) -> Iterator[Engine]:
-    """`services.store.make_engine(store_settings)`, disposed after the test."""
-    from services.store.db import make_engine
+    """`services.jobdb.make_engine(store_settings)`, disposed after the test."""
+    from services.jobdb.db import make_engine
 
     engine = make_engine(store_settings)
     yield engine
@@ -233,7 +233,7 @@ def db_engine(store_settings: Settings) -> Iterator[Engine]:
 @pytest.fixture
 def session_factory(db_engine: Engine) -> sessionmaker[Session]:
     """Sessions on `db_engine`; `with session_factory.begin() as session:` commits on success."""
-    from services.store.db import make_session_factory
+    from services.jobdb.db import make_session_factory
 
     return make_session_factory(db_engine)
 

@@ -13,10 +13,10 @@ import pytest
 from job_specs import TINY_SPEC
 
 from services.dispatch.enqueue import reset_enqueue_cache
+from services.jobdb import jobs, tokens
+from services.jobdb.migrate import upgrade
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store import jobs, tokens
-from services.store.migrate import upgrade
-from services.store.sessions import session_factory
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from worker_rows import worker_row
 
 from services.fleet import FleetView, offered_as
-from services.store import workers as store_workers
+from services.jobdb import workers as store_workers
 from services.worker import registry
 
 
@@ -26,7 +26,7 @@ def test_the_fleet_view_is_kept_for_its_refresh_period(
 
 
 def test_timm_and_hf_models_are_offered_as_their_namespace_patterns() -> None:
-    """What the owndata catalog serves (services.catalog.served) as a worker advertises it."""
+    """What the owndata catalog serves (services.catalog.resolve) as a worker advertises it."""
     assert offered_as("model", "timm:resnet18") == "timm:<name>"
     assert offered_as("model", "hf:gpt2") == "hf:<model_type>"
     assert offered_as("model", "hf:/data/models/tiny") == "hf:<directory>"

@@ -26,15 +26,15 @@ from typing import Any
 
 import pytest
 
-from services.artifacts import open_store
+from services.artifacts import ArtifactStore, consolidated_key, is_sharded_key, open_store
 from services.dispatch.enqueue import enqueue_job
+from services.jobdb import checkpoints, events, jobs, metrics, tokens
+from services.jobdb.migrate import upgrade
+from services.jobdb.models import Job, Owner
+from services.jobdb.sessions import session_factory
+from services.jobdb.status import FINISHED
 from services.settings import Settings
 from services.spec import parse_spec, total_optimizer_steps
-from services.store import checkpoints, events, jobs, metrics, tokens
-from services.store.migrate import upgrade
-from services.store.models import Job, Owner
-from services.store.sessions import session_factory
-from services.store.status import FINISHED
 
 ROOT = Path(__file__).resolve().parents[1]
 # Short leases so a killed worker's job is reaped within seconds (5 s leaves a loaded
@@ -124,6 +124,20 @@ class Stack:
         self.hostnames[hostname] = process
         return process
 
+    def wait_ready(self, process: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
+        """Until the worker consumes (Celery's "<hostname> ready." in its log): a node started
+        on a loaded machine can take a minute to import torch, and a fault staged meanwhile
+        (the store stopped) would hit its start-up check instead of the job under test."""
+        hostname = next(name for name, started in self.hostnames.items() if started is process)
+        log = self.logs / f"worker-{self.workers.index(process)}.log"
+        deadline = time.monotonic() + timeout
+        while f"{hostname} ready." not in log.read_text(errors="replace"):
+            if process.poll() is not None:
+                pytest.fail(f"worker {hostname} exited ({process.returncode}) before it was ready\n"
+                            f"{self.worker_logs()}")
+            assert time.monotonic() < deadline, f"worker {hostname} not ready after {timeout:g} s"
+            time.sleep(0.2)
+
     def process_holding(self, job_id: str) -> subprocess.Popen[bytes]:
         """The worker process that holds the job's lease (lease_owner starts with its name)."""
         owner = self.job(job_id).lease_owner or ""
@@ -211,10 +225,30 @@ class Stack:
         with self.sessions() as session:
             kept = checkpoints.list_checkpoints(session, job_id)
         assert kept, f"job {job_id} has no checkpoint"
+        key = kept[-1].key  # a sharded checkpoint's: its consolidated file (the row's sha256)
+        key = consolidated_key(key) if is_sharded_key(key) else key
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "latest.pt"
-            open_store(self.settings.artifacts_url).get(kept[-1].key, path, kept[-1].sha256)
+            open_store(self.settings.artifacts_url).get(key, path, kept[-1].sha256)
             return dict(torch.load(path, weights_only=True)["model"])
+
+    def served_by_an_api(self, job_id: str, home: Path) -> tuple[Any, Any, dict[str, Any]]:
+        """What an API with its own home (no disk in common with any node) serves an admin for
+        the job: the latest checkpoint's row, the download's response, and the job's JSON."""
+        from fastapi.testclient import TestClient  # lazily: only the store tests start an API
+
+        from services.api.main import create_app
+
+        with self.sessions.begin() as session:
+            _, token = tokens.create_owner_with_token(session, f"admin-{job_id[-6:]}", admin=True)
+        with self.sessions() as session:
+            latest = checkpoints.list_checkpoints(session, job_id)[-1]
+        api = create_app(self.settings.model_copy(update={"home": home}), run_reaper=False)
+        headers = {"Authorization": f"Bearer {token}"}
+        with TestClient(api) as client:
+            download = client.get(f"/v1/jobs/{job_id}/checkpoints/{latest.step}", headers=headers)
+            shown = client.get(f"/v1/jobs/{job_id}", headers=headers).json()
+        return latest, download, shown
 
     def checkpoint_problems(self, job_id: str) -> list[str]:
         """What is wrong with the job's checkpoint objects: a listed checkpoint whose object is
@@ -225,14 +259,18 @@ class Stack:
             rows = checkpoints.list_checkpoints(session, job_id)
         problems = []
         for row in rows:
+            if is_sharded_key(row.key):
+                problems += sharded_problems(store, row)
+                continue
             data = b"".join(store.open(row.key)) if store.head(row.key) else None
             if data is None:
                 problems.append(f"step {row.step}: listed but {row.key} is missing")
             elif len(data) != row.size_bytes or hashlib.sha256(data).hexdigest() != row.sha256:
                 problems.append(f"step {row.step}: {row.key} does not match its row (size, sha256)")
-        listed = {row.key for row in rows}
+        listed = {row.key for row in rows} | {row.key.rsplit("/", 1)[0] + "/" for row in rows}
         for stored in store.list(f"{job_id}/"):
-            if stored.key.endswith(".pt") and stored.key not in listed:
+            folder = stored.key.rsplit("/", 1)[0] + "/"
+            if (stored.key.endswith(".pt") or folder != f"{job_id}/") and not ({stored.key, folder} & listed):
                 problems.append(f"orphan: {stored.key} is listed by no checkpoint row")
         directory = self.settings.artifacts_path / job_id
         for path in sorted(directory.iterdir()) if directory.is_dir() else []:
@@ -270,6 +308,26 @@ class Stack:
     def holder(self, job_id: str) -> str | None:
         with self.sessions() as session:
             return session.get(Job, job_id).lease_owner  # type: ignore[union-attr]
+
+
+def sharded_problems(store: ArtifactStore, row: Any) -> list[str]:
+    """What is wrong with a sharded checkpoint's objects: a file its manifest lists missing or
+    other than listed, a row whose size is not that of every object of its folder."""
+    import json
+
+    if store.head(row.key) is None:
+        return [f"step {row.step}: listed but its manifest {row.key} is missing"]
+    manifest = json.loads(b"".join(store.open(row.key)))
+    folder = row.key.rsplit("/", 1)[0]
+    problems = []
+    for name, facts in manifest["files"].items():
+        data = b"".join(store.open(f"{folder}/{name}")) if store.head(f"{folder}/{name}") else None
+        if data is None or hashlib.sha256(data).hexdigest() != facts["sha256"]:
+            problems.append(f"step {row.step}: shard {folder}/{name} is missing or not as listed")
+    stored = sum(o.size for o in store.list(f"{folder}/"))
+    if stored != row.size_bytes:
+        problems.append(f"step {row.step}: its objects take {stored} bytes, its row says {row.size_bytes}")
+    return problems
 
 
 def weight_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

@@ -35,7 +35,10 @@ class MlflowServer:
              "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
              "--artifacts-destination", str(self.root / "artifacts")],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"},
+            # No job queue: its huey consumers (seven processes) poll all the time, about one
+            # core of this 2-core machine between them, which tracking does not use.
+            env={**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -284,8 +284,8 @@ def torch_loaded(pid: int) -> bool:
 def seed_metrics(database_url: str, job_id: str, points: int) -> None:
     from sqlalchemy import text
 
-    from services.store import metrics
-    from services.store.db import make_engine, make_session_factory
+    from services.jobdb import metrics
+    from services.jobdb.db import make_engine, make_session_factory
 
     engine = make_engine(database_url)
     factory = make_session_factory(engine)
@@ -342,9 +342,9 @@ def main() -> None:
     import httpx
     import redis
 
-    from services.store import tokens
-    from services.store.db import make_engine, make_session_factory
-    from services.store.migrate import upgrade
+    from services.jobdb import tokens
+    from services.jobdb.db import make_engine, make_session_factory
+    from services.jobdb.migrate import upgrade
 
     database_url, handle = create_database()
     home = tempfile.mkdtemp(prefix="accum-bench-api-")

@@ -138,8 +138,8 @@ def upload_and_fetch(mb: int, rounds: int, tmp: Path) -> dict[str, Any]:
 
 
 def steps_per_s(settings: Any, job_id: str) -> float:
-    from services.store.metrics import read_metrics
-    from services.store.sessions import session_factory
+    from services.jobdb.metrics import read_metrics
+    from services.jobdb.sessions import session_factory
 
     with session_factory(settings)() as session:
         rows, _ = read_metrics(session, job_id, name="loss", limit=1_000_000)
@@ -148,8 +148,8 @@ def steps_per_s(settings: Any, job_id: str) -> float:
 
 
 def run_job_once(settings: Any, spec: dict[str, Any]) -> tuple[float, int]:
-    from services.store import checkpoints, jobs, tokens
-    from services.store.sessions import session_factory
+    from services.jobdb import checkpoints, jobs, tokens
+    from services.jobdb.sessions import session_factory
     from services.worker.runner import run_job
 
     with session_factory(settings).begin() as session:
@@ -184,8 +184,8 @@ def as_before_the_fixes() -> Iterator[None]:
 
 
 def throughput(steps: int, rounds: int, tmp: Path) -> dict[str, Any]:
+    from services.jobdb.migrate import upgrade
     from services.settings import Settings
-    from services.store.migrate import upgrade
 
     settings = Settings(home=tmp / "home", artifacts_url=f"s3://{BUCKET}/jobs")
     upgrade(settings.database_url)

@@ -34,12 +34,12 @@ from bench.harness.common import (
 )
 from services.catalog import DATASETS, MODELS
 from services.fleet import FleetView, fleet_refusals
+from services.jobdb import workers as store_workers
+from services.jobdb.db import make_engine, make_session_factory
+from services.jobdb.migrate import upgrade
+from services.jobdb.models import Worker
 from services.settings import Settings
 from services.spec import parse_spec
-from services.store import workers as store_workers
-from services.store.db import make_engine, make_session_factory
-from services.store.migrate import upgrade
-from services.store.models import Worker
 
 TARGET = 0.1
 SPEC = {"model": "mlp", "dataset": "digits", "micro_batch_size": 16, "accumulation_steps": 4,

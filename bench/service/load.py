@@ -8,7 +8,7 @@ The deployment is real: a fresh PostgreSQL database on the local server, Redis a
 uvicorn (one process) serving ``services.api.main:app`` and one ``python -m services.worker``
 (``OMP_NUM_THREADS=1``) training one job submitted through ``POST /v1/jobs``. ``--queued``
 other jobs (spread over 10 owners) sit ``queued`` on a queue no worker serves: real rows the
-API lists and reads, inserted through ``services.store.jobs.create_job``.
+API lists and reads, inserted through ``services.jobdb.jobs.create_job``.
 
 While the job trains, each round runs four phases back to back, the order reversed every
 other round (so drifting load from other processes hits both sides of a ratio):
@@ -232,10 +232,10 @@ class Deployment:
     def migrate_and_seed(self, queued: int) -> tuple[str, float]:
         """Schema, the bench owner's token, and ``queued`` queued jobs; returns the token and
         the seconds the jobs' insert took."""
+        from services.jobdb import jobs, tokens
+        from services.jobdb.db import make_engine, make_session_factory
+        from services.jobdb.migrate import upgrade
         from services.spec import parse_spec, total_optimizer_steps
-        from services.store import jobs, tokens
-        from services.store.db import make_engine, make_session_factory
-        from services.store.migrate import upgrade
 
         upgrade(self.database_url)
         engine = make_engine(self.database_url)
@@ -340,8 +340,8 @@ def step_rate(points: list[tuple[int, float]], start: float, end: float) -> tupl
 def loss_points(database_url: str, job_id: str) -> list[tuple[int, float]]:
     from sqlalchemy import select
 
-    from services.store.db import make_engine
-    from services.store.models import Metric
+    from services.jobdb.db import make_engine
+    from services.jobdb.models import Metric
 
     engine = make_engine(database_url)
     with engine.connect() as conn:

@@ -55,7 +55,7 @@ def plain_images(spec: dict[str, Any]) -> float:
     from torchvision.datasets import ImageFolder
 
     from services.catalog.build import build_model
-    from services.catalog.own_data import Labelled, image_transforms, split_indices
+    from services.catalog.builders.own_data import Labelled, image_transforms, split_indices
 
     options = spec["dataset"]
     train_tf, _ = image_transforms(options)
@@ -125,7 +125,7 @@ class KeywordRows(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 def hf_collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    from services.catalog.own_data import token_collate
+    from services.catalog.builders.own_data import token_collate
 
     batch = token_collate(True)([r["input_ids"] for r in rows])
     return {**batch["inputs"], "labels": batch["targets"]}
@@ -164,7 +164,7 @@ def exactness(root: Path, with_hf: bool) -> dict[str, float | None]:
     from accumcore import Trainer
     from accumcore.data import make_loader
     from services.catalog.build import build_model
-    from services.catalog.own_models import CausalLMLoss
+    from services.catalog.builders.own_models import CausalLMLoss
     from services.spec import parse_spec
     from services.worker.build import build_data
 

@@ -8,8 +8,6 @@ already does, per spec, interleaved and repeated. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 from typing import Any
@@ -57,7 +55,7 @@ def main() -> None:
             ),
         }
     _common.emit("spec_limits", {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}",
+        "machine": _common.machine(),
         "repeats": args.repeats, "calls_per_repeat": calls, "specs": rows,
     }, args)
 

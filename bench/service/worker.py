@@ -48,8 +48,8 @@ class Deployment:
     """A database + broker + one warm worker process, torn down on exit."""
 
     def __init__(self, kind: str, threads: int) -> None:
+        from services.jobdb.migrate import upgrade
         from services.settings import Settings
-        from services.store.migrate import upgrade
 
         self.kind = kind
         self.tmp = Path(tempfile.mkdtemp(prefix=f"accum-bench-{kind}-"))
@@ -82,9 +82,9 @@ class Deployment:
 
     def submit(self, spec: dict[str, Any]) -> str:
         from services.dispatch.enqueue import enqueue_job
+        from services.jobdb import jobs, tokens
+        from services.jobdb.sessions import session_factory
         from services.spec import parse_spec, total_optimizer_steps
-        from services.store import jobs, tokens
-        from services.store.sessions import session_factory
 
         parsed = parse_spec({**spec, "queue": self.queue})
         with session_factory(self.settings).begin() as session:
@@ -98,9 +98,9 @@ class Deployment:
     def wait(self, job_id: str, timeout: float = 600, poll_s: float = 0.01) -> Any:
         """Poll until the job ends. Poll slowly while timing throughput: on a small machine a
         busy poller steals the CPU that the worker's torch threads wait for."""
-        from services.store import jobs
-        from services.store.sessions import session_factory
-        from services.store.status import FINISHED
+        from services.jobdb import jobs
+        from services.jobdb.sessions import session_factory
+        from services.jobdb.status import FINISHED
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -116,8 +116,8 @@ class Deployment:
         raise TimeoutError(f"bench job {job_id} did not finish in {timeout}s")
 
     def step_rate(self, job_id: str) -> float:
-        from services.store import metrics
-        from services.store.sessions import session_factory
+        from services.jobdb import metrics
+        from services.jobdb.sessions import session_factory
 
         with session_factory(self.settings)() as session:
             rows, _ = metrics.read_metrics(session, job_id, name="loss", limit=1_000_000)
@@ -179,9 +179,9 @@ def callback_overhead(settings: Any, spec: dict[str, Any]) -> dict[str, float]:
     """Share of ``Trainer.fit``'s wall time spent in the worker's StoreCallback (metric
     batching, progress, flushes to the real store), measured inside one run: a figure that
     load from other processes cannot skew the way it skews a ratio of two runs."""
+    from services.jobdb import jobs, leases, tokens
+    from services.jobdb.sessions import session_factory
     from services.spec import parse_spec, total_optimizer_steps
-    from services.store import jobs, leases, tokens
-    from services.store.sessions import session_factory
     from services.worker.build import build_run
     from services.worker.callbacks import StoreCallback
 

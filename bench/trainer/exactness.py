@@ -18,6 +18,9 @@ or a step the big batch does not take, counts as error 1.0 (NaN if that update i
 Two more rows (bench/trainer/exactness_corners.py): `plain_loader_resume` (bitwise yes/no, after a
 stop and a resume on `DataLoader(shuffle=True)` with dropout) and `ddp_uneven_shards` (2 gloo
 ranks, one without a micro-batch in the last window: relative error of the final weights).
+`fsdp_uneven_shards` (bench/trainer/exactness_fsdp.py, issue 29): 2 gloo ranks with FSDP, shards
+of 7 and 6 samples, for accum (both sync modes), Lightning's and Accelerate's FSDP, each peer
+run under a timeout (a refusal or a hang is recorded, not a figure).
 Three more (bench/trainer/exactness_detection.py, issue 28): `unshifted_lm_head` (a tiny XLNet
 LM head, float64), `one_micro_batch_first_window` (schedule {0: 1, 1: 2}) and `detection` (each
 usual mistake: caught at which window, with the fix the check re-ran and saw pass, or pending).
@@ -41,6 +44,7 @@ from bench.harness import peers as _peers
 from bench.harness import workloads as w
 from bench.trainer import exactness_corners as _corners
 from bench.trainer import exactness_detection as _detection
+from bench.trainer import exactness_fsdp as _fsdp
 
 LR = 0.1
 VOCAB, SEQ = 16, 6
@@ -149,7 +153,7 @@ def _methods(peers_ok: bool, accum_options: dict[str, Any]) -> dict[str, Method]
         "tutorial_loop": lambda model, make, loader, n, loss: w.tutorial_loop(model, make(model.parameters()), loader, n, loss),
     }
     if peers_ok:
-        import _peer_runs
+        from bench.harness import peer_runs as _peer_runs
 
         methods["lightning"] = _peer_runs.lightning_fit
         methods["accelerate"] = _peer_runs.accelerate_fit
@@ -198,11 +202,13 @@ def main() -> None:
         table.setdefault(peer, {"status": peers_reason})  # type: ignore[dict-item]
     ours = max(v for k, v in table["accum"].items() if not k.endswith("_steps"))
     corners = {"plain_loader_resume": _corners.plain_loader_resume(peers_reason is None),
-               "ddp_uneven_shards": _corners.ddp_uneven_shards(peers_reason is None)}
+               "ddp_uneven_shards": _corners.ddp_uneven_shards(peers_reason is None),
+               "fsdp_uneven_shards": _fsdp.fsdp_uneven_shards(peers_reason is None)}
     for row in corners.values():
         for peer in _peers.PEERS:
             row.setdefault(peer, {"status": peers_reason})
-    ours = max(ours, corners["ddp_uneven_shards"]["accum"]["error"])
+    ours = max(ours, corners["ddp_uneven_shards"]["accum"]["error"],
+               *(corners["fsdp_uneven_shards"][mode]["error"] for mode in ("accum", "accum_window_sync")))
     issue_28 = _detection.rows()  # float64 rows: their own figure, max abs weight difference
     for name in ("unshifted_lm_head", "one_micro_batch_first_window"):
         issue_28[name].update({peer: {"status": "not run for this row"} for peer in (*_peers.PEERS, "hf_trainer")})

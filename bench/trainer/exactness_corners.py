@@ -9,17 +9,17 @@ ranks with uneven shards, for accum and, where they apply, Lightning and Acceler
   Accelerate ``save_state``/``load_state`` + ``skip_first_batches``.
 - ``ddp_uneven_shards``: 2 gloo ranks, 9 samples (rank r gets samples r, r+2, ...), m=2, N=2:
   rank 1 has no micro-batch in the 2nd window. Max relative error of the final weights vs a
-  float64 big-batch step per window over the same samples. Lightning: ``strategy="ddp_spawn"``
-  with its default DistributedSampler; Accelerate: 2 processes set up as ``accelerate launch``
-  does (environment variables), its loader sharded by ``prepare`` (``even_batches=True``).
-  Both even the shards out by repeating samples.
+  float64 big-batch step per window over the same samples. Lightning: ``strategy="ddp"``
+  with its default DistributedSampler; Accelerate: its loader sharded by ``prepare``
+  (``even_batches=True``). Both even the shards out by repeating samples. Every run's ranks
+  are forked and set up as ``torchrun`` / ``accelerate launch`` would (environment variables)
+  by ``exactness_fsdp._run``, under a timeout (a hang is recorded as one); each Accelerate
+  rank resets the Accelerate singletons it inherits from the bench's one-process runs.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
 import random
 import tempfile
 from pathlib import Path
@@ -28,11 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from services.ports import free_port
+from bench.trainer import exactness_fsdp as _fsdp
 
 RESUME_EPOCHS = 2
 RESUME_STOP_AFTER = 8  # optimizer steps: inside the 2nd epoch (6 windows per epoch)
@@ -179,7 +178,9 @@ def plain_loader_resume(peers_ok: bool) -> dict[str, dict[str, Any]]:
 
 
 # ------------------------------------------------------------------- DDP, uneven shards
-DDP_SAMPLES, DDP_WORLD = 9, 2
+DDP_SAMPLES, DDP_WORLD = 9, _fsdp.WORLD
+DDP_SIZES = (5, 4)  # samples per rank (rank r: samples r, r+2, ...); what _fsdp._run is told
+DDP_TIMEOUT_S = 120.0
 
 
 def _ddp_data() -> TensorDataset:
@@ -193,6 +194,10 @@ def _ddp_model() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
 
 
+def _ddp_optimizer(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=LR, momentum=0.5)
+
+
 def _shard(rank: int) -> TensorDataset:
     x, y = _ddp_data().tensors
     return TensorDataset(x[rank::DDP_WORLD], y[rank::DDP_WORLD])
@@ -201,7 +206,7 @@ def _shard(rank: int) -> TensorDataset:
 def _big_batch_final() -> nn.Module:
     """Window w = both ranks' window w (samples r, r+2, ... in order), one float64 step each."""
     model = _ddp_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.5)
+    optimizer = _ddp_optimizer(model.parameters())
     shards = [list(DataLoader(_shard(r), batch_size=2)) for r in range(DDP_WORLD)]
     for w in range(max(math.ceil(len(s) / 2) for s in shards)):
         window = [b for s in shards for b in s[2 * w : 2 * w + 2]]
@@ -213,114 +218,92 @@ def _big_batch_final() -> nn.Module:
     return model
 
 
-def _accum_rank(rank: int, init_file: str, out: str) -> None:
+# Each body is one rank, forked and set up as torchrun / `accelerate launch` would (environment
+# variables) by exactness_fsdp._run, which kills the ranks after a timeout and says where they were.
+def _accum_ddp(rank: int, folder: str, sizes: tuple[int, ...]) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from accumcore import Trainer
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=DDP_WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=DDP_WORLD)
     try:
-        torch.set_num_threads(1)
         model = DistributedDataParallel(_ddp_model())
-        trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.5),
-                          loss_fn=nn.CrossEntropyLoss(), accumulation_steps=2)
+        trainer = Trainer(model, _ddp_optimizer(model.parameters()), loss_fn=nn.CrossEntropyLoss(),
+                          accumulation_steps=2)
+        Path(folder, f"phase{rank}").write_text("training -")
         trainer.fit(DataLoader(_shard(rank), batch_size=2), epochs=1)
-        if rank == 0:
-            torch.save([p.detach() for p in model.module.parameters()], out)
+        _fsdp._save(rank, folder, [p.detach() for p in model.module.parameters()])
     finally:
         dist.destroy_process_group()
 
 
-if importlib.util.find_spec("lightning") is not None:  # bench/.venv-peers only
-    import lightning as L
-
-    class LightningDDPModule(L.LightningModule):
-        """At module level: ddp_spawn pickles it into each rank."""
-
-        def __init__(self, out: str) -> None:
-            super().__init__()
-            self.model = _ddp_model()
-            self.out = out
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            inputs, targets = batch
-            return nn.functional.cross_entropy(self.model(inputs), targets)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.model.parameters(), lr=LR, momentum=0.5)
-
-        def on_train_end(self) -> None:
-            if self.global_rank == 0:
-                torch.save([p.detach() for p in self.model.parameters()], self.out)
-
-
-def _lightning_ddp(out: str) -> None:
+def _lightning_ddp(rank: int, folder: str, sizes: tuple[int, ...]) -> None:
     import lightning as L
 
     from bench.harness.peer_runs import _quiet
 
     _quiet()
-    trainer = L.Trainer(accelerator="cpu", devices=DDP_WORLD, strategy="ddp_spawn", max_epochs=1,
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _ddp_model()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            _fsdp._training(folder, rank)
+            inputs, targets = batch
+            return nn.functional.cross_entropy(self.model(inputs), targets)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return _ddp_optimizer(self.model.parameters())
+
+        def on_train_end(self) -> None:
+            _fsdp._save(rank, folder, [p.detach() for p in self.model.parameters()])
+
+    # strategy="ddp" on ranks started outside (LOCAL_RANK set: Lightning launches nothing).
+    trainer = L.Trainer(accelerator="cpu", devices=DDP_WORLD, strategy="ddp", max_epochs=1,
                         accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         precision="64-true")
     # The whole dataset, in order: Lightning shards it with a DistributedSampler (no shuffle),
     # rank r reading samples r, r+2, ... and padding the shorter rank by repeating a sample.
-    trainer.fit(LightningDDPModule(out), DataLoader(_ddp_data(), batch_size=2, shuffle=False))
+    trainer.fit(Module(), DataLoader(_ddp_data(), batch_size=2, shuffle=False))
 
 
-def _accelerate_rank(rank: int, port: int, out: str) -> None:
-    """One process of Accelerate's multi-CPU mode (what `accelerate launch` sets up: env vars)."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(DDP_WORLD),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+def _accelerate_ddp(rank: int, folder: str, sizes: tuple[int, ...]) -> None:
+    """One process of Accelerate's multi-CPU mode."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
 
     from bench.harness.peer_runs import _quiet
 
     _quiet()
+    # A forked rank inherits the parent's process-wide singletons (the bench's one-process
+    # runs, distributed_type NO): without this reset each rank trains alone on every sample.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
     accelerator = Accelerator(gradient_accumulation_steps=2, cpu=True)
     model = _ddp_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.5)
+    optimizer = _ddp_optimizer(model.parameters())
     # The whole dataset, in order: prepare() shards it (rank r: samples r, r+2, ... per batch
     # of the even_batches=True default, which pads the shorter rank with samples from the start).
     model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(_ddp_data(), batch_size=2))
     model.train()
     for inputs, targets in loader:
+        _fsdp._training(folder, rank)
         with accelerator.accumulate(model):
             accelerator.backward(nn.functional.cross_entropy(model(inputs), targets))
             optimizer.step()
             optimizer.zero_grad()
-    if rank == 0:
-        torch.save([p.detach() for p in accelerator.unwrap_model(model).parameters()], out)
+    _fsdp._save(rank, folder, [p.detach() for p in accelerator.unwrap_model(model).parameters()])
     accelerator.end_training()
 
 
-def _relative(params: list[torch.Tensor], reference: nn.Module) -> float:
-    scale = max(float(q.detach().abs().max()) for q in reference.parameters())
-    return max(float((p - q.detach()).abs().max()) for p, q in zip(params, reference.parameters(), strict=True)) / scale
-
-
-def ddp_uneven_shards(peers_ok: bool) -> dict[str, dict[str, Any]]:
+def ddp_uneven_shards(peers_ok: bool, timeout_s: float = DDP_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+    """accum, and where the peers are installed Lightning and Accelerate, each as DDP_WORLD
+    forked ranks under ``timeout_s`` (a hang or a refusal is recorded as such, not a figure)."""
     reference = _big_batch_final()
-    table: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "accum.pt")
-        mp.start_processes(_accum_rank, args=(os.path.join(folder, "init"), out), nprocs=DDP_WORLD,
-                           join=True, start_method="fork")
-        table["accum"] = {"error": _relative(torch.load(out), reference)}
-        if peers_ok:
-            out = os.path.join(folder, "lightning.pt")
-            try:
-                _lightning_ddp(out)
-                table["lightning"] = {"error": _relative(torch.load(out), reference)}
-            except Exception as error:  # noqa: BLE001 - a peer failing to run is a finding, not a crash
-                table["lightning"] = {"status": f"not run: {type(error).__name__}: {error}"[:200]}
-            out = os.path.join(folder, "accelerate.pt")
-            try:
-                mp.start_processes(_accelerate_rank, args=(free_port(), out), nprocs=DDP_WORLD, join=True,
-                                   start_method="fork")
-                table["accelerate"] = {"error": _relative(torch.load(out), reference)}
-            except Exception as error:  # noqa: BLE001
-                table["accelerate"] = {"status": f"not run: {type(error).__name__}: {error}"[:200]}
-    return table
+    bodies: dict[str, _fsdp.Body] = {"accum": _accum_ddp}
+    if peers_ok:
+        bodies.update(lightning=_lightning_ddp, accelerate=_accelerate_ddp)
+    return {name: _fsdp._run(body, DDP_SIZES, timeout_s, reference) for name, body in bodies.items()}

@@ -48,7 +48,7 @@ def _compare(name: str, model: nn.Module, data, m: int, n_acc: int, repeats: int
         ),
     }
     if peers_ok:
-        import _peer_runs
+        from bench.harness import peer_runs as _peer_runs
 
         runners["lightning"] = lambda: _peer_runs.lightning_fit(models["lightning"], make_sgd, loader, n_acc, loss_fn, device)
         runners["accelerate"] = lambda: _peer_runs.accelerate_fit(models["accelerate"], make_sgd, loader, n_acc, loss_fn, device)

@@ -33,9 +33,9 @@ from sqlalchemy.orm import Session
 
 from services.api.deps import SessionDep
 from services.api.errors import Problem
-from services.store.db import retry_if_dropped
-from services.store.models import Owner
-from services.store.tokens import PREFIX_LENGTH, TOUCHED, authenticate
+from services.jobdb.db import retry_if_dropped
+from services.jobdb.models import Owner
+from services.jobdb.tokens import PREFIX_LENGTH, TOUCHED, authenticate
 
 # The client address (request.client, set by uvicorn's ProxyHeadersMiddleware in main.py)
 # keys the failure counts. When every hop is trusted it is the first one in X-Forwarded-For,

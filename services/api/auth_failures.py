@@ -15,7 +15,7 @@ tokens carry 256 random bits, and the limit is on the guessing rate, per address
 targeted prefix (a changing X-Forwarded-For, or many addresses, do not escape the latter).
 
 Every request is answered from this process's memory. A failure is also written to the
-database (`shared`, services/store/auth_failures.py), which answers with the key's failures
+database (`shared`, services/jobdb/auth_failures.py), which answers with the key's failures
 from every API process, and this process adopts that view: with N processes (uvicorn workers,
 replicas) a key gets at most `limit` + N - 1 failures per window, not N x `limit`
 (each process blocks at its own next failure once the total is reached). If the database
@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
-from services.store import auth_failures as store_auth_failures
-from services.store.db import first_line
+from services.jobdb import auth_failures as store_auth_failures
+from services.jobdb.db import first_line
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.api.unknown_fields import body_model, explain_unknown_fields
-from services.store.db import database_unreachable, first_line
+from services.jobdb.db import database_unreachable, first_line
+from services.spec.refusal import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,11 @@ def invalid_fields(refusals: Iterable[FieldRefusal]) -> RequestValidationError:
             error["ctx"] = {"allowed": list(allowed)}
         errors.append(error)
     return RequestValidationError(errors)
+
+
+def refused(refusals: Iterable[Refusal]) -> RequestValidationError:
+    """The 422 for an admission check's refusals (services/admission), each at `body.<field>`."""
+    return RequestValidationError([refusal.as_error() for refusal in refusals])
 
 
 def _malformed_json(errors: Sequence[Mapping[str, Any]]) -> Problem | None:

@@ -29,9 +29,10 @@ from services.api.routes import (
     dashboard,
     events,
     health,
+    job_metrics,
     jobs,
+    logs,
     me,
-    metrics,
     monitoring,
     tokens,
     workers,
@@ -40,15 +41,16 @@ from services.api.streams import StreamSlots
 from services.api.telemetry import LatencyMiddleware, Telemetry
 from services.artifacts import open_store
 from services.artifacts.probe import CachedProbe
-from services.dispatch.reaper import LeaseReaper
 from services.fleet import FleetView
+from services.housekeeping.reaper import LeaseReaper
+from services.jobdb.db import make_engine, make_session_factory
 from services.settings import Settings, get_settings, trusted_hosts
-from services.store.db import make_engine, make_session_factory
 
 ROUTERS = (
     jobs.router,
-    metrics.router,
+    job_metrics.router,
     events.router,
+    logs.router,
     checkpoints.router,
     catalog.router,
     health.router,

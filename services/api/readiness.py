@@ -14,7 +14,7 @@ from kombu import Connection
 from sqlalchemy import Engine, text
 
 from services.dispatch import sqlite_transport
-from services.store.db import first_line, retry_if_dropped
+from services.jobdb.db import first_line, retry_if_dropped
 
 PROBE_TIMEOUT_S = 1.5
 

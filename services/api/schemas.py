@@ -19,9 +19,9 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
+from services.jobdb.nonfinite import Label, label, split_latest
+from services.jobdb.status import JobStatus
 from services.spec.job import Duration
-from services.store.nonfinite import Label, label, split_latest
-from services.store.status import JobStatus
 
 # Steps and ids are INTEGER columns (32-bit on PostgreSQL): larger query values are refused
 # as 422 instead of overflowing in the driver.
@@ -53,6 +53,14 @@ class Progress(BaseModel):
     )
 
 
+class MicroBatchChoice(BaseModel):
+    """What `micro_batch_size: "auto"` chose at the job's first attempt; every later attempt
+    (a resume, a hand-back) trains with it."""
+
+    micro_batch_size: int = Field(description="m: samples per forward/backward on each rank")
+    accumulation_steps: int = Field(description="N: micro-batches per optimizer step on each rank")
+
+
 class NonFiniteStop(BaseModel):
     """Where a run stopped on a non-finite value (`on_nonfinite: fail`, or too many skips)."""
 
@@ -78,6 +86,15 @@ class WorkerInfo(BaseModel):
     gpu: str | None
 
 
+class NodePublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    node_rank: int = Field(description="0 leads: it holds the lease and opens the rendezvous")
+    worker: str = Field(description="The worker's Celery node name")
+    host: str | None
+    gpu: str | None
+
+
 class AttemptPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -88,10 +105,12 @@ class AttemptPublic(BaseModel):
     started_at: datetime
     ended_at: datetime | None
     outcome: Literal["running", "succeeded", "failed", "cancelled", "handed_back", "store_fault",
-                     "lost"] = Field(
+                     "node_lost", "lost"] = Field(
         description="running while it runs; handed_back: its worker shut down and gave the job "
         "back; store_fault: the artifact store failed it and the job was queued again with a "
-        "restart counted; lost: its lease expired (the worker died or was cut off)"
+        "restart counted; node_lost: a node of its multi-node gang was lost and the job was "
+        "queued again with a restart counted; lost: its lease expired (the worker died or was "
+        "cut off)"
     )
     resume_step: int | None = Field(description="The checkpoint step it started from; null: the start")
     end_step: int | None = Field(description="The optimizer step it had reached when it ended")
@@ -156,6 +175,28 @@ def exactness(spec: dict[str, Any], event: Any | None) -> Exactness:
     )
 
 
+RANK_PEAK = "peak_memory_bytes_rank"
+
+
+def sharing_strategy(spec: dict[str, Any]) -> Literal["ddp", "fsdp"] | None:
+    """How a job's ranks share its model: the spec's strategy (ddp when left out) for gpus > 1,
+    fsdp for one GPU with CPU offload; None for one process."""
+    strategy = spec.get("strategy") or "ddp"
+    gpus = spec.get("gpus") or 0
+    if strategy == "fsdp" and isinstance(gpus, int) and gpus >= 1:
+        return "fsdp"
+    return "ddp" if isinstance(gpus, int) and gpus > 1 else None
+
+
+def per_rank(latest: dict[str, Any], prefix: str) -> list[float | None] | None:
+    """The metrics ``<prefix>0``, ``<prefix>1``, ... as a list by rank; None without them."""
+    ranks = {int(name[len(prefix):]): value for name, value in latest.items()
+             if name.startswith(prefix) and name[len(prefix):].isdigit()}
+    if not ranks:
+        return None
+    return [ranks.get(r) for r in range(max(ranks) + 1)]
+
+
 class TrackerRunPublic(BaseModel):
     """The job's run in one experiment tracker."""
 
@@ -189,6 +230,10 @@ class JobPublic(BaseModel):
     status: JobStatus
     spec: dict[str, Any]
     effective_batch_size: int | None
+    micro_batch_chosen: MicroBatchChoice | None = Field(
+        None, description='micro_batch_size "auto": the m and N its first attempt chose; null '
+        "before that, and for a fixed micro_batch_size"
+    )
     progress: Progress
     attempts: list[AttemptPublic] = Field(
         validation_alias=AliasChoices("attempt_list", "attempts"),
@@ -220,6 +265,20 @@ class JobPublic(BaseModel):
         default=None, description="The job's runs in the experiment trackers its spec names, "
         "with links; in the answers about one job, not in listings"
     )
+    nodes: list[NodePublic] | None = Field(
+        default=None, description="Multi-node jobs (spec nodes > 1): the worker of each node of "
+        "the current or last attempt, by node rank (while its gang forms, those that joined so "
+        "far); in the answers about one job, not in listings"
+    )
+
+    strategy: Literal["ddp", "fsdp"] | None = Field(
+        default=None, description='How the ranks share the model (spec strategy): "ddp" '
+        'replicas or "fsdp" shards; null for a one-process job'
+    )
+    peak_memory_bytes_per_rank: list[float | None] | None = Field(
+        default=None, description="Each rank's peak device memory at the latest optimizer step, "
+        "by rank (the metrics peak_memory_bytes_rank{r}); null off CUDA and for one process"
+    )
 
     _empty_if_null = field_validator("progress", "latest_metrics", mode="before")(empty_if_null)
 
@@ -247,6 +306,8 @@ class JobPublic(BaseModel):
         if self.error is not None and (stop := self.error.nonfinite) is not None:
             self.latest_metrics[stop.metric] = None
             self.nonfinite_metrics[stop.metric] = stop.value
+        self.strategy = sharing_strategy(self.spec)
+        self.peak_memory_bytes_per_rank = per_rank(self.latest_metrics, RANK_PEAK)
         # The attempt that runs now has trained as far as the job's progress.
         for attempt in self.attempts:
             if attempt.end_step is None and attempt.outcome == "running":
@@ -304,6 +365,23 @@ class EventPublic(BaseModel):
 
 class EventList(BaseModel):
     items: list[EventPublic]
+
+
+class LogLinePublic(BaseModel):
+    """One line a job's training process printed (``stream``: stdout, stderr, or ``accum``
+    for the capture's own notes: lines cut or dropped at the bounds)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    attempt: int
+    stream: str
+    line: str
+    created_at: datetime
+
+
+class LogList(BaseModel):
+    items: list[LogLinePublic]
 
 
 class MetricPoint(BaseModel):

@@ -32,19 +32,21 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.job_view import job_view
 from services.api.schemas import EventPublic, metric_point
-from services.store import events as store_events
-from services.store import metrics as store_metrics
-from services.store.db import database_unreachable
-from services.store.jobs import is_finished, load_job
-from services.store.metrics import read_new_points
-from services.store.models import Job
-from services.store.status import FINISHED
+from services.jobdb import events as store_events
+from services.jobdb import metrics as store_metrics
+from services.jobdb.db import database_unreachable
+from services.jobdb.jobs import is_finished, load_job
+from services.jobdb.metrics import read_new_points
+from services.jobdb.models import Job
+from services.jobdb.status import FINISHED
 
 POLL_INTERVAL_S = 0.5
 # A comment line after this much silence: proxies and clients see traffic and keep the
 # connection open through hours of a quiet job.
 KEEP_ALIVE_S = 15.0
 KEEP_ALIVE = b": keep-alive\n\n"
+# Proxies must pass each message on at once (nginx buffers without the second).
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 METRICS_PER_POLL = 5000
 EVENTS_PER_POLL = 500
 NAMES_REFRESH_S = 5.0
@@ -225,10 +227,34 @@ async def job_stream(
     token_live: Callable[[], bool] | None = None,
     recheck_s: float = 10.0,
 ) -> AsyncIterator[bytes]:
-    """The SSE body: poll, send what is new, keep the connection alive, stop after `end`.
+    """The events stream's body: ``polled_stream`` over ``shared_poll``."""
+
+    def poll_once() -> tuple[list[bytes], bool]:
+        nonlocal state
+        # The poll works on a copy: one that fails half-way must not mark messages as sent.
+        trial = dataclasses.replace(state, metric_steps=dict(state.metric_steps))
+        tick = int(time.monotonic() // POLL_INTERVAL_S)
+        messages, finished = shared_poll(session_factory, job_id, trial, tick)
+        state = trial
+        return messages, finished
+
+    async for chunk in polled_stream(poll_once, token_live=token_live, recheck_s=recheck_s):
+        yield chunk
+
+
+async def polled_stream(
+    poll_once: Callable[[], tuple[list[bytes], bool]],
+    *,
+    token_live: Callable[[], bool] | None = None,
+    recheck_s: float = 10.0,
+) -> AsyncIterator[bytes]:
+    """An SSE body: ``poll_once()`` (in a thread) every ``POLL_INTERVAL_S``, what it returns
+    sent, the connection kept alive, stopped once it says finished (the events stream, and
+    the logs stream of ``GET /v1/jobs/{id}/logs``).
 
     Every `recheck_s` the stream asks `token_live()` whether the token that opened it still
-    authenticates; once it does not, it sends `event: error` (status 401) and closes."""
+    authenticates; once it does not, it sends `event: error` (status 401) and closes. A poll
+    that cannot reach the database sends nothing; the next one picks up from the last good."""
     last_sent = checked_at = time.monotonic()
     while True:
         if token_live is not None and time.monotonic() - checked_at >= recheck_s:
@@ -242,14 +268,8 @@ async def job_stream(
             if not live:
                 yield sse_message("error", {"status": 401, "detail": REVOKED})
                 return
-        # The poll works on a copy: one that fails half-way must not mark messages as sent.
-        trial = dataclasses.replace(state, metric_steps=dict(state.metric_steps))
-        tick = int(time.monotonic() // POLL_INTERVAL_S)
         try:
-            messages, finished = await anyio.to_thread.run_sync(
-                shared_poll, session_factory, job_id, trial, tick
-            )
-            state = trial
+            messages, finished = await anyio.to_thread.run_sync(poll_once)
         except Exception as exc:
             if not database_unreachable(exc):
                 raise

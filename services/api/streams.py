@@ -1,7 +1,7 @@
 """Live event streams held open per owner, and what keeps each one honest.
 
     slots = StreamSlots(settings.max_streams_per_owner)     # app.state.stream_slots
-    if not slots.try_open(owner.id): 429
+    take_slot(slots, owner.id)                               # else 429
     body = released(job_stream(...), slots, owner.id)       # the slot is freed when it ends
 
 A stream holds a connection and polls the database for as long as a job runs, so one token
@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store.tokens import authenticate
+from services.api.errors import Problem
+from services.jobdb.tokens import authenticate
 
 
 class StreamSlots:
@@ -52,6 +53,20 @@ class StreamSlots:
         """Streams open in this process (the Prometheus gauge)."""
         with self._lock:
             return sum(self._open.values())
+
+
+def take_slot(slots: StreamSlots, owner_id: int) -> None:
+    """Open one of the owner's stream slots, or refuse with 429 naming the cap."""
+    if not slots.try_open(owner_id):
+        raise Problem(
+            429,
+            "Too many streams",
+            f"you have {slots.per_owner} event streams open (ACCUM_MAX_STREAMS_PER_OWNER); "
+            "close one, or poll GET /v1/jobs/{id} instead",
+            headers={"Retry-After": "5"},
+            max_streams=slots.per_owner,
+            open_streams=slots.open_for(owner_id),
+        )
 
 
 async def released(

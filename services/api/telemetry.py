@@ -73,15 +73,6 @@ class Telemetry:
             ("source",),
             registry=self.registry,
         )
-        self.upload_seconds = Gauge(
-            "accum_checkpoint_upload_seconds",
-            "Seconds the most recent checkpoint upload took (store put, verified).",
-            registry=self.registry,
-        )
-        self.upload_bytes = Gauge(
-            "accum_checkpoint_upload_bytes", "Size of the most recently uploaded checkpoint.",
-            registry=self.registry,
-        )
         self.stored_bytes = Gauge(
             "accum_artifact_stored_bytes", "Bytes of every retained checkpoint in the store.",
             registry=self.registry,
@@ -123,7 +114,7 @@ class LatencyMiddleware:
             self.observe(scope["method"], template, status, time.perf_counter() - start)
 
 
-# name suffix (after accum_), help, label, key of services.store.events.lifecycle_counts
+# name suffix (after accum_), help, label, key of services.jobdb.events.lifecycle_counts
 LIFECYCLE = (
     ("job_transitions", "Job state transitions (event kinds), over every process.", "kind",
      "transitions"),

@@ -3,6 +3,10 @@
     store = open_store(settings.artifacts_url)     # file:///srv/accum/artifacts or s3://...
     info = store.put("<job>/<step>.pt", local_file, sha256)   # returns once complete and verified
     store.get("<job>/<step>.pt", cache_file, sha256)
+
+A sharded (FSDP) checkpoint is a folder of objects, ``<job>/<step>/``: every rank's DCP files,
+``manifest.json`` (each file's size and sha256: the key its row holds) and, when the worker
+made one, ``consolidated.pt`` (the full state in one file: what a download serves).
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ __all__ = [
     "ObjectMissing",
     "StoreUnavailable",
     "checkpoint_key",
+    "consolidated_key",
+    "delete_checkpoint",
+    "is_sharded_key",
+    "manifest_key",
     "open_store",
     "sha256_of",
 ]
@@ -41,6 +49,37 @@ __all__ = [
 def checkpoint_key(job_id: str, step: int) -> str:
     """The key of a job's checkpoint at ``step``: what checkpoint rows hold."""
     return f"{job_id}/{step}.pt"
+
+
+SHARD_MANIFEST = "manifest.json"
+CONSOLIDATED = "consolidated.pt"
+
+
+def manifest_key(job_id: str, step: int) -> str:
+    """The key a sharded checkpoint's row holds: its manifest, under ``<job>/<step>/``."""
+    return f"{job_id}/{step}/{SHARD_MANIFEST}"
+
+
+def is_sharded_key(key: str) -> bool:
+    """Whether a row's key is a sharded checkpoint's manifest (its objects: ``key``'s folder)."""
+    return key.endswith(f"/{SHARD_MANIFEST}")
+
+
+def consolidated_key(key: str) -> str:
+    """The consolidated file beside a sharded checkpoint's manifest ``key``."""
+    return f"{key.rsplit('/', 1)[0]}/{CONSOLIDATED}"
+
+
+def delete_checkpoint(store: ArtifactStore, key: str) -> None:
+    """Delete a checkpoint's objects: the file, or every object of a sharded one's folder (the
+    manifest last). Raises the store's errors; what is left, the next try deletes."""
+    if not is_sharded_key(key):
+        store.delete(key)
+        return
+    for stored in store.list(key.rsplit("/", 1)[0] + "/"):
+        if stored.key != key:
+            store.delete(stored.key)
+    store.delete(key)
 
 
 def open_store(url: str) -> ArtifactStore:

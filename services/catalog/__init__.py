@@ -1,6 +1,7 @@
-"""Catalog of models and datasets by name (torch-free): the built-in catalog lives in
-`names.py`; what a job may name on this node (the catalog, `timm:`/`hf:` models, your own
-data, plugins) in `served.py`, whose functions are the ones exported here.
+"""The catalog's public API (torch-free): what a job may name, with which options, what trains
+on what, and the listings. Callers import from here; the registry of families is
+`services.catalog.families` (one module per family), names are resolved through it in
+`resolve.py`.
 
     from services.catalog import MODELS, DATASETS, check_compatible
     MODELS["resnet18"].description; DATASETS["digits"].train_size
@@ -8,21 +9,24 @@ data, plugins) in `served.py`, whose functions are the ones exported here.
     require_model("timm:resnet18").source  # "timm"
 
 The API process imports this to validate specs and serve `GET /v1/catalog/...`; importing it
-must not import torch (tests check). Building the objects lives in `services.catalog.build`.
+must not import torch (tests check). Building the objects lives in `services.catalog.build`
+(the worker).
 """
 
-from services.catalog.names import DATASETS, MODELS, DatasetInfo, ModelInfo, Task
-from services.catalog.served import (
-    OWN_DATASETS,
+from services.catalog.compatibility import (
     check_compatible,
-    check_options,
     compatible_datasets,
     compatible_models,
+    mismatch,
+)
+from services.catalog.entries import DatasetInfo, ModelInfo, Task
+from services.catalog.families import DATASETS, MODELS, OWN_DATASETS
+from services.catalog.families.hf import model_path
+from services.catalog.listings import datasets_listing, models_listing
+from services.catalog.resolve import (
+    check_options,
     configured_dataset,
     configured_model,
-    datasets_listing,
-    model_path,
-    models_listing,
     require_dataset,
     require_model,
     served_names,
@@ -42,6 +46,7 @@ __all__ = [
     "configured_dataset",
     "configured_model",
     "datasets_listing",
+    "mismatch",
     "model_path",
     "models_listing",
     "require_dataset",

@@ -7,33 +7,33 @@
     loader = accumcore.data.make_loader(bundle.train, batch_size=16, collate_fn=bundle.collate_fn)
 
 Unknown names and options raise ValueError listing what is allowed; missing data-root
-datasets raise DatasetUnavailable naming the root and the fix. Your own data and the
-`timm:`/`hf:`/plugin models are built by `own_data.py` and `own_models.py` (the `models`
-extra), imported here only for those names so a worker without the extra serves the catalog.
+datasets raise DatasetUnavailable naming the root and the fix. Each name's family
+(`services.catalog.families`) names its builder as `"module:function"`, imported here only when
+such a name is built: your own data and the `timm:`/`hf:`/plugin models (`own_data.py`,
+`own_models.py`, the `models` extra) stay unimported on a worker that serves the catalog only.
 """
 
 from __future__ import annotations
 
-import math
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from services.catalog import datasets as _datasets
-from services.catalog import models as _models
-from services.catalog.datasets import DatasetBundle, DatasetUnavailable, default_data_root
-from services.catalog.names import DatasetInfo
-from services.catalog.plugins import DATASET_GROUP, installed
-from services.catalog.served import (
+from services.catalog.builders.datasets import DatasetBundle, DatasetUnavailable
+from services.catalog.builders.text import IGNORE_INDEX
+from services.catalog.compatibility import mismatch
+from services.catalog.entries import DatasetInfo
+from services.catalog.families import dataset_family, model_family
+from services.catalog.resolve import (
     configured_dataset,
     configured_model,
-    mismatch,
     require_dataset,
     require_model,
 )
-from services.catalog.text import IGNORE_INDEX
 
 __all__ = [
     "DatasetBundle",
@@ -67,52 +67,10 @@ def build_dataset(
         ValueError: unknown name or option. DatasetUnavailable: data-root files missing.
     """
     info = configured_dataset(name, options)
-    if info.source == "plugin":
-        return _plugin_dataset(info, Path(data_root) if data_root is not None else None, seed, options)
-    if info.source == "own":
-        if data_root is None:
-            raise ValueError(f"dataset {name!r} needs data_root")
-        return _own_dataset(info, Path(data_root), seed, options)
-    if name == "digits":
-        return _datasets.digits(info)
-    if name == "fake":
-        return _datasets.fake(info, seed)
-    if name == "text":
-        return _datasets.text(info)
-    root = Path(data_root).expanduser() if data_root is not None else default_data_root()
-    return _datasets.from_data_root(info, root, download)
-
-
-def _own_dataset(info: DatasetInfo, root: Path, seed: int, options: dict[str, Any]) -> DatasetBundle:
-    from services.catalog import own_data  # torchvision / datasets / tokenizers: the models extra
-
-    if info.name == "imagefolder":
-        train, val, built = own_data.imagefolder(info, root, seed, options)
-        return DatasetBundle(train=train, val=val, info=built)
-    train, val, built, collate, keyword = own_data.table(info, root, seed, options)
-    return DatasetBundle(train=train, val=val, info=built, collate_fn=collate, keyword_collate_fn=keyword)
-
-
-def _plugin_dataset(info: DatasetInfo, root: Path | None, seed: int, options: dict[str, Any]) -> DatasetBundle:
-    """An `accum.datasets` entry point: `fn(data_root=, seed=, **options)` returning a mapping
-    with `train`, `val` and `num_classes` (optional: `task`, `collate_fn`, `vocab_size`,
-    `channels`, `image_size`, `max_seq_len`)."""
-    from dataclasses import replace
-
-    entry = installed(DATASET_GROUP).get(info.name)
-    if entry is None:
-        raise ValueError(f"plugin dataset {info.name!r} is not installed on this worker")
-    built = entry.load()(data_root=root, seed=seed, **options)
-    if not isinstance(built, dict) or not {"train", "val", "num_classes"} <= built.keys():
-        raise TypeError(
-            f"plugin dataset {info.name!r} ({entry.value}) must return a dict with train, val and "
-            f"num_classes; got {type(built).__name__}"
-        )
-    fields = ("task", "vocab_size", "channels", "image_size", "max_seq_len")
-    info = replace(info, num_classes=built["num_classes"], train_size=len(built["train"]),
-                   val_size=len(built["val"]), **{k: built[k] for k in fields if k in built})
-    return DatasetBundle(train=built["train"], val=built["val"], info=info,
-                         collate_fn=built.get("collate_fn"))
+    root = Path(data_root) if data_root is not None else None
+    builder = _builder(dataset_family(info).builder)
+    bundle: DatasetBundle = builder(info, data_root=root, download=download, seed=seed, options=options)
+    return bundle
 
 
 def build_model(name: str, dataset: DatasetBundle | DatasetInfo | str, **options: Any) -> nn.Module:
@@ -131,25 +89,14 @@ def build_model(name: str, dataset: DatasetBundle | DatasetInfo | str, **options
     if reason := mismatch(model_info, info):
         raise ValueError(reason)
     configured_model(name, options)  # option names and ranges: what the spec checks at submit
-    if model_info.source in ("timm", "hf", "plugin"):
-        from services.catalog import own_models  # timm / transformers: the models extra
+    model: nn.Module = _builder(model_family(model_info).builder)(model_info, info, options)
+    return model
 
-        builder = {"timm": own_models.build_timm, "hf": own_models.build_hf,
-                   "plugin": own_models.build_plugin}[model_info.source]
-        return builder(model_info, info, options)
-    if model_info.source == "torchvision":
-        assert info.image_size is not None and info.num_classes is not None
-        return _models.build_torchvision(model_info, info.num_classes, info.image_size)
-    if name == "tiny_transformer":
-        assert info.vocab_size is not None and info.max_seq_len is not None
-        return _models.TinyTransformer(info.vocab_size, info.max_seq_len, **options)
-    assert info.num_classes is not None
-    if name == "mlp":
-        return _models.MLP(math.prod(info.input_shape), info.num_classes, **options)
-    if name == "small_cnn":
-        assert info.channels is not None
-        return _models.SmallCNN(info.channels, info.num_classes, **options)
-    raise AssertionError(f"catalog model {name!r} has no builder")  # names.py and here disagree
+
+def _builder(path: str) -> Callable[..., Any]:
+    """The function a family names as `"module:function"`, imported now (the worker only)."""
+    module, _, function = path.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 class TokenCrossEntropyLoss(nn.CrossEntropyLoss):
@@ -168,7 +115,7 @@ def build_loss(dataset: DatasetBundle | DatasetInfo | str, model: nn.Module | No
     Hugging Face causal LM the shifted loss (`own_models.CausalLMLoss`)."""
     info = _dataset_info(dataset)
     if info.task == "language_modeling" and model is not None and takes_keywords(model):
-        from services.catalog.own_models import CausalLMLoss
+        from services.catalog.builders.own_models import CausalLMLoss
 
         return CausalLMLoss()
     if info.task == "language_modeling":

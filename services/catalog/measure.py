@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from services.catalog import MODELS, DatasetInfo, configured_dataset
 from services.catalog.build import build_model
-from services.catalog.names import MODELS, TORCHVISION_MODELS, DatasetInfo, configured_dataset
-from services.catalog.sizes import REFERENCE_CLASSES
+from services.catalog.families.torchvision import REFERENCE_CLASSES, TORCHVISION_MODELS
 
 TABLE = Path(__file__).with_name("model_sizes.py")
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(name, rows[name], file=sys.stderr, flush=True)
     if args.write:
         TABLE.write_text(
-            '"""Torchvision model sizes for the torch-free memory estimate (services.catalog.sizes).\n\n'
+            '"""Torchvision model sizes for the torch-free memory estimate (services.catalog.families.torchvision).\n\n'
             "Written by `python -m services.catalog.measure --write`; do not edit by hand.\n"
             "name -> (parameters at REFERENCE_CLASSES classes, parameters per extra class,\n"
             "activation elements per sample at the model's side for a 32x32 image).\n"

@@ -1,4 +1,4 @@
-"""Torchvision model sizes for the torch-free memory estimate (services.catalog.sizes).
+"""Torchvision model sizes for the torch-free memory estimate (services.catalog.families.torchvision).
 
 Written by `python -m services.catalog.measure --write`; do not edit by hand.
 name -> (parameters at REFERENCE_CLASSES classes, parameters per extra class,

@@ -10,7 +10,7 @@ The options of `timm:`, `hf:` and plugin models reach library calls as keyword a
 on (an allow-list, not a deny-list). No declared type is a free string: the one option that names
 a file (`weights`, type `data_file`) is an absolute path the API and the worker check against
 the data roots (`JobSpec.local_paths`). A plugin declares its own options in the same shape
-(`services.catalog.plugins.declared_options`).
+(`services.catalog.families.plugins.declared_options`).
 """
 
 from __future__ import annotations
@@ -115,3 +115,27 @@ def from_declaration(where: str, raw: Any) -> dict[str, Option]:
             raise ValueError(f"{where}: choice option {name!r} needs choices, a list of strings")
         declared[name] = Option(kind, spec.get("minimum"), spec.get("maximum"), choices)
     return declared
+
+
+def undeclared(kind: str, name: str, options: Mapping[str, Any], accepted: tuple[str, ...]) -> str | None:
+    """None when every key of `options` is in `accepted`, else the reason naming what is."""
+    unknown = sorted(set(options) - set(accepted))
+    if not unknown:
+        return None
+    shown = ", ".join(accepted) if accepted else "none"
+    return f"{kind} {name!r} does not accept option(s) {', '.join(unknown)}; accepted options: {shown}"
+
+
+def integer_in(kind: str, name: str, key: str, value: Any, low: int, high: int) -> int:
+    """`value` when it is an integer from `low` to `high`, else ValueError naming both."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{kind} {name!r} option {key} must be an integer from {low} to {high}; got {value!r}")
+    return value
+
+
+def check_model_options(name: str, options: Mapping[str, Any], declared: Mapping[str, Option]) -> None:
+    """The typed check of a `timm:`, `hf:` or plugin model's options; `weights` (a file)
+    only with `pretrained: true`."""
+    check_declared(f"model {name!r}", options, declared)
+    if "weights" in options and options.get("pretrained") is not True:
+        raise OptionError("weights", f"model {name!r} option weights needs pretrained: true")

@@ -55,8 +55,8 @@ def in_store(command: str, work: Callable[[Session], T]) -> T | Failed:
     (bad argument) is exit 2, an unmigrated or unreachable database exit 1: one line each."""
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
+    from services.jobdb.db import make_engine, make_session_factory
     from services.settings import get_settings
-    from services.store.db import make_engine, make_session_factory
 
     settings = get_settings()
     engine = make_engine(settings)
@@ -79,8 +79,8 @@ def in_store(command: str, work: Callable[[Session], T]) -> T | Failed:
 
 def create_token(settings: Settings, name: str, admin: bool) -> str:
     """A new token for owner `name` (created when new), committed; returns the clear text."""
-    from services.store.db import make_engine, make_session_factory
-    from services.store.tokens import create_owner_with_token
+    from services.jobdb.db import make_engine, make_session_factory
+    from services.jobdb.tokens import create_owner_with_token
 
     engine = make_engine(settings)
     try:
@@ -92,13 +92,13 @@ def create_token(settings: Settings, name: str, admin: bool) -> str:
 
 
 def upgrade_database(settings: Settings) -> None:
-    from services.store.migrate import upgrade
+    from services.jobdb.migrate import upgrade
 
     upgrade(settings.database_url)
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    from services.store.tokens import create_owner_with_token
+    from services.jobdb.tokens import create_owner_with_token
 
     created = in_store("token create", lambda s: create_owner_with_token(s, args.name, args.admin))
     if isinstance(created, Failed):
@@ -108,7 +108,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
-    from services.store.tokens import list_tokens
+    from services.jobdb.tokens import list_tokens
 
     rows = in_store("token list", lambda s: list_tokens(s, args.name, include_revoked=args.all))
     if isinstance(rows, Failed):
@@ -123,7 +123,7 @@ def cmd_token_list(args: argparse.Namespace) -> int:
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
-    from services.store.tokens import revoke_token
+    from services.jobdb.tokens import revoke_token
 
     revoked = in_store("token revoke", lambda s: revoke_token(s, args.token))
     if isinstance(revoked, Failed):

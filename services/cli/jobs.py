@@ -127,7 +127,21 @@ def batch(job: dict[str, Any]) -> str:
         # "auto" micro-batch or an epoch schedule of N: only the product is fixed
         return f"{shown} (m {m}, N {n})" if m is not None else shown
     device = "CPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus != 1 else ''}"
-    return f"{m} x {n} x {device} = {shown}"
+    nodes = spec.get("nodes", 1)
+    return f"{m} x {n} x {device}{f' x {nodes} nodes' if nodes > 1 else ''} = {shown}"
+
+
+def nodes_line(job: dict[str, Any]) -> str | None:
+    """A multi-node job's nodes: `2 of 2: 0 cpu@n1 (n1), 1 cpu@n2 (n2)`, or how many of them
+    joined while its gang forms; None for a one-node job."""
+    nodes = job.get("nodes")
+    if not isinstance(nodes, list):
+        return None
+    wanted = (job.get("spec") or {}).get("nodes", len(nodes))
+    head = f"{len(nodes)} of {wanted}" + (" joined, gang forming" if job["status"] == "queued" else "")
+    each = ", ".join(f"{n['node_rank']} {n['worker']}" + (f" ({n['host']})" if n.get("host") else "")
+                     for n in nodes)
+    return f"{head}: {each}" if each else head
 
 
 def eta(job: dict[str, Any]) -> str | None:
@@ -169,7 +183,7 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
         *([("notes", str(job["notes"]))] if job.get("notes") else []),
         ("status", status),
         ("model", f"{model} on {dataset}"),
-        ("batch", f"{batch(job)}  (m x N x GPUs)"),
+        ("batch", f"{batch(job)}  (m x N x GPUs{' x nodes' if spec.get('nodes', 1) > 1 else ''})"),
         ("queue", queue),
         ("progress", f"step {format_progress(job)}{percent}, epoch "
                      f"{epoch(progress.get('epoch'))}{f' of {epochs}' if epochs else ''}"),
@@ -181,6 +195,8 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     worker = job.get("worker") or {}
     if worker:
         fields.append(("worker", " ".join(str(v) for v in worker.values() if v)))
+    if (line := nodes_line(job)) is not None:
+        fields.append(("nodes", line))
     fields += [
         ("created", when(job.get("created_at"))),
         ("started", when(job.get("started_at"))),

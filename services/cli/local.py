@@ -181,8 +181,8 @@ class LocalService:
         # Lazy, as in admin.py: the client commands of this CLI load no SQLAlchemy.
         from sqlalchemy import select
 
-        from services.store.models import Worker
-        from services.store.sessions import session_factory
+        from services.jobdb.models import Worker
+        from services.jobdb.sessions import session_factory
 
         deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
         while time.monotonic() < deadline:

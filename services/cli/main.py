@@ -3,6 +3,7 @@
     accum up                         # local service (API + worker, SQLite), prints URL + token
     accum submit examples/digits_small_cnn.yaml --watch
     accum jobs | status ID | watch ID | events ID | cancel ID | delete ID  # ID: id or prefix
+    accum logs ID [--attempt K] [--follow]   # what the job's training printed
     accum resume ID [--from-step K | --from-scratch] [--timeout 2h]
     accum edit ID [--name N] [--tag T ...] [--notes TEXT] | jobs [--tag T] [--search TEXT]
     accum metrics ID [--name loss] [--all] [--csv] | checkpoints ID | download ID [STEP] -o model.pt
@@ -35,6 +36,7 @@ from services.cli import (
     edit,
     events,
     jobs,
+    logs,
     results,
     server,
     watch,
@@ -53,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"accum {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (server, jobs, edit, watch, events, results, catalog, workers, admin, demo,
+    for module in (server, jobs, edit, watch, events, logs, results, catalog, workers, admin, demo,
                    completion):
         module.register(commands)
     return parser

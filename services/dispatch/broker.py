@@ -5,7 +5,7 @@
 
 The broker only carries a nudge (a job id); the job row in the database is the source of
 truth. So the settings below favour "a message is never dropped while its job runs" and leave
-recovery of lost work to the database lease (``services.dispatch.reaper``), not to the broker.
+recovery of lost work to the database lease (``services.housekeeping.reaper``), not to the broker.
 Building the app registers no task: a publisher needs only the task's name (``TASK_NAME``).
 """
 

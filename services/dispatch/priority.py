@@ -3,7 +3,7 @@
 kombu's Redis transport keeps one list per priority step of a queue (``PRIORITY_STEPS``
 0, 3, 6, 9; 0 is the plain list named after the queue) and a consumer's BRPOP names them
 lowest number first, so a message at 0 is taken before any at 3. The stored priorities
-(``services.store.queue_order.PRIORITIES``: 0 low, 1 normal, 2 high) map onto those steps.
+(``services.jobdb.queue_order.PRIORITIES``: 0 low, 1 normal, 2 high) map onto those steps.
 The embedded SQLite broker delivers in order of sending: there only the place in line and the
 running cap apply.
 """

@@ -8,7 +8,7 @@ messages; this one is a plain table, a message is removed when a consumer takes 
 Delivery guarantees are kombu's virtual-transport ones: an unacknowledged message is put
 back when its consumer shuts down cleanly, and lost when the consumer is killed. That is
 enough here because the broker only carries a nudge: the job row and its lease in the
-database are what recovers a job whose worker died (see ``services.dispatch.reaper``).
+database are what recovers a job whose worker died (see ``services.housekeeping.reaper``).
 """
 
 from __future__ import annotations

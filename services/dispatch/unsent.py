@@ -1,7 +1,7 @@
 """A job whose broker message could not be sent starts soon after the broker is back, and in
 submit order: ``publish_in_order(settings, job_id, queue, priority)``, the API's publish.
 
-A failed publish marks the job unsent (``enqueued_at`` NULL, ``services.store.leases``), so
+A failed publish marks the job unsent (``enqueued_at`` NULL, ``services.jobdb.leases``), so
 the next reaper pass sends it, every ``ACCUM_REAPER_INTERVAL_S`` and every 2 s while the
 broker stays down (before: one ``ACCUM_REQUEUE_AFTER_S`` later, 300 s, after jobs submitted
 later). And a process that failed a publish sends the unsent jobs first at its next publish:
@@ -15,10 +15,10 @@ import logging
 import threading
 
 from services.dispatch.enqueue import enqueue_job
-from services.dispatch.reaper import resend_stale_once
+from services.housekeeping.reaper import resend_stale_once
+from services.jobdb.leases import mark_unsent
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store.leases import mark_unsent
-from services.store.sessions import session_factory
 
 log = logging.getLogger(__name__)
 

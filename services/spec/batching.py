@@ -14,8 +14,8 @@ from services.spec.job import AUTO, JobSpec
 
 
 def world_size(spec: JobSpec) -> int:
-    """Processes taking part in one optimizer step (CPU counts as one)."""
-    return max(spec.gpus, 1)
+    """Processes taking part in one optimizer step: nodes x gpus (CPU counts as one)."""
+    return max(spec.gpus, 1) * spec.nodes
 
 
 def micro_batch_size(spec: JobSpec) -> int | None:
@@ -57,12 +57,13 @@ def steps_per_epoch(spec: JobSpec, epoch: int, train_size: int | None = None) ->
     )
     if size is None:
         raise ValueError(f"dataset {spec.dataset.name!r} has no size until the worker reads it")
-    per_rank = ceil(size / world_size(spec))
     micro, steps = micro_batch_size(spec), accumulation_at(spec, epoch)
     if micro is None or steps is None:
-        # "auto": ceil(ceil(x / m) / N) == ceil(x / (m N)), so the count does not depend on m.
-        return ceil(per_rank / (effective_batch_size(spec) // world_size(spec)))
-    return ceil(ceil(per_rank / micro) / steps)
+        # "auto": ceil(ceil(x / m) / G) == ceil(x / (m G)), so the count does not depend on m.
+        return ceil(size / effective_batch_size(spec))
+    # Global windows of N x world micro-batches over the whole epoch's order, the same on any
+    # number of ranks (accumcore.world_order).
+    return ceil(ceil(size / micro) / (steps * world_size(spec)))
 
 
 def total_optimizer_steps(spec: JobSpec, train_size: int | None = None) -> int | None:

@@ -41,6 +41,7 @@ from services.spec.fields import (
 )
 from services.spec.parts import InitFrom, Optimizer, Scheduler, SchedulerSpec
 from services.spec.refs import Dataset, Model
+from services.spec.sharding import FsdpOptions, Strategy, check_fsdp
 
 # Retention per job: more only fills the store (a job is resumed from its latest checkpoint,
 # or from an older one a user picks; a hundred is plenty for that).
@@ -60,6 +61,8 @@ MAX_EPOCHS = 10_000
 # ACCUM_MAX_GPUS) are lower and checked at submit (services.spec.limits).
 MAX_RESTARTS = 100
 MAX_GPUS = 64
+# Worker nodes of one job (`nodes`); the gang forms on one queue's workers.
+MAX_NODES = 64
 # Steps and batch sizes are 32-bit INTEGER columns in the store (PostgreSQL refuses more,
 # SQLite would keep it): larger values are refused here, the same on both backends.
 MAX_STORED_INT = 2**31 - 1
@@ -230,6 +233,20 @@ def _model_name(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
 Duration = Annotated[int | str | None, WrapValidator(_timeout)]
 
 
+def _world(data: Mapping[str, Any]) -> int | None:
+    """Ranks of one optimizer step (nodes x gpus; CPU counts one); None when either failed."""
+    gpus, nodes = data.get("gpus"), data.get("nodes")
+    return None if gpus is None or nodes is None else max(gpus, 1) * nodes
+
+
+def _effective_batches(data: Mapping[str, Any], micro: int, world: int) -> list[int]:
+    """The spec's effective batch sizes (one per accumulation schedule entry)."""
+    if data["effective_batch_size"] is not None:
+        return [int(data["effective_batch_size"])]
+    steps = data["accumulation_steps"]
+    return [micro * n * world for n in (steps.values() if isinstance(steps, dict) else [steps])]
+
+
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -245,18 +262,37 @@ class JobSpec(BaseModel):
     dataset: Dataset
     gpus: Annotated[
         NonNegativeInt,
-        Field(le=MAX_GPUS, description="GPUs to train on (DDP when > 1); 0 = CPU; see ACCUM_MAX_GPUS"),
+        Field(le=MAX_GPUS, description="GPUs to train on (DDP or FSDP when > 1, see strategy); 0 = CPU; see ACCUM_MAX_GPUS"),
+    ] = 1
+    nodes: Annotated[
+        PositiveInt,
+        Field(le=MAX_NODES, description="worker nodes the job trains on at once, each with `gpus` "
+              "ranks (world size = nodes x gpus); > 1 waits until that many workers of its queue "
+              "can start it together"),
     ] = 1
     micro_batch_size: Annotated[int | Literal["auto"], WrapValidator(_micro_batch)]
     accumulation_steps: Annotated[int | dict[str, int] | None, WrapValidator(_accumulation)] = None
     effective_batch_size: Annotated[
         PositiveInt | None, Field(le=MAX_STORED_INT, validate_default=True)
     ] = None
+    min_nodes: Annotated[
+        PositiveInt | None,
+        Field(le=MAX_NODES, validate_default=True,
+              description="the fewest nodes the job may run on (default: nodes): a gang that "
+              "gathers fewer within ACCUM_GANG_FORM_TIMEOUT_S, or a resume after a lost node, "
+              "runs on as many as it has, with N grown to keep the effective batch"),
+    ] = None
     epochs: Annotated[PositiveInt, Field(le=MAX_EPOCHS)] | None = None
     max_steps: Annotated[PositiveInt | None, Field(le=MAX_STEPS, validate_default=True)] = None
     optimizer: Optimizer
     scheduler: Scheduler = Field(default_factory=lambda: SchedulerSpec(name="none"))
     precision: Annotated[Literal["fp32", "bf16", "fp16"], one_of("precision", PRECISIONS)] = "fp32"
+    strategy: Annotated[
+        Strategy,
+        Field(description='with gpus > 1: "ddp" (a model replica per rank) or "fsdp" (parameters, '
+              "gradients and optimizer states sharded over the ranks; options in fsdp)"),
+    ] = "ddp"
+    fsdp: Annotated[FsdpOptions | None, Field(validate_default=True)] = None
     grad_clip_norm: PositiveFloat | None = None
     on_nonfinite: Annotated[
         Literal["fail", "skip"],
@@ -339,15 +375,16 @@ class JobSpec(BaseModel):
     @field_validator("accumulation_steps")
     @classmethod
     def _window_fits(cls, steps: int | dict[str, int] | None, info: ValidationInfo) -> Any:
-        micro, gpus = info.data.get("micro_batch_size"), info.data.get("gpus")
-        if steps is None or not isinstance(micro, int) or gpus is None:
+        micro, world = info.data.get("micro_batch_size"), _world(info.data)
+        if steps is None or not isinstance(micro, int) or world is None:
             return steps  # nothing to multiply, or an earlier field has its own error
         largest = max(steps.values()) if isinstance(steps, dict) else steps
-        if (samples := micro * largest * max(gpus, 1)) > MAX_STORED_INT:
+        if (samples := micro * largest * world) > MAX_STORED_INT:
             raise spec_error(
                 "accumulation_steps",
-                f"micro_batch_size {micro} x accumulation_steps {largest} x gpus {max(gpus, 1)} "
-                f"= {samples} samples per optimizer step; at most {MAX_STORED_INT} are supported",
+                f"micro_batch_size {micro} x accumulation_steps {largest} x ranks {world} "
+                f"(nodes x gpus) = {samples} samples per optimizer step; at most "
+                f"{MAX_STORED_INT} are supported",
             )
         return steps
 
@@ -355,12 +392,12 @@ class JobSpec(BaseModel):
     @classmethod
     def _batch_geometry(cls, effective: int | None, info: ValidationInfo) -> int | None:
         data = info.data
-        if not {"gpus", "micro_batch_size", "accumulation_steps"} <= data.keys():
+        if not {"gpus", "nodes", "micro_batch_size", "accumulation_steps"} <= data.keys():
             return effective  # an earlier field failed and has its own error
         micro, steps, world = (
             data["micro_batch_size"],
             data["accumulation_steps"],
-            max(data["gpus"], 1),
+            max(data["gpus"], 1) * data["nodes"],
         )
         if micro == AUTO and effective is None:
             raise spec_error(
@@ -382,10 +419,11 @@ class JobSpec(BaseModel):
             )
         if effective is None:
             return None
+        ranks = f"gpus {world}" if data["nodes"] == 1 else f"{world} ranks (nodes x gpus)"
         if effective % world:
             raise spec_error(
                 "not_divisible",
-                f"effective_batch_size {effective} is not divisible by gpus {world}; "
+                f"effective_batch_size {effective} is not divisible by {ranks}; "
                 f"use a multiple of {world}",
             )
         per_gpu = effective // world
@@ -393,7 +431,7 @@ class JobSpec(BaseModel):
             return effective
         if per_gpu % micro:
             divisors = [d for d in _divisors(per_gpu) if d <= MAX_MICRO_BATCH_SIZE]
-            times_gpus = f" x gpus {world}" if world > 1 else ""
+            times_gpus = f" x {ranks}" if world > 1 else ""
             raise spec_error(
                 "not_divisible",
                 f"effective_batch_size {effective} is not divisible by micro_batch_size {micro}"
@@ -409,6 +447,43 @@ class JobSpec(BaseModel):
             )
         return effective
 
+    @field_validator("min_nodes")
+    @classmethod
+    def _fewer_nodes_keep_the_batch(cls, min_nodes: int | None, info: ValidationInfo) -> int | None:
+        """Default: `nodes`. On k of them (min_nodes <= k < nodes), each rank's share of the
+        effective batch must still be whole micro-batches: N grows, the batch stays."""
+        data = info.data
+        nodes = data.get("nodes")
+        if nodes is None:
+            return min_nodes  # nodes failed validation and has its own error
+        if min_nodes is None:
+            return int(nodes)
+        if min_nodes > nodes:
+            raise spec_error(
+                "min_nodes",
+                f"min_nodes {min_nodes} is more than nodes {nodes}; give at most {nodes} (the "
+                "fewest nodes the job may continue on), or leave it out for nodes",
+                list(range(1, nodes + 1)),
+            )
+        if not {"gpus", "micro_batch_size", "accumulation_steps", "effective_batch_size"} <= data.keys():
+            return min_nodes  # an earlier field failed and has its own error
+        micro, gpus = data["micro_batch_size"], max(data["gpus"], 1)
+        if not isinstance(micro, int):
+            return min_nodes  # "auto": the worker chooses m for the world it gets
+        batches = _effective_batches(data, micro, gpus * nodes)
+        fit = [k for k in range(1, nodes + 1) if all(b % (micro * gpus * k) == 0 for b in batches)]
+        short = [k for k in range(min_nodes, nodes) if k not in fit]
+        if short:
+            raise spec_error(
+                "min_nodes",
+                f"on {short[0]} node{'s' if short[0] != 1 else ''} (min_nodes {min_nodes} <= it < "
+                f"nodes {nodes}) the effective batch of {batches[0]} samples is not whole "
+                f"micro-batches of {micro} on {gpus * short[0]} ranks; choose min_nodes among the "
+                "node counts where it divides (and every count between it and nodes does)",
+                [k for k in fit if all(j in fit for j in range(k, nodes))],
+            )
+        return min_nodes
+
     @field_validator("max_steps")
     @classmethod
     def _epochs_or_max_steps(cls, max_steps: int | None, info: ValidationInfo) -> int | None:
@@ -423,6 +498,11 @@ class JobSpec(BaseModel):
                 "give epochs (passes over the training set) or max_steps (optimizer steps)",
             )
         return max_steps
+
+    @field_validator("fsdp")
+    @classmethod
+    def _fsdp_applies(cls, options: FsdpOptions | None, info: ValidationInfo) -> FsdpOptions | None:
+        return check_fsdp(options, info.data)
 
     @field_validator("register_model")
     @classmethod
@@ -463,8 +543,12 @@ class JobSpec(BaseModel):
         data["optimizer"] = self.optimizer.normalised()
         data["scheduler"] = self.scheduler.normalised()
         # Left out when unused, so specs submitted before trackers existed hash the same.
-        for unused in [key for key in ("trackers", "register_model") if not data[key]]:
+        for unused in [key for key in ("trackers", "register_model", "fsdp") if not data[key]]:
             del data[unused]
+        if self.nodes == 1:  # single-node specs hash as they did before nodes existed
+            del data["nodes"], data["min_nodes"]
+        if data["strategy"] == "ddp":  # the default, left out so older specs hash the same
+            del data["strategy"]
         return data
 
 

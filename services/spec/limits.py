@@ -1,15 +1,15 @@
 """The service's own limits on a valid spec: what this deployment allows and can hold.
 
-    from services.spec.limits import SpecLimits, limit_errors
-    errors = limit_errors(spec, SpecLimits.from_settings(settings))
-    if errors: raise RequestValidationError(errors)   # 422, each at its field
+    from services.spec.limits import SpecLimits, limit_refusals
+    refusals = limit_refusals(spec, SpecLimits.from_settings(settings))   # each at its field
 
 `JobSpec` holds the bounds that are the same everywhere (its field maxima); these depend on
 settings (`ACCUM_MAX_RESTARTS`, `ACCUM_MAX_GPUS`, `ACCUM_MAX_DEVICE_MEMORY_BYTES`,
 `ACCUM_MIN_CHECKPOINT_EVERY`: what the artifact store can take) or need the
 catalog's sizes: the run's optimizer steps, and the floor of one device's memory for a step
 (`services.catalog.sizes`), so a job that cannot fit is refused with the numbers instead of
-taking a worker down. Errors are pydantic-shaped dicts with `loc` under `body`.
+taking a worker down. `limit_errors` gives them as pydantic-shaped dicts with `loc` under
+`body`; the admission pipeline (services/admission) runs them at submit.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from services.catalog.sizes import MemoryEstimate, estimate_memory, gib
 from services.spec.batching import micro_batch_size, steps_per_epoch, total_optimizer_steps
 from services.spec.fields import MAX_STEPS
 from services.spec.job import JobSpec
+from services.spec.refusal import Refusal
 
 DEFAULT_MAX_DEVICE_MEMORY_BYTES = 80 * 2**30  # an 80 GB H100/A100
 
@@ -61,19 +62,15 @@ def with_defaults(spec: JobSpec, limits: SpecLimits) -> JobSpec:
     return spec.model_copy(update=update) if update else spec
 
 
-def _error(field: str | tuple[str | int, ...], message: str, value: Any, kind: str = "limit",
-           allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
-    loc = ("body", *field) if isinstance(field, tuple) else ("body", field)
-    error = {"type": kind, "loc": loc, "msg": message, "input": value}
-    if allowed is not None:
-        error["ctx"] = {"allowed": list(allowed)}
-    return error
+def _refusal(field: str | tuple[str | int, ...], message: str, value: Any, kind: str = "limit",
+             allowed: tuple[str, ...] | None = None) -> Refusal:
+    return Refusal(field if isinstance(field, tuple) else (field,), message, value, allowed, kind)
 
 
-def tracker_errors(spec: JobSpec, offered: tuple[str, ...]) -> list[dict[str, Any]]:
-    """A 422 at each tracker the spec names that this deployment does not log to."""
+def tracker_refusals(spec: JobSpec, offered: tuple[str, ...]) -> list[Refusal]:
+    """A refusal at each tracker the spec names that this deployment does not log to."""
     return [
-        _error(("trackers", index),
+        _refusal(("trackers", index),
                f"tracker {name!r} is not offered on this service (ACCUM_TRACKERS); "
                + (f"choose from: {', '.join(offered)}" if offered else
                   "it offers none: leave trackers out, or ask an admin to set ACCUM_TRACKERS"),
@@ -94,7 +91,16 @@ def step_memory(spec: JobSpec, data: DatasetInfo | None = None) -> MemoryEstimat
         precision=spec.precision,
         optimizer=spec.optimizer.name,
         momentum=spec.optimizer.momentum or 0.0,
+        shards=weight_shards(spec),
     )
+
+
+def weight_shards(spec: JobSpec) -> int:
+    """Over how many devices the weights, gradients and optimizer states are spread: the
+    ranks under strategy fsdp, none of them (0) with its CPU offload, else 1 (DDP replicas)."""
+    if spec.strategy != "fsdp" or spec.fsdp is None:
+        return 1
+    return 0 if spec.fsdp.cpu_offload else max(spec.gpus, 1)
 
 
 def sized_by_catalog(spec: JobSpec, data: DatasetInfo) -> bool:
@@ -109,10 +115,16 @@ def sized_by_catalog(spec: JobSpec, data: DatasetInfo) -> bool:
 
 def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
     """Every way `spec` exceeds `limits` or the run-length bound, as 422 field errors."""
-    errors = tracker_errors(spec, limits.trackers)
+    return [refusal.as_error() for refusal in limit_refusals(spec, limits)]
+
+
+def limit_refusals(spec: JobSpec, limits: SpecLimits) -> list[Refusal]:
+    """Every way `spec` exceeds `limits` or the run-length bound (the admission check
+    `service_limits` answers them)."""
+    refusals = tracker_refusals(spec, limits.trackers)
     if spec.max_restarts > limits.max_restarts:
-        errors.append(
-            _error(
+        refusals.append(
+            _refusal(
                 "max_restarts",
                 f"max_restarts must be at most {limits.max_restarts} on this service "
                 f"(ACCUM_MAX_RESTARTS); got {spec.max_restarts}",
@@ -120,8 +132,8 @@ def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
             )
         )
     if spec.gpus > limits.max_gpus:
-        errors.append(
-            _error(
+        refusals.append(
+            _refusal(
                 "gpus",
                 f"gpus must be at most {limits.max_gpus} on this service (ACCUM_MAX_GPUS); "
                 f"got {spec.gpus}",
@@ -130,8 +142,8 @@ def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
         )
     # Only a value the spec gives: a default below the floor is raised to it (with_defaults).
     if "checkpoint_every" in spec.model_fields_set and spec.checkpoint_every < limits.min_checkpoint_every:
-        errors.append(
-            _error(
+        refusals.append(
+            _refusal(
                 "checkpoint_every",
                 f"checkpoint_every must be at least {limits.min_checkpoint_every} optimizer steps "
                 f"on this service (ACCUM_MIN_CHECKPOINT_EVERY: what its artifact store can take); "
@@ -140,8 +152,8 @@ def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
             )
         )
     if spec.timeout is not None and int(spec.timeout) > limits.max_job_seconds:
-        errors.append(
-            _error(
+        refusals.append(
+            _refusal(
                 "timeout",
                 f"timeout must be at most {limits.max_job_seconds} s on this service "
                 f"(ACCUM_MAX_JOB_SECONDS); got {spec.timeout} s",
@@ -151,8 +163,8 @@ def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
     data = configured_dataset(spec.dataset.name, spec.dataset.options)  # once: ~45 us
     steps = total_optimizer_steps(spec, data.train_size) if spec.epochs is not None else None
     if steps is not None and steps > MAX_STEPS:
-        errors.append(
-            _error(
+        refusals.append(
+            _refusal(
                 "epochs",
                 f"{spec.epochs} epochs of {steps_per_epoch(spec, 0, data.train_size):,} "
                 "optimizer steps are "
@@ -162,19 +174,20 @@ def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
             )
         )
     if not sized_by_catalog(spec, data):
-        return errors  # own models and data: the worker checks them at the job's start
+        return refusals  # own models and data: the worker checks them at the job's start
     estimate = step_memory(spec, data)
     if estimate.total_bytes > limits.max_device_memory_bytes:
         # The model alone too large: its options are the fix; else the micro-batch is.
         weights_alone = estimate.weights_bytes > limits.max_device_memory_bytes
         field = "model" if weights_alone else "micro_batch_size"
         fix = (
-            "choose a smaller model or smaller model options"
+            'choose a smaller model or smaller model options, or shard it: strategy "fsdp" over '
+            "more gpus, or with fsdp.cpu_offload"
             if weights_alone
             else 'lower micro_batch_size (or use "auto"), or precision bf16'
         )
-        errors.append(
-            _error(
+        refusals.append(
+            _refusal(
                 field,
                 f"this job cannot fit on one device: {estimate.describe()}, above the "
                 f"{gib(limits.max_device_memory_bytes)} of the largest device "
@@ -182,4 +195,4 @@ def limit_errors(spec: JobSpec, limits: SpecLimits) -> list[dict[str, Any]]:
                 spec.model.name if weights_alone else spec.micro_batch_size,
             )
         )
-    return errors
+    return refusals

@@ -1,5 +1,5 @@
 """One attempt of a job, as the worker's parts pass it around: ``Attempt`` and its ``Outcome``
-(``services.worker.resume`` makes the store and the node ready to resume it).
+(``services.worker.checkpoints.resume`` makes the store and the node ready to resume it).
 
 A leaf of the worker: it imports none of the worker's modules, so the runner, the
 single-process training and the DDP ranks all import it without importing one another.
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
-from services.store.status import JobStatus
+from services.jobdb.status import JobStatus
 
 
 class Outcome(StrEnum):
@@ -36,6 +36,14 @@ class Outcome(StrEnum):
     # The message was dropped: the job was not claimable (cancelled, finished, or running
     # under a live lease elsewhere), so nothing ran.
     SKIPPED = "skipped"
+    # A node other than node 0 of a multi-node job: its ranks trained (or stopped with the
+    # others); node 0 holds the lease and records the job.
+    FOLLOWED = "followed"
+
+
+class NodeLost(RuntimeError):
+    """A rank of a multi-node attempt lost its peers (a node died, a collective timed out): the
+    attempt ends on every node and the job resumes from its last checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -50,3 +58,33 @@ class Attempt:
     # Seconds the job's earlier attempts ran since submit or the last resume: this attempt
     # runs for what is left of the spec's ``timeout``.
     used_s: float = 0.0
+    # (m, N) that ``micro_batch_size: "auto"`` chose at the job's first attempt, read from the
+    # job row at the claim (``services.worker.micro_batch``); None until one chose.
+    micro_batch: tuple[int, int] | None = None
+
+
+class Flags(Protocol):
+    """What ends an attempt early: the heartbeat's flags (``services.worker.heartbeat``)."""
+
+    @property
+    def lease_lost(self) -> bool: ...
+    @property
+    def cancel_requested(self) -> bool: ...
+    @property
+    def timed_out(self) -> bool: ...
+    @property
+    def shutting_down(self) -> bool: ...
+
+
+def outcome(stopped: bool, flags: Flags) -> Outcome:
+    """How a ``fit`` that returned ended: stopped by a cancel, a shutdown or a lost lease, or
+    run to its end."""
+    if flags.lease_lost:
+        return Outcome.LEASE_LOST
+    if stopped and not flags.cancel_requested and flags.timed_out:
+        return Outcome.TIMED_OUT
+    if stopped and not flags.cancel_requested and flags.shutting_down:
+        return Outcome.HANDED_BACK
+    if stopped:
+        return Outcome.CANCELLED
+    return Outcome.SUCCEEDED

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from accumcore import Callback, Trainer, fast_path
-from accumcore.auto_batch import accumulation_for, find_micro_batch_size
+from accumcore.compile_watch import CompileWatch
 from accumcore.data import make_loader
 from accumcore.device_data import DeviceBatches
 from accumcore.items import unpack
@@ -30,8 +30,9 @@ from services.catalog.build import (
     build_model,
     takes_keywords,
 )
-from services.spec import JobSpec, accumulation_at, effective_batch_size, world_size
+from services.spec import JobSpec, world_size
 from services.spec import total_optimizer_steps as spec_total_steps
+from services.worker import micro_batch, strategy
 
 # Effectively "until max_steps": fit counts epochs from 0 and stops at max_steps first.
 UNBOUNDED_EPOCHS = 1 << 40
@@ -47,7 +48,7 @@ class Run:
     fit_kwargs: dict[str, Any]
     total_steps: int
     micro_batch_size: int
-    accumulation_steps: int | dict[int, int]
+    accumulation_steps: int | dict[int, int]  # N per rank of the spec (the Trainer runs N x nodes x gpus)
     # What a warm start (`init_from`) loaded: the event the worker writes before the first step.
     warm_start: dict[str, Any] | None = field(default=None)
     # (kind, message, data) the runner records as the job's events: what building decided
@@ -67,54 +68,13 @@ def pick_device(spec: JobSpec, local_rank: int = 0) -> str:
     return "cpu"
 
 
-def micro_batch_and_steps(spec: JobSpec) -> tuple[int, int | dict[int, int]]:
-    """(m, N) from the spec. ``"auto"``: the whole per-rank batch in one micro-batch, which
-    ``probe_micro_batch`` refines on a GPU (on the CPU nothing runs out of memory)."""
-    if spec.micro_batch_size == "auto":
-        return effective_batch_size(spec) // world_size(spec), 1
-    steps = spec.accumulation_steps
-    if isinstance(steps, dict):
-        return spec.micro_batch_size, {int(e): int(n) for e, n in steps.items()}
-    n = accumulation_at(spec, 0)
-    assert n is not None
-    return spec.micro_batch_size, n
-
-
-def probe_micro_batch(
-    spec: JobSpec, model: torch.nn.Module, train: Dataset[Any], bundle: DatasetBundle,
-    loss_fn: Any, device: str, optimizer: torch.optim.Optimizer | None = None,
-) -> tuple[int, int]:
-    """The largest m dividing the per-rank effective batch that fits on the GPU (m x N == B)."""
-    per_rank = effective_batch_size(spec) // world_size(spec)
-
-    def sample(m: int) -> Any:
-        return next(iter(make_loader(train, m, shuffle=False, collate_fn=bundle.collate_fn)))
-
-    # The job's own optimizer type sizes the optimizer state in the probe; read-ahead is
-    # assumed (the conservative side) because the loader depends on the m being chosen.
-    micro = find_micro_batch_size(model, sample, per_rank, device, loss_fn=loss_fn,
-                                  precision=spec.precision, optimizer=optimizer)
-    return micro, accumulation_for(per_rank, micro)
-
-
-def agree_on_smallest(spec: JobSpec, micro: int, device: str) -> tuple[int, int]:
-    """The smallest m the DDP ranks picked (one all-reduce), and its N: a divisor of the
-    per-rank batch that fits on every rank."""
-    import torch.distributed as dist
-
-    from accumcore.auto_batch import accumulation_for
-
-    picked = torch.tensor([micro], device=device)
-    dist.all_reduce(picked, op=dist.ReduceOp.MIN)
-    per_rank = effective_batch_size(spec) // world_size(spec)
-    return int(picked.item()), accumulation_for(per_rank, int(picked.item()))
-
-
 def make_train_loader(
     spec: JobSpec, train: Dataset[Any], bundle: DatasetBundle, micro: int, device: str,
-    notes: list[tuple[str, str, dict[str, Any]]] | None = None,
+    notes: list[tuple[str, str, dict[str, Any]]] | None = None, *, rank: int = 0, world: int = 1,
 ) -> Any:
-    """The training batches, in the (seed, epoch) order that makes resume exact.
+    """The training batches, in the (seed, epoch) order that makes resume exact: rank
+    ``rank``'s share of each global window of the whole dataset's order, the same windows for
+    any ``world`` (``accumcore.world_order``).
 
     ``data_on_device``: the whole (small) dataset lives on the device, each micro-batch is one
     indexing kernel; a dataset that does not fit there, or a text dataset (its batches are
@@ -125,7 +85,12 @@ def make_train_loader(
     (a prefetcher in front of the trainer would put a whole window on the device).
     """
     notes = notes if notes is not None else []
-    if spec.data_on_device and bundle.collate_fn is not None:
+    if spec.data_on_device and world > 1:
+        notes.append(("data_on_device_ignored",
+                      f"data_on_device is ignored on {world} ranks: each rank reads its share of every "
+                      "global window through the DataLoader (same order, any world size)",
+                      {"dataset": spec.dataset.name, "reason": "ranks"}))
+    elif spec.data_on_device and bundle.collate_fn is not None:
         notes.append(("data_on_device_ignored",
                       f"data_on_device is ignored for {spec.dataset.name}: its batches are padded per "
                       "batch by its collate function; it is loaded by the DataLoader",
@@ -139,7 +104,8 @@ def make_train_loader(
                           {"dataset": spec.dataset.name, "reason": "does_not_fit"}))
     cuda = device.startswith("cuda")
     extra = fast_path.loader_kwargs(device, num_workers=loader_workers()) if cuda and spec.fast_path else {}
-    loader = make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn, **extra)
+    loader = make_loader(train, micro, shuffle=True, seed=spec.seed, collate_fn=bundle.collate_fn,
+                         rank=rank, world=world, **extra)
     collate = bundle.collate_fn
     if collate is not None:
         # Batches padded per batch (text) do not concatenate: with their targets by index the
@@ -156,12 +122,12 @@ def loader_workers() -> int:
 
 
 def rank_shard(dataset: Dataset[Any], rank: int, world: int) -> Dataset[Any]:
-    """Rank ``rank``'s share of the training set: samples rank, rank + world, ... each once.
+    """Rank ``rank``'s share of the validation set: samples rank, rank + world, ... each once
+    (evaluation sums loss, items and hits over the ranks; training uses the global windows of
+    ``make_train_loader`` instead).
 
     Shards differ by at most one sample (no padding by repetition, which would count the
-    repeated samples twice and move the update off the big batch of the data). Ranks still
-    run the same windows: accumcore agrees on them in each window's all-reduce, and a rank
-    with no micro-batch left contributes zero items (docs/accumulation.md rule 7)."""
+    repeated samples twice)."""
     if world == 1:
         return dataset
     size = len(dataset)  # type: ignore[arg-type]
@@ -171,6 +137,15 @@ def rank_shard(dataset: Dataset[Any], rank: int, world: int) -> Dataset[Any]:
             "lower gpus or use a larger dataset"
         )
     return Subset(dataset, list(range(rank, size, world)))
+
+
+def global_window(steps: int | dict[int, int], spec_world: int) -> int | dict[int, int]:
+    """The Trainer's accumulation_steps G: micro-batches of one step over all ranks, N x the
+    spec's world (nodes x gpus). Fixed by the spec, not by the ranks that run an attempt: a
+    resume on fewer ranks (``min_nodes``) runs the same windows, each rank more of them."""
+    if isinstance(steps, dict):
+        return {epoch: n * spec_world for epoch, n in steps.items()}
+    return steps * spec_world
 
 
 def lr_lambda(spec: JobSpec, total_steps: int) -> Callable[[int], float] | None:
@@ -215,36 +190,20 @@ def build_data(spec: JobSpec, data_root_default: Path | None) -> DatasetBundle:
     return build_dataset(ref.name, data_root=root, download=ref.download, seed=spec.seed, **ref.options)
 
 
-def build_run(
-    spec: JobSpec,
-    *,
-    callbacks: Sequence[Callback],
-    checkpoint_dir: Path | None,
-    data_root_default: Path | None = None,
-    device: str | None = None,
-    rank: int = 0,
-    world: int = 1,
-    wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
-    init_weights: Path | None = None,
-    chosen: tuple[int, int] | None = None,
-) -> Run:
-    """Build everything for one attempt of ``spec`` (on rank ``rank`` of ``world``).
-    ``chosen``: the (m, N) an earlier attempt chose for ``micro_batch_size: "auto"``
-    (``services.worker.micro_batch``), used instead of probing again.
+@dataclass
+class Model:
+    """The model as a run trains it, with what building it found out."""
 
-    ``init_weights``: the file ``spec.init_from`` names (resolved by the runner), loaded into
-    the model before training (``services.worker.warm_start``).
+    module: torch.nn.Module
+    loss_fn: Any
+    bundle: DatasetBundle  # its collate function the one the model takes
+    keywords: bool  # a Hugging Face model: keyword batches with unshifted labels
+    warm_start: dict[str, Any] | None  # what ``init_weights`` loaded
+    compiled: fast_path.CompileResult | None = None  # ``compile: true``: what came of it
 
-    ``checkpoint_dir``: a staging directory whose files the caller uploads to the artifact
-    store; they are written atomically but not fsynced (the store's copy is the durable one).
 
-    Raises:
-        ValueError: a spec the catalog refuses. DatasetUnavailable: missing data root files.
-    """
-    device = device or pick_device(spec, rank)
-    if spec.precision == "bf16":
-        check_native_bf16(torch.device(device))  # before anything is built: fail at the start
-    bundle = build_data(spec, data_root_default)
+def build_model_on(spec: JobSpec, bundle: DatasetBundle, device: str, init_weights: Path | None) -> Model:
+    """The spec's model, seeded, warm-started from ``init_weights``, on ``device``."""
     torch.manual_seed(spec.seed)  # the same seed gives the same initial weights on resume
     model = build_model(spec.model.name, bundle, **spec.model.options)
     warm = None
@@ -261,37 +220,19 @@ def build_run(
     model = model.to(device)
     if spec.fast_path:
         model = fast_path.use_channels_last(model, device)  # same values, faster conv layout
-    if spec.compile:
-        model = fast_path.maybe_compile(model, True).model  # forward only; state_dict unchanged
-    optimizer = build_optimizer(spec, model.parameters(), device)
-    if wrap_model is not None:
-        model = wrap_model(model)
-    micro, steps = micro_batch_and_steps(spec)
-    train = rank_shard(bundle.train, rank, world)
-    if spec.micro_batch_size == "auto" and chosen is not None:
-        micro, steps = chosen
-    elif spec.micro_batch_size == "auto" and device.startswith("cuda"):
-        micro, steps = probe_micro_batch(spec, model, train, bundle, loss_fn, device, optimizer)
-        if world > 1:  # every rank must run the same (m, N): the smallest pick fits on all
-            micro, steps = agree_on_smallest(spec, micro, device)
-    notes: list[tuple[str, str, dict[str, Any]]] = []
-    train_loader = make_train_loader(spec, train, bundle, micro, device, notes)
-    if device.startswith("cuda"):
-        # Image batches have one shape: let cuDNN time its algorithms once and keep the
-        # fastest (not bitwise reproducible across runs on CUDA: docs/deployment.md, "Determinism on CUDA").
-        torch.backends.cudnn.benchmark = spec.fast_path and bundle.collate_fn is None
-    # Each DDP rank evaluates its own share; accumcore's evaluate sums loss, items and hits
-    # over the ranks, so the metrics are those of the whole validation set.
-    val = rank_shard(bundle.val, rank, world) if len(bundle.val) >= world else bundle.val  # type: ignore[arg-type]
-    val_loader = make_loader(val, micro, shuffle=False, collate_fn=bundle.collate_fn)
-    total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized
-    assert total is not None  # the size is known here
+    compiled = fast_path.maybe_compile(model, True) if spec.compile else None  # state_dict unchanged
+    return Model(model, loss_fn, bundle, keywords, warm, compiled)
+
+
+def make_trainer(spec: JobSpec, model: Model, optimizer: torch.optim.Optimizer, steps: int | dict[int, int],
+                 total: int, device: str, callbacks: Sequence[Callback], checkpoint_dir: Path | None) -> Trainer:
+    """The Trainer of the run, its scheduler sized to ``total`` optimizer steps."""
     factor = lr_lambda(spec, total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if factor else None
-    trainer = Trainer(
-        model,
+    return Trainer(
+        model.module,
         optimizer,
-        loss_fn=loss_fn,
+        loss_fn=model.loss_fn,
         accumulation_steps=steps,
         scheduler=scheduler,
         precision=spec.precision,
@@ -305,14 +246,89 @@ def build_run(
         # trainer skips the fsyncs at the window boundary (most of its time per checkpoint).
         checkpoint_fsync=False,
         on_nonfinite=spec.on_nonfinite,
-        verify_window=spec.verify_window,
+        **strategy.trainer_options(spec, model.module),  # verify_window, FSDP's sync mode
         # A causal LM's loss scores labels[..., 1:]: count those (docs/accumulation.md rule 1).
-        shift_labels=keywords and bundle.info.task == "language_modeling",
+        shift_labels=model.keywords and model.bundle.info.task == "language_modeling",
     )
+
+
+def compile_watch(model: Model, notes: list[tuple[str, str, dict[str, Any]]]) -> list[Callback]:
+    """``compile: true``: the callback that reports the compile time or the fallback at the
+    first step (``accumcore.compile_watch``); a toolchain missing here is a note now."""
+    if model.compiled is None:
+        return []
+    if not model.compiled.compiled:
+        reason = model.compiled.reason
+        notes.append(("compile_fallback", f"torch.compile is not available on this worker ({reason}); "
+                      "the model runs eagerly (same arithmetic, without the compiled speed-up)",
+                      {"reason": reason}))
+        return []
+    return [CompileWatch()]
+
+
+def build_run(
+    spec: JobSpec,
+    *,
+    callbacks: Sequence[Callback],
+    checkpoint_dir: Path | None,
+    data_root_default: Path | None = None,
+    device: str | None = None,
+    rank: int = 0,
+    world: int = 1,
+    wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+    init_weights: Path | None = None,
+    chosen: tuple[int, int] | None = None,
+) -> Run:
+    """Build everything for one attempt of ``spec`` (on rank ``rank`` of ``world``).
+    ``chosen``: the (m, N) an earlier attempt chose for ``micro_batch_size: "auto"``
+    (``services.worker.micro_batch`` decides), used instead of probing again.
+
+    ``init_weights``: the file ``spec.init_from`` names (resolved by the runner), loaded into
+    the model before training (``services.worker.warm_start``).
+
+    ``wrap_model``: how the ranks share the model (``services.worker.strategy``), applied before
+    the optimizer is built (FSDP's sharded parameters are the ones it steps).
+
+    ``checkpoint_dir``: a staging directory whose files the caller uploads to the artifact
+    store; they are written atomically but not fsynced (the store's copy is the durable one).
+
+    Raises:
+        ValueError: a spec the catalog refuses. DatasetUnavailable: missing data root files.
+    """
+    device = device or pick_device(spec, rank)
+    if spec.precision == "bf16":
+        check_native_bf16(torch.device(device))  # before anything is built: fail at the start
+    model = build_model_on(spec, build_data(spec, data_root_default), device, init_weights)
+    bundle = model.bundle
+    if wrap_model is not None:  # before the optimizer: FSDP replaces the parameters (strategy)
+        model = replace(model, module=wrap_model(model.module))
+    optimizer = build_optimizer(spec, model.module.parameters(), device)
+    train = bundle.train  # every rank orders all of it; the loader takes this rank's share
+    micro, steps = micro_batch.decide(
+        spec, chosen=chosen, device=device, world=world,
+        probe=lambda: micro_batch.probe_on_device(spec, model.module, train, bundle.collate_fn,
+                                                  model.loss_fn, device, optimizer),
+    )
+    notes: list[tuple[str, str, dict[str, Any]]] = []
+    train_loader = make_train_loader(spec, train, bundle, micro, device, notes, rank=rank, world=world)
+    window = global_window(steps, world_size(spec))
+    if device.startswith("cuda"):
+        # Image batches have one shape: let cuDNN time its algorithms once and keep the
+        # fastest (not bitwise reproducible across runs on CUDA: docs/deployment.md, "Determinism on CUDA").
+        torch.backends.cudnn.benchmark = spec.fast_path and bundle.collate_fn is None
+    # Each DDP rank evaluates its own share; accumcore's evaluate sums loss, items and hits
+    # over the ranks, so the metrics are those of the whole validation set.
+    val = rank_shard(bundle.val, rank, world) if len(bundle.val) >= world else bundle.val  # type: ignore[arg-type]
+    val_loader = make_loader(val, micro, shuffle=False, collate_fn=bundle.collate_fn)
+    total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized
+    assert total is not None  # the size is known here
+    trainer = make_trainer(spec, model, optimizer, window, total, device,
+                           [*callbacks, *compile_watch(model, notes)], checkpoint_dir)
+    notes.extend(strategy.notes(spec, model.module))
     fit_kwargs: dict[str, Any] = {
         "epochs": spec.epochs or UNBOUNDED_EPOCHS,
         "max_steps": spec.max_steps,
         "val_loader": val_loader,
         "eval_every": spec.eval_every,
     }
-    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps, warm, notes)
+    return Run(trainer, train_loader, val_loader, fit_kwargs, total, micro, steps, model.warm_start, notes)

@@ -18,9 +18,9 @@ from collections.abc import Callable, Collection
 from sqlalchemy import select
 
 from services.artifacts.cache import NodeCache
+from services.jobdb.models import Job
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store.models import Job
-from services.store.sessions import session_factory
 
 log = logging.getLogger(__name__)
 

@@ -10,13 +10,14 @@ which starts from the latest checkpoint row, never finds a hole in the metrics b
 Retention (last ``keep`` + best by val_loss) runs after each checkpoint and each evaluation.
 A database outage (PostgreSQL restarting) loses nothing: the writer thread keeps the rows and
 tries again, and synchronous writes (checkpoint rows, events, the last flush) are retried
-(``db_retry``) for up to a lease timeout; rows are keyed by (job, name, step), so a batch
+(``services.worker.retry``) for up to a lease timeout; rows are keyed by (job, name, step), so a batch
 written twice is still one row per step.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -25,20 +26,22 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from accumcore import Callback, CheckpointInfo
 from services.artifacts import ObjectInfo
-from services.store.checkpoints import (
+from services.jobdb.checkpoints import (
     add_checkpoint,
     checkpoints_to_prune,
     delete_checkpoint_rows,
     get_checkpoint,
 )
-from services.store.events import add_event
-from services.store.leases import update_progress
-from services.store.metrics import metric_rows, write_metrics
-from services.store.nonfinite import json_safe
-from services.store.retention import owner_artifact_bytes
-from services.worker.db_retry import retry_while_unreachable
+from services.jobdb.events import add_event
+from services.jobdb.leases import update_progress
+from services.jobdb.metrics import metric_rows, write_metrics
+from services.jobdb.nonfinite import json_safe
+from services.jobdb.retention import owner_artifact_bytes
+from services.worker.checkpoints.shards import ShardedUploads
+from services.worker.checkpoints.uploads import ArtifactQuotaExceeded, CheckpointUploads
 from services.worker.heartbeat import Heartbeat
-from services.worker.uploads import ArtifactQuotaExceeded, CheckpointUploads
+from services.worker.retry import retry_while_unreachable
+from services.worker.system_metrics import GpuSampler, gpu_sampler
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ class StoreCallback(Callback):
         total_steps: optimizer steps of the whole run (for ``progress``).
         keep_checkpoints: retention count (the best by val_loss is kept on top of these).
         uploads: sends each checkpoint the trainer writes to the artifact store.
+        shards: a sharded (FSDP) model's checkpoints: rank 0's files stored and the row
+            written once every rank stored its own (``services.worker.checkpoints.shards``).
         max_owner_bytes: the owner's quota of checkpoint bytes in the store (0: none); a
             checkpoint past it is not stored and the job fails (``ArtifactQuotaExceeded``).
         heartbeat: its flags answer ``should_stop`` (cancel requested, lease lost).
@@ -80,12 +85,14 @@ class StoreCallback(Callback):
         flush_every_steps: int = FLUSH_EVERY_STEPS,
         flush_every_s: float = FLUSH_EVERY_S,
         retry_for_s: float | None = None,
+        shards: ShardedUploads | None = None,
     ) -> None:
         self.sessions = sessions
         self.job_id, self.attempt, self.worker_id = job_id, attempt, worker_id
         self.total_steps = total_steps
         self.keep_checkpoints = keep_checkpoints
         self.uploads = uploads
+        self.shards = shards
         self.max_owner_bytes = max_owner_bytes
         self.heartbeat = heartbeat
         self.flush_every_steps, self.flush_every_s = flush_every_steps, flush_every_s
@@ -112,12 +119,16 @@ class StoreCallback(Callback):
         # moved on to the next epoch when it saves at an epoch's end (that is where a resume
         # starts, and what the file keeps).
         self._last_step_epoch: tuple[int, int] | None = None
+        # The training device's utilisation, memory and power with each step (NVML; None on
+        # CPU or without nvidia-ml-py: then nothing is logged).
+        self._gpu: GpuSampler | None = None
 
     # ------------------------------------------------------------------ trainer hooks
     def should_stop(self) -> bool:
         return self.heartbeat is not None and self.heartbeat.should_stop()
 
     def on_fit_start(self, trainer: Any) -> None:
+        self._gpu = gpu_sampler(getattr(trainer, "device", "cpu"))
         self._stopped.clear()
         self._writer = threading.Thread(target=self._write_loop, name="accum-metrics", daemon=True)
         self._writer.start()
@@ -125,6 +136,8 @@ class StoreCallback(Callback):
     def on_step(self, trainer: Any, metrics: dict[str, float]) -> None:
         step, epoch = int(metrics["step"]), int(metrics["epoch"])
         self._last_step_epoch = (step, epoch)
+        if self._gpu is not None:
+            metrics = {**metrics, **self._gpu.sample()}
         rows = metric_rows(step, epoch, metrics)
         progress = {"epoch": epoch, "optimizer_step": step, "total_optimizer_steps": self.total_steps}
         with self._buffer_lock:  # uncontended but for the writer's swap: ~100 ns
@@ -164,16 +177,19 @@ class StoreCallback(Callback):
         self._check_quota(trainer, info)
         self._checkpoint_steps.add(info.step)
         epoch = self._epoch_of(info)
+        sharded = info.path.is_dir()  # its files move into the node cache while it uploads
 
         def record(stored: ObjectInfo, upload_s: float) -> list[str]:
             pruned: list[str] = []
+            # A sharded checkpoint's: that of the object its download serves (services.worker.checkpoints.shards).
+            sha256 = stored.sha256 if sharded and stored.sha256 else info.sha256
 
             def write(session: Session) -> None:
                 self._write_buffer(session)
                 self._record_checkpoint(session, stored.key, info.step, epoch, stored.size,
-                                        info.sha256, info.metrics)
+                                        sha256, info.metrics)
                 add_event(session, self.job_id, "checkpoint", f"checkpoint at step {info.step}",
-                          {"step": info.step, "size_bytes": stored.size, "sha256": info.sha256,
+                          {"step": info.step, "size_bytes": stored.size, "sha256": sha256,
                            "key": stored.key, "upload_s": round(upload_s, 3)},
                           attempt=self.attempt)
                 pruned[:] = self._prune(session)
@@ -182,6 +198,13 @@ class StoreCallback(Callback):
             return pruned
 
         # Training goes on while it uploads; this waits only for the previous upload.
+        if sharded:  # the row once every rank stored its files
+            if self.shards is None:
+                raise RuntimeError("a sharded checkpoint needs StoreCallback(shards=...) to store it")
+            from accumcore.sharded_checkpoint import rank_files  # lazy: torch
+
+            self.shards.submit(info.step, rank_files(info.path, 0), record)
+            return
         self.uploads.submit(info.path, info.step, info.sha256, info.size_bytes, record)
 
     def _check_quota(self, trainer: Any, info: CheckpointInfo) -> None:
@@ -190,18 +213,27 @@ class StoreCallback(Callback):
         self.uploads.wait()  # the previous checkpoint's row counts too
         with self.sessions() as session:
             used = owner_artifact_bytes(session, self.job_id)
-        if used + info.size_bytes <= self.max_owner_bytes:
+        size = info.size_bytes
+        if info.path.is_dir():  # sharded: ranks on other nodes keep their shards there
+            from accumcore.distributed import world_size  # lazy: torch
+            from accumcore.sharded_checkpoint import whole_size_estimate
+
+            size = whole_size_estimate(info.path, world_size())
+        if used + size <= self.max_owner_bytes:
             return
-        info.path.unlink(missing_ok=True)
+        if info.path.is_dir():  # a sharded checkpoint's staged folder
+            shutil.rmtree(info.path, ignore_errors=True)
+        else:
+            info.path.unlink(missing_ok=True)
         message = (
-            f"checkpoint at step {info.step} ({info.size_bytes} bytes) not written: this job's "
+            f"checkpoint at step {info.step} ({size} bytes) not written: this job's "
             f"owner already stores {used} bytes of checkpoints and "
             f"ACCUM_MAX_ARTIFACT_BYTES_PER_OWNER is {self.max_owner_bytes}; make room with "
             f"`accum delete ID` on finished jobs (or a lower keep_checkpoints), then "
             f"`accum resume {self.job_id}`"
         )
         self.on_event(trainer, "artifact_quota", message,
-                      {"step": info.step, "size_bytes": info.size_bytes, "used_bytes": used,
+                      {"step": info.step, "size_bytes": size, "used_bytes": used,
                        "quota_bytes": self.max_owner_bytes})
         raise ArtifactQuotaExceeded(message)
 
@@ -236,6 +268,9 @@ class StoreCallback(Callback):
     def close(self) -> None:
         """Wait for the upload in flight, stop the writer thread and write what is left (also
         called if fit raises); raises the upload's error, if it failed."""
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
         try:
             self.uploads.wait()
         finally:

@@ -1,6 +1,8 @@
 """Multi-GPU jobs (``gpus: k > 1``): k DDP processes on this worker's GPUs (gloo on CPU).
 
-The worker process keeps the lease and the heartbeat; it spawns k ranks and watches them.
+The worker process keeps the lease and the heartbeat; it spawns k ranks and watches them
+(``spawn_ranks``, called by ``services.worker.launch``). Each rank joins the process group and
+runs ``services.worker.rank.run_attempt``, the same function a single-process job runs.
 Rank 0 writes metrics, progress and checkpoints; every rank trains its shard of the data, so
 the effective batch is m x N x k. A cancel, the job's timeout or a worker shutdown (SIGTERM)
 raises a flag the ranks share (``stop``): every rank stops at the same window boundary (the
@@ -25,73 +27,93 @@ import os
 import pickle
 import signal
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.nn.parallel import DistributedDataParallel
 
-from accumcore import Callback, load_checkpoint
-from services.artifacts import open_store
-from services.ports import free_port
+from accumcore import Callback
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
-from services.store.sessions import session_factory
-from services.worker.attempt import Attempt, Outcome
-from services.worker.build import build_run
-from services.worker.callbacks import StoreCallback
+from services.worker.attempt import Attempt, Outcome, outcome
 from services.worker.heartbeat import Heartbeat
-from services.worker.micro_batch import record_choice, recorded_choice
-from services.worker.resume import checkpoint_uploads, node_cache, prepare_resume
-from services.worker.store_metrics import observe_fetch
-from services.worker.trackers import job_trackers
-from services.worker.training import outcome
-from services.worker.warm_start import describe, job_initial_weights
+from services.worker.parent_death import die_with_parent
+from services.worker.peer_loss import killed, lost_peer
+from services.worker.place import LOOPBACK, Place
+from services.worker.rank import run_attempt
+from services.worker.rendezvous import ANY_PORT, join_store, open_server
 
 POLL_S = 0.1
 log = logging.getLogger(__name__)
 
 
-def train_distributed(
-    settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat
+def spawn_ranks(
+    settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat, checkpoint: Path | None,
+    *, rank_offset: int = 0, world: int | None = None, master: tuple[str, int] | None = None,
 ) -> Outcome:
-    """Run ``spec.gpus`` ranks; returns ``SUCCEEDED``, ``CANCELLED``, ``HANDED_BACK`` (worker
-    shutdown), or ``LEASE_LOST``."""
-    world = spec.gpus
-    if torch.cuda.is_available() and torch.cuda.device_count() < world:
+    """Run this node's ``spec.gpus`` ranks; returns ``SUCCEEDED``, ``CANCELLED``,
+    ``HANDED_BACK`` (worker shutdown), ``TIMED_OUT`` or ``LEASE_LOST``.
+
+    ``rank_offset``, ``world`` and ``master`` place them in a larger world (ranks on several
+    nodes: the address and port of the store node 0's worker serves, ``services.worker.gang``);
+    by default this node is the whole world, and this process serves its rendezvous on a port
+    the OS picks, bound until the ranks are gone (``services.worker.rendezvous``)."""
+    here = max(spec.gpus, 1)  # a node of a multi-node job runs one process at least
+    if torch.cuda.is_available() and torch.cuda.device_count() < here:
         raise ValueError(
-            f"the job asks for gpus={world} but this worker sees {torch.cuda.device_count()} "
+            f"the job asks for gpus={here} but this worker sees {torch.cuda.device_count()} "
             "GPUs; start its worker with enough GPUs visible (--gpus 0,1,...) or lower gpus"
         )
-    cache = node_cache(settings)
-    path = prepare_resume(session_factory(settings), attempt, open_store(settings.artifacts_url), cache)
-    checkpoint = str(path) if path is not None else None
-    chosen = recorded_choice(session_factory(settings), attempt.job_id) if spec.micro_batch_size == "auto" else None
-    port = free_port()
+    if master is None:  # this node is the whole world: its rendezvous is served from here
+        server = open_server([ANY_PORT], timeout_s=settings.collective_timeout_s,
+                             what="a port the OS picks on this node")
+        try:
+            return spawn_ranks(settings, spec, attempt, heartbeat, checkpoint, rank_offset=rank_offset,
+                               world=world, master=(LOOPBACK, server.port))
+        finally:
+            server.close()  # every rank is gone
+    first = Place(rank=rank_offset, world=world or here, master_addr=master[0], master_port=master[1])
     # finished[r]: FINISHED once rank r's fit returned, STOPPED when ``stop`` ended it (on rank 0,
     # after its last checkpoint and metrics are recorded): from then on a rank that dies in
     # teardown does not fail the job. ``stop`` is raised by this process (watch_ranks).
     spawn = mp.get_context("spawn")
-    finished = spawn.Array("b", world, lock=False)
+    finished = spawn.Array("b", here, lock=False)
+    # peer_lost[r]: rank r died of its process group failing (``peer_loss.lost_peer``).
+    peer_lost = spawn.Array("b", here, lock=False)
     stop = spawn.Value("b", 0, lock=False)
     context = mp.start_processes(
         _rank_main,
-        args=(world, port, settings.model_dump(mode="json"), attempt.spec, asdict(attempt), checkpoint,
-              finished, chosen, stop),
-        nprocs=world,
+        args=(asdict(first), settings.model_dump(mode="json"), attempt.spec, asdict(attempt),
+              str(checkpoint) if checkpoint is not None else None, finished, stop, peer_lost),
+        nprocs=here,
         join=False,
         start_method="spawn",  # never fork a process that may hold CUDA or DB connections
     )
-    return watch_ranks(context, finished, heartbeat, grace_s=settings.lease_timeout_s, stop=stop)
+    return watch_ranks(context, finished, heartbeat, grace_s=settings.lease_timeout_s, stop=stop,
+                       peer_lost=peer_lost)
+
+
+class RankFailed(RuntimeError):
+    """A rank failed while training; ``peer_lost``: of its process group losing a peer (a c10d
+    error, a collective timeout, or the rank killed by a signal: ``services.worker.peer_loss``),
+    not of an error in training."""
+
+    def __init__(self, reason: str, peer_lost: bool) -> None:
+        super().__init__(reason)
+        self.peer_lost = peer_lost
 
 
 FINISHED, STOPPED = 1, 2  # finished[rank]: fit returned at its end / stopped by the stop flag
 
 
-def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, stop: Any) -> Outcome:
-    """Wait for the ranks; raise when one fails while training. On a cancel, a timeout or a
+def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, stop: Any,
+                peer_lost: Any = None) -> Outcome:
+    """Wait for the ranks; raise ``RankFailed`` when one fails while training (``peer_lost``:
+    what each rank said it died of). On a cancel, a timeout or a
     shutdown (the heartbeat's flags) raise ``stop``: the ranks stop at one window boundary
     and checkpoint it, and the outcome follows; ranks still running ``grace_s`` later, or a
     lost lease, are terminated together at once. Once any
@@ -105,7 +127,7 @@ def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, sto
     while True:
         failed = next((i for i, p in enumerate(processes) if p.exitcode not in (None, 0)), None)
         if failed is not None:
-            return _rank_failed(context, failed, finished, grace_s)
+            return _rank_failed(context, failed, finished, grace_s, peer_lost)
         alive = [p for p in processes if p.exitcode is None]
         if not alive:
             if any(flag == STOPPED for flag in finished):
@@ -121,7 +143,8 @@ def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, sto
         multiprocessing.connection.wait([p.sentinel for p in alive], timeout=POLL_S)
 
 
-def _rank_failed(context: Any, index: int, finished: Any, grace_s: float) -> Outcome:
+def _rank_failed(context: Any, index: int, finished: Any, grace_s: float, peer_lost: Any) -> Outcome:
+    lost = _of_lost_peers(context, peer_lost)  # before this process ends any rank itself
     if any(finished):
         _await_exit(context, grace_s)  # finishing ranks are writing or tearing down
     reason = _failure(context, index)
@@ -129,7 +152,17 @@ def _rank_failed(context: Any, index: int, finished: Any, grace_s: float) -> Out
         log.warning("a DDP rank failed in teardown after every rank finished: %s", reason)
         return Outcome.SUCCEEDED
     _terminate(context)
-    raise RuntimeError(reason)
+    raise RankFailed(reason, lost)
+
+
+def _of_lost_peers(context: Any, peer_lost: Any) -> bool:
+    """Whether the ranks that failed here all failed of a lost peer: one that raised an error
+    of its own (its peers then lose it) makes the failure a training error."""
+    failed = [i for i, p in enumerate(context.processes) if p.exitcode not in (None, 0)]
+    return bool(failed) and all(
+        killed(context.processes[i].exitcode) or (peer_lost is not None and peer_lost[i])
+        for i in failed
+    )
 
 
 def _failure(context: Any, index: int) -> str:
@@ -168,99 +201,47 @@ def _terminate(context: Any) -> None:
 
 
 def _rank_main(
-    rank: int,
-    world: int,
-    port: int,
+    local_rank: int,
+    first: dict[str, Any],
     settings_data: dict[str, Any],
     spec_data: dict[str, Any],
     attempt_data: dict[str, Any],
     checkpoint: str | None,
     finished: Any,
-    chosen: tuple[int, int] | None,
     stop: Any,
+    peer_lost: Any,
 ) -> None:
-    """One rank: join the process group, build the run, restore, fit (until its end or the
-    parent's ``stop``, then checkpoint where every rank stopped), then tear down in order
-    (every rank at a barrier, then ``destroy_process_group``), so no rank closes its
-    connections while another still uses them (an abort at exit)."""
-    settings = Settings(**settings_data)
-    spec = parse_spec(spec_data)
-    attempt = Attempt(**attempt_data)
+    """One spawned rank: join the process group, ``run_attempt`` (until its end or the parent's
+    ``stop``, then checkpointed where every rank stopped), then tear down in order (every rank
+    at a barrier, then ``destroy_process_group``), so no rank closes its connections while
+    another still uses them (an abort at exit)."""
     cuda = torch.cuda.is_available()
-    device = f"cuda:{rank}" if cuda else "cpu"
+    place = replace(Place(**first), rank=first["rank"] + local_rank, local_rank=local_rank,
+                    device=f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
-        torch.cuda.set_device(rank)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+        torch.cuda.set_device(local_rank)
+    die_with_parent()
+    settings = Settings(**settings_data)
+    attempt = Attempt(**attempt_data)
     try:
-        callbacks: list[Callback] = [SharedStop(stop)]
-        store_callback = trackers = None
-        if rank == 0:  # one writer: metrics are the same on every rank (the loss is all-reduced)
-            uploads = checkpoint_uploads(settings, attempt, None)
-            store_callback = StoreCallback(
-                session_factory(settings), attempt.job_id, attempt.attempt, attempt.worker_id,
-                total_steps=0, keep_checkpoints=spec.keep_checkpoints,
-                uploads=uploads,
-                max_owner_bytes=settings.max_artifact_bytes_per_owner,
-                retry_for_s=settings.lease_timeout_s,  # rank 0 has no heartbeat of its own
+        # The store its worker serves (node 0's, for a gang); the attempt's keys under its own
+        # prefix. A dead or hung peer fails this rank's collective within ACCUM_COLLECTIVE_TIMEOUT_S.
+        store = join_store(place.master_addr, int(place.master_port or 0),
+                           f"{attempt.job_id}/{attempt.attempt}/", settings.collective_timeout_s)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=place.rank,
+                                world_size=place.world, timeout=timedelta(seconds=settings.collective_timeout_s))
+        try:
+            stopped = run_attempt(
+                place, settings, parse_spec(spec_data), attempt,
+                checkpoint=Path(checkpoint) if checkpoint is not None else None, stop=SharedStop(stop),
             )
-            callbacks.append(store_callback)
-            trackers = job_trackers(settings, session_factory(settings), attempt, spec, uploads)
-            if trackers is not None:
-                callbacks.append(trackers)
-        run = build_run(
-            spec,
-            callbacks=callbacks,
-            checkpoint_dir=node_cache(settings).staging_dir(attempt.job_id),
-            data_root_default=settings.home / "data",
-            device=device,
-            rank=rank,
-            world=world,
-            wrap_model=lambda m: DistributedDataParallel(m, device_ids=[rank] if cuda else None),
-            init_weights=job_initial_weights(
-                session_factory(settings), spec, attempt.job_id,
-                lambda key, sha: observe_fetch(
-                    lambda: node_cache(settings).fetch(open_store(settings.artifacts_url), key, sha)),
-            ),
-            chosen=chosen,
-        )
-        if run.warm_start is not None:  # every rank's hash of what it loaded, for rank 0's event
-            hashes: list[Any] = [None] * world
-            dist.all_gather_object(hashes, run.warm_start["weights_sha256"][0])
-            run.warm_start["weights_sha256"] = hashes
-        if rank == 0 and spec.micro_batch_size == "auto" and chosen is None:
-            record_choice(session_factory(settings), attempt.job_id, attempt.attempt,
-                          run.micro_batch_size, int(run.accumulation_steps))  # type: ignore[arg-type]
-        if store_callback is not None:
-            store_callback.total_steps = run.total_steps
-            if run.warm_start is not None:
-                store_callback.on_event(run.trainer, "warm_start", describe(run.warm_start), run.warm_start)
-            for kind, message, data in run.notes:
-                store_callback.on_event(run.trainer, kind, message, data)
-        if checkpoint is not None:
-            run.trainer.load_state_dict(load_checkpoint(checkpoint, map_location=device))
-        history = run.trainer.fit(run.train_loader, **run.fit_kwargs)
-        if history.stopped:
-            # Where every rank stopped (the same window: a stop is all-reduced), so `resume`
-            # or the next attempt continues from there with the metrics up to it kept. A
-            # collective: each rank's RNG states go into rank 0's file.
-            run.trainer.checkpoint()
-        if store_callback is not None:
-            store_callback.close()  # rank 0's last metrics and checkpoint rows are written
-            store_callback = None
-        if trackers is not None:
-            # A stop (cancel, timeout, shutdown) is told apart by the parent: the runs stay
-            # open for a resume or the next attempt either way.
-            trackers.end(None if history.stopped else "succeeded")
-            trackers = None
-        finished[rank] = STOPPED if history.stopped else FINISHED
-        dist.barrier()  # every rank is done before any closes its connections
-    finally:
-        if store_callback is not None:
-            store_callback.close()
-        if trackers is not None:
-            trackers.end("failed")
-        dist.destroy_process_group()
+            finished[local_rank] = STOPPED if stopped else FINISHED
+            dist.barrier()  # every rank is done before any closes its connections
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:
+        peer_lost[local_rank] = lost_peer(exc)  # the parent tells a lost peer from a training error
+        raise
 
 
 class SharedStop(Callback):

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from services.store.status import JobStatus
+from services.jobdb.status import JobStatus
 
 log = logging.getLogger(__name__)
 

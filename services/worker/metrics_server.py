@@ -1,5 +1,5 @@
 """The worker's own Prometheus endpoint: ``ACCUM_WORKER_METRICS_PORT`` (0, the default: off) on
-``ACCUM_WORKER_METRICS_HOST``, serving ``services.worker.store_metrics`` at ``/metrics``.
+``ACCUM_WORKER_METRICS_HOST``, serving ``services.worker.checkpoints.metrics`` at ``/metrics``.
 
     stop = serve_metrics(settings)   # in the worker's main process, before it forks or spawns
     ...
@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, start_http_server, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from services.settings import Settings
-from services.worker import store_metrics
+from services.worker.checkpoints import metrics as store_metrics
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 

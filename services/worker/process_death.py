@@ -24,9 +24,9 @@ from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
+from services.jobdb.attempts import record_process_death
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store.attempts import record_process_death
-from services.store.sessions import session_factory
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The worker's own row in the registry (``services.store.workers``): what it is, renewed.
+"""The worker's own row in the registry (``services.jobdb.workers``): what it is, renewed.
 
     registration = Registration(settings, name="gpu0@node1", queues=["a100"]).start()
     ...                                   # a thread renews last_seen every heartbeat interval
@@ -31,15 +31,15 @@ from importlib import metadata
 from typing import Any
 
 from services.catalog import DATASETS, MODELS, OWN_DATASETS
-from services.catalog.plugins import DATASET_GROUP, MODEL_GROUP, installed
-from services.store import workers as store_workers
-from services.store.sessions import session_factory
+from services.catalog.families.plugins import DATASET_GROUP, MODEL_GROUP, installed
+from services.jobdb import workers as store_workers
+from services.jobdb.sessions import session_factory
 
 log = logging.getLogger(__name__)
 
 # Libraries whose versions a worker reports (the optional model libraries when installed).
 LIBRARIES = ("torch", "torchvision", "timm", "transformers", "celery")
-# The model namespaces (services.catalog.served) a worker serves when their library is
+# The model namespaces (services.catalog.families: timm, hf) a worker serves when their library is
 # installed, advertised as the patterns `served_names` lists; services/fleet.py matches them.
 NAMESPACE_PATTERNS = {"timm": ("timm:<name>",), "transformers": ("hf:<model_type>", "hf:<directory>")}
 # Own data that reads files through Hugging Face datasets (imagefolder needs torchvision only).
@@ -78,8 +78,9 @@ def visible(devices: list[dict[str, Any]], mask: str | None) -> list[dict[str, A
     return chosen
 
 
-def nvml_devices() -> list[dict[str, Any]] | None:
-    """Every GPU the driver sees, through NVML; None without ``nvidia-ml-py`` or a driver."""
+def open_nvml() -> Any | None:
+    """``pynvml``, initialised (the caller shuts it down); None without ``nvidia-ml-py`` or a
+    driver."""
     try:
         import pynvml
     except ImportError:
@@ -87,6 +88,14 @@ def nvml_devices() -> list[dict[str, Any]] | None:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
+        return None
+    return pynvml
+
+
+def nvml_devices() -> list[dict[str, Any]] | None:
+    """Every GPU the driver sees, through NVML; None without ``nvidia-ml-py`` or a driver."""
+    pynvml = open_nvml()
+    if pynvml is None:
         return None
     try:
         devices = []
@@ -160,7 +169,7 @@ def detect_devices(
 
 def plugin_names() -> list[str]:
     """Names of installed model and dataset plugins (entry points in ``accum.models`` and
-    ``accum.datasets``: services.catalog.plugins); the plugins themselves are imported only by
+    ``accum.datasets``: services.catalog.families.plugins); the plugins themselves are imported only by
     the job that uses one."""
     return sorted({*installed(MODEL_GROUP), *installed(DATASET_GROUP)})
 

@@ -26,33 +26,42 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from accumcore import NonFiniteError
+from services.admission.context import Admission, Phase
+from services.admission.pipeline import preflight
 from services.artifacts import ArtifactStoreError
-from services.data_roots import is_s3, require_allowed_data_root
+from services.data_roots import is_s3
 from services.dispatch.enqueue import enqueue_job
-from services.settings import Settings
-from services.spec import JobSpec, parse_spec
-from services.store.events import add_event
-from services.store.leases import (
+from services.jobdb.events import add_event
+from services.jobdb.leases import (
+    NODE_LOST,
+    STORE_FAULT,
+    Fault,
     claim_job,
     finish_job,
     hand_back_job,
     renew_lease,
     requeue_after_fault,
 )
-from services.store.models import Job
-from services.store.nonfinite import label
-from services.store.queue_order import PRIORITIES, held_by_running_cap, next_in_line
-from services.store.sessions import session_factory
-from services.store.status import JobStatus, resume_hint
-from services.store.types import utcnow
-from services.store.workers import queue_offers
+from services.jobdb.models import Job
+from services.jobdb.nonfinite import label
+from services.jobdb.queue_order import PRIORITIES, held_by_running_cap, next_in_line
+from services.jobdb.sessions import session_factory
+from services.jobdb.status import JobStatus
+from services.jobdb.types import utcnow
+from services.jobdb.workers import queue_offers
+from services.settings import Settings
+from services.spec import JobSpec, parse_spec
 from services.worker import shutdown
-from services.worker.attempt import Attempt, Outcome
+from services.worker.attempt import Attempt, NodeLost, Outcome
 from services.worker.datasets import named_as_synced, with_local_data_root
-from services.worker.db_retry import retry_while_unreachable
+from services.worker.gang import GangPlace
+from services.worker.gang_node import follow, is_multi_node, join
 from services.worker.heartbeat import Heartbeat
+from services.worker.launch import launch
+from services.worker.micro_batch import chosen_of
+from services.worker.output_capture import captured_output
 from services.worker.registry import nvml_devices, visible
-from services.worker.training import train_local
+from services.worker.retry import retry_while_unreachable
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +117,6 @@ def left_to_a_bigger_worker(session: Session, job_id: str, settings: Settings) -
     return offer is not None and offer.max_ranks >= gpus
 
 
-def too_few_ranks(gpus: int, ranks: int, job_id: str) -> str:
-    has = f"{ranks} CPU rank{'s' if ranks != 1 else ''} (--cpu-ranks)" if ranks else "no GPU and no --cpu-ranks"
-    return (f"gpus {gpus} needs {gpus} ranks on one worker; the worker that took the job offers "
-            f"{has}, and no worker of its queue registered more: start one with {gpus} GPUs, or "
-            f"`accum worker --cpu-ranks {gpus}` to train on CPU ranks (gloo), then "
-            f"{resume_hint(job_id)}")
-
-
 def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
     """Claim the job atomically; None means: drop the message."""
     # Unique per attempt: a heartbeat left over from an earlier attempt in this process can
@@ -138,7 +139,7 @@ def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
         if job is None:
             return None
         return Attempt(job.id, job.attempts, worker_id, job.resume_step, dict(job.spec),
-                       used_s=float(job.run_seconds or 0.0))
+                       used_s=float(job.run_seconds or 0.0), micro_batch=chosen_of(job))
 
 
 def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
@@ -146,7 +147,14 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
     ``FAILED``, ``CANCELLED``), ``HANDED_BACK`` (the worker is shutting down: the job is queued
     again), ``SKIPPED`` (not claimable: the message is dropped) or ``LEASE_LOST`` (someone
     else owns the job now)."""
-    attempt = claim(settings, job_id, worker_name)
+    gang: GangPlace | None = None
+    if is_multi_node(settings, job_id):
+        joined = join(settings, job_id, worker_name, describe_gpu(), ranks_here(settings))
+        if joined is not None and joined.place.node_rank > 0:
+            return follow(settings, joined)
+        attempt, gang = (joined.attempt, joined.place) if joined is not None else (None, None)
+    else:
+        attempt = claim(settings, job_id, worker_name)
     if attempt is None:
         log.info("job %s is not claimable (cancelled, finished or running elsewhere): skipped", job_id)
         return Outcome.SKIPPED
@@ -158,7 +166,7 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
         shutdown=shutdown.requested,
     )
     error: dict[str, Any] | None = None
-    fault: ArtifactStoreError | None = None
+    fault: tuple[str, Fault] | None = None  # a restart counted: why, and which fault
     with heartbeat:
         try:
             spec = parse_spec(attempt.spec)
@@ -167,11 +175,19 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
             # The timeout is the job's run time over its attempts: this one gets what is left
             # (none left: it stops at its first beat, checkpointed at its first window).
             heartbeat.set_timeout(max(timeout_s - attempt.used_s, 0.0))
-            outcome = train(settings, spec, attempt, heartbeat)
+            with captured_output(settings, job_id, attempt.attempt):  # `accum logs`
+                outcome = train(settings, spec, attempt, heartbeat, gang)
             if outcome == Outcome.TIMED_OUT:
                 outcome, error = Outcome.FAILED, timeout_error(attempt, timeout_s)
+        except NodeLost as exc:
+            # Resumed from its last checkpoint on the nodes left: a restart, counted, so a job
+            # that keeps losing nodes ends failed once max_restarts is reached.
+            outcome, fault = Outcome.HANDED_BACK, (
+                f"{exc}; every rank stopped, and the job resumes from its last checkpoint on the "
+                "workers that can take it (at least min_nodes)", NODE_LOST)
+            log.warning("job %s: %s", job_id, exc)
         except ArtifactStoreError as exc:
-            outcome, fault = Outcome.HANDED_BACK, exc
+            outcome, fault = Outcome.HANDED_BACK, (f"checkpoint store {settings.artifacts_url}: {exc}", STORE_FAULT)
             log.warning("job %s: artifact store fault: %s", job_id, exc)
             back_off(heartbeat, FAULT_BACKOFF_S * 2 ** min(attempt.attempt - 1, 5),
                      settings.lease_timeout_s / 2)
@@ -184,18 +200,20 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
                     add_event(session, job_id, "traceback", f"{error['type']}: {error['message']}",
                               {"traceback": named_as_synced(settings, traceback.format_exc()[-TRACEBACK_LIMIT:])},
                               attempt=attempt.attempt)
+    if gang is not None:
+        gang.close()  # node 0's rendezvous store: every rank of the attempt is gone
     if heartbeat.lease_lost or outcome == Outcome.LEASE_LOST:
         log.error("job %s: lease lost; leaving the job to its new owner", job_id)
         return Outcome.LEASE_LOST
     if fault is not None:
-        return _after_fault(settings, sessions, attempt, fault)
+        return _after_fault(settings, sessions, attempt, *fault)
     if outcome == Outcome.HANDED_BACK:
         queue = retry_while_unreachable(lambda: _hand_back(sessions, attempt),
                                         what=f"job {job_id}: handing back", for_s=settings.lease_timeout_s)
         if queue is not None:
             # after the commit, as the reaper does
             enqueue_job(settings, job_id, queue, PRIORITIES.get(attempt.spec.get("priority", "")))
-            log.warning("job %s handed back to queue %s: this worker process was asked to stop (SIGTERM)", job_id, queue)
+            log.warning("job %s handed back to queue %s: it resumes from its last checkpoint", job_id, queue)
             return Outcome.HANDED_BACK
         outcome = Outcome.CANCELLED  # a cancel came first (or the lease is gone: finishing fails too)
     final = outcome
@@ -248,18 +266,17 @@ def back_off(heartbeat: Heartbeat, delay_s: float, cap_s: float) -> None:
 
 
 def _after_fault(settings: Settings, sessions: sessionmaker[Session], attempt: Attempt,
-                 fault: ArtifactStoreError) -> Outcome:
+                 reason: str, fault: Fault) -> Outcome:
     """Back to the queue with a restart counted (``HANDED_BACK``), ``FAILED`` when no
     restarts are left, ``CANCELLED`` when a cancel came first; ``LEASE_LOST`` when the lease
     is gone."""
-    reason = f"checkpoint store {settings.artifacts_url}: {fault}"
 
     def requeue() -> tuple[str, str] | None:
         with sessions.begin() as session:
-            return requeue_after_fault(session, attempt.job_id, attempt.worker_id, reason)
+            return requeue_after_fault(session, attempt.job_id, attempt.worker_id, reason, fault=fault)
 
-    moved = retry_while_unreachable(requeue, what=f"job {attempt.job_id}: handing back after a "
-                                    "store fault", for_s=settings.lease_timeout_s)
+    moved = retry_while_unreachable(requeue, what=f"job {attempt.job_id}: handing back after "
+                                    f"{fault.after}", for_s=settings.lease_timeout_s)
     if moved is None:
         # A cancel came first: finished as cancelled while the lease is held (its attempt too),
         # else the lease is gone and the job is its new owner's.
@@ -289,26 +306,19 @@ def _renew(sessions: sessionmaker[Session], attempt: Attempt, lease_timeout_s: f
         return renew_lease(session, attempt.job_id, attempt.worker_id, lease_timeout_s)
 
 
-def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat) -> Outcome:
-    """Train on this process (or on ``spec.gpus`` DDP processes); returns ``SUCCEEDED``,
-    ``CANCELLED``, ``HANDED_BACK``, ``TIMED_OUT`` or ``LEASE_LOST``."""
-    for _, path in spec.local_paths():  # the API checked them too; an s3 root before its sync
-        require_allowed_data_root(path, settings)
+def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat,
+          gang: GangPlace | None = None) -> Outcome:
+    """Train on this process (or on ``spec.gpus`` DDP processes; node 0's of a ``gang``);
+    returns ``SUCCEEDED``, ``CANCELLED``, ``HANDED_BACK``, ``TIMED_OUT`` or ``LEASE_LOST``."""
+    # The API admitted the spec; a stored job is checked again here (an older allow-list, a
+    # direct insert), before its s3 root is synced or its ranks are started.
+    preflight(Admission(spec, settings, Phase.START, job_id=attempt.job_id,
+                        ranks=lambda: ranks_here(settings)))
     if is_s3(spec.dataset.data_root):
         spec = with_local_data_root(settings, spec)  # our own cache, trusted as the s3 root
         # DDP ranks build from the attempt's spec: they read the local copy too.
         attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
-    if spec.gpus > 1:
-        ranks = ranks_here(settings)
-        if spec.gpus > ranks:  # never k ranks on a worker that did not register them
-            raise ValueError(too_few_ranks(spec.gpus, ranks, attempt.job_id))
-        # Lazy: torch.distributed must stay out of a prefork worker's parent (the runner is
-        # preloaded there); with it imported, the forked child hung before its first job on
-        # Redis (tests/integration/test_worker_prefork.py).
-        from services.worker.distributed import train_distributed
-
-        return train_distributed(settings, spec, attempt, heartbeat)
-    return train_local(settings, spec, attempt, heartbeat)
+    return launch(settings, spec, attempt, heartbeat, gang)
 
 
 def error_of(exc: Exception) -> dict[str, Any]:

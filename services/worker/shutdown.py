@@ -6,7 +6,7 @@ Kubernetes) ends in SIGKILL, losing every step since the last checkpoint. So ``s
 connects ``request`` to Celery's ``worker_shutting_down`` signal; the job's heartbeat then
 answers ``should_stop``, the trainer stops before its next micro-batch, and the worker
 checkpoints the last finished window and hands the job back to the queue, where another
-worker resumes it exactly (``services.worker.training``, ``runner``).
+worker resumes it exactly (``services.worker.rank``, ``runner``).
 
 Under ``--pool prefork`` the signal reaches only the parent: Celery's warm shutdown closes the
 pool and waits for the child, never signalling it. So the flag lives in a page of memory

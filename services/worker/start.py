@@ -11,21 +11,21 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from celery import signals
 from celery.utils.nodenames import default_nodename, host_format
 from pydantic import ValidationError
 
-from services.artifacts import open_store
 from services.artifacts.probe import startup_check
 from services.dispatch import sqlite_transport
 from services.dispatch.broker import DEFAULT_QUEUE, is_embedded_broker, make_celery
-from services.dispatch.reaper import LeaseReaper
+from services.housekeeping.reaper import LeaseReaper
 from services.settings import Settings
 from services.worker import shutdown
 from services.worker.cache_sweep import sweep_deleted_jobs
+from services.worker.checkpoints.stores import artifact_store
 from services.worker.metrics_server import serve_metrics
 from services.worker.registry import Registration, describe
 from services.worker.tasks import register_tasks
@@ -64,14 +64,7 @@ def start_worker(
         cpu_ranks: replaces ``settings.cpu_ranks`` (``ACCUM_CPU_RANKS``): the CPU ranks (gloo)
             a worker without GPUs offers ``gpus: k`` jobs, registered with its CPU device.
     """
-    if pool not in ("solo", "prefork"):
-        raise ValueError(f"pool must be 'solo' or 'prefork', got {pool!r}")
-    if cpu_ranks is not None:
-        settings = with_cpu_ranks_setting(settings, cpu_ranks)
-    # A worker that cannot write its checkpoints would fail every job it takes: refuse now.
-    refusal = startup_check(open_store(settings.artifacts_url))
-    if refusal is not None:
-        raise SystemExit(refusal)
+    settings = checked_settings(settings, pool, cpu_ranks)
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     names = list(queues or [DEFAULT_QUEUE])
@@ -85,23 +78,56 @@ def start_worker(
     stop_metrics = serve_metrics(settings)
     app = make_celery(settings, queues=names)
     register_tasks(app, settings)
-    embedded = is_embedded_broker(settings.broker_url)
     if preload:
-        # Import torch and the runner now, in this idle parent, so the first job does not pay
-        # for it (queue-to-running latency). Importing torch does not initialise CUDA, so a
-        # prefork pool still forks a CUDA-free parent.
-        # Lazy, not at the top: torch stays out until --gpus has pinned CUDA_VISIBLE_DEVICES.
-        import services.worker.runner  # noqa: F401  (and training)
-    # SIGTERM/SIGINT: an idle embedded-broker consumer stops polling at once (Redis's event
-    # loop already wakes within a second).
-    sqlite_transport.resume_polling()
-    signals.worker_shutting_down.connect(sqlite_transport.stop_polling, weak=False)
-    # ...and a running job stops, is checkpointed and goes back to the queue.
-    shutdown.connect(signals)
+        preload_runner()
+    connect_stop_signals()
     reaper = LeaseReaper(settings, queues=names)
     reaper.start()
-    # Registered once the worker consumes (listed idle only when it can take a job).
-    # Its beat also drops the node cache's files of deleted jobs.
+    unregister = register_when_ready(settings, nodename, names, description)
+    log.info("accum worker %s consuming %s from %s", nodename, ",".join(names), settings.broker_url)
+    try:
+        consume(app, nodename, pool, names, loglevel, embedded=is_embedded_broker(settings.broker_url))
+    finally:
+        unregister()
+        reaper.stop()
+        if stop_metrics is not None:
+            stop_metrics()
+
+
+def checked_settings(settings: Settings, pool: str, cpu_ranks: int | None) -> Settings:
+    """The settings this worker runs with, refused now where every job would fail."""
+    if pool not in ("solo", "prefork"):
+        raise ValueError(f"pool must be 'solo' or 'prefork', got {pool!r}")
+    if cpu_ranks is not None:
+        settings = with_cpu_ranks_setting(settings, cpu_ranks)
+    # A worker that cannot write its checkpoints would fail every job it takes: refuse now.
+    refusal = startup_check(artifact_store(settings))
+    if refusal is not None:
+        raise SystemExit(refusal)
+    return settings
+
+
+def preload_runner() -> None:
+    """Import torch and the runner now, in this idle parent, so the first job does not pay for
+    it (queue-to-running latency). Importing torch does not initialise CUDA, so a prefork pool
+    still forks a CUDA-free parent. Lazy, not at the top: torch stays out until --gpus has
+    pinned CUDA_VISIBLE_DEVICES."""
+    import services.worker.runner  # noqa: F401  (and rank, launch)
+
+
+def connect_stop_signals() -> None:
+    """SIGTERM/SIGINT: an idle embedded-broker consumer stops polling at once (Redis's event
+    loop already wakes within a second), and a running job stops, is checkpointed and goes
+    back to the queue."""
+    sqlite_transport.resume_polling()
+    signals.worker_shutting_down.connect(sqlite_transport.stop_polling, weak=False)
+    shutdown.connect(signals)
+
+
+def register_when_ready(settings: Settings, nodename: str, names: list[str],
+                        description: dict[str, Any]) -> Callable[[], None]:
+    """Register the worker once it consumes (listed idle only when it can take a job); its
+    beat also drops the node cache's files of deleted jobs. Returns what unregisters it."""
     registration = Registration(settings, nodename, names, description,
                                 on_beat=lambda: sweep_deleted_jobs(settings))
 
@@ -109,28 +135,30 @@ def start_worker(
         registration.start()
 
     signals.worker_ready.connect(register, weak=False)
-    log.info("accum worker %s consuming %s from %s", nodename, ",".join(names), settings.broker_url)
-    try:
-        worker = app.Worker(
-            hostname=nodename,
-            pool=pool,
-            concurrency=1,
-            queues=names,
-            loglevel=loglevel,
-            # Gossip and mingle only sync Celery's own cluster state, which we do not use, and
-            # they cost start-up time; the embedded broker has no fanout for them anyway.
-            without_gossip=True,
-            without_mingle=True,
-            without_heartbeat=embedded,
-            optimization="fair",
-        )
-        worker.start()
-    finally:
+
+    def unregister() -> None:
         signals.worker_ready.disconnect(register)
         registration.stop()
-        reaper.stop()
-        if stop_metrics is not None:
-            stop_metrics()
+
+    return unregister
+
+
+def consume(app: Any, nodename: str, pool: str, names: list[str], loglevel: str, *, embedded: bool) -> None:
+    """Run Celery's worker in this process until it is stopped: one job at a time."""
+    worker = app.Worker(
+        hostname=nodename,
+        pool=pool,
+        concurrency=1,
+        queues=names,
+        loglevel=loglevel,
+        # Gossip and mingle only sync Celery's own cluster state, which we do not use, and
+        # they cost start-up time; the embedded broker has no fanout for them anyway.
+        without_gossip=True,
+        without_mingle=True,
+        without_heartbeat=embedded,
+        optimization="fair",
+    )
+    worker.start()
 
 
 def with_cpu_ranks_setting(settings: Settings, cpu_ranks: int) -> Settings:

@@ -4,7 +4,7 @@
     report = load_initial_weights(model, path, strict=True)  # -> the `warm_start` event's data
 
 A job may start from one of its owner's own jobs (`{"job": ID, "step": K}`, the latest kept
-checkpoint by default) or from a file under a data root (`{"uri": ...}`: an accum checkpoint,
+checkpoint by default, sharded or not) or from a file under a data root (`{"uri": ...}`: an accum checkpoint,
 a plain state dict, or a `.safetensors` file). Another owner's job reads as a job that does
 not exist, so nothing about it leaks. Tensors whose shape differs (a classifier head for
 another number of classes) keep the new model's initialisation and are listed; missing and
@@ -20,10 +20,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.jobdb.checkpoints import get_checkpoint, list_checkpoints
+from services.jobdb.jobs import load_job
+from services.jobdb.models import Job
 from services.spec import JobSpec
-from services.store.checkpoints import get_checkpoint, list_checkpoints
-from services.store.jobs import load_job
-from services.store.models import Job
 
 
 class InitFromRefused(ValueError):
@@ -74,9 +74,17 @@ def initial_weights_path(session: Session, spec: JobSpec, owner_id: Any, fetch: 
 
 
 def read_state(path: Path) -> dict[str, Any]:
-    """Model tensors from an accum checkpoint (its `model`), a state dict, or safetensors."""
+    """Model tensors from an accum checkpoint (its `model`; a sharded one's folder: the full
+    model state of its shards), a state dict, or safetensors."""
     import torch
 
+    if path.is_dir():  # a sharded (FSDP) checkpoint: its every rank's files, fetched
+        from accumcore.sharded_checkpoint import is_sharded_checkpoint, model_state
+
+        if not is_sharded_checkpoint(path):
+            raise InitFromRefused(f"init_from: {path} is a folder but not a sharded checkpoint "
+                                  "(no trainer.pt and .metadata); give a checkpoint file or folder")
+        return model_state(path)
     if not path.is_file():
         raise InitFromRefused(f"init_from: no file at {path}")
     if path.suffix == ".safetensors":

@@ -23,7 +23,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import TracebackType
@@ -432,22 +432,49 @@ class AccumClient:
 
     def all_events(self, job_id: str, page_size: int = 1000) -> list[JSON]:
         """Every lifecycle event of the job, oldest first (all pages)."""
-        events: list[JSON] = []
-        while True:
-            page = self.events(job_id, after_id=events[-1]["id"] if events else None, limit=page_size)
-            events.extend(page)
-            if len(page) < page_size:
-                return events
+        return _every_page(lambda after: self.events(job_id, after_id=after, limit=page_size), page_size)
 
     def stream_events(self, job_id: str) -> Iterator[tuple[str, JSON]]:
         """Live (event, data) pairs from the SSE stream until `end` or the server closes it.
 
         Event types: `job_event`, `metric`, `status`, `end` (see docs/architecture.md).
         """
-        path = f"/v1/jobs/{job_id}/events"
+        return self._stream(f"/v1/jobs/{job_id}/events", {})
+
+    # -- logs -------------------------------------------------------------------------
+    def logs(
+        self, job_id: str, attempt: int | None = None, after: int | None = None,
+        limit: int | None = None,
+    ) -> list[JSON]:
+        """One page of what the job's training process printed (stdout, stderr, warnings,
+        library log messages), oldest first: each line's `id`, `attempt`, `stream` and `line`.
+        `attempt` (1 is the first) keeps one attempt's lines; `after` (a line id) newer ones.
+
+            for line in client.logs("01jd3k5x", attempt=2):
+                print(line["line"])
+        """
+        params = {k: v for k, v in {"attempt": attempt, "after": after, "limit": limit}.items()
+                  if v is not None}
+        return list(self._json("GET", f"/v1/jobs/{job_id}/logs", params=params).get("items", []))
+
+    def all_logs(self, job_id: str, attempt: int | None = None, page_size: int = 1000) -> list[JSON]:
+        """Every captured line of the job (or of one attempt), oldest first (all pages)."""
+        return _every_page(
+            lambda after: self.logs(job_id, attempt=attempt, after=after, limit=page_size), page_size)
+
+    def follow_logs(self, job_id: str, attempt: int | None = None,
+                    after: int | None = None) -> Iterator[JSON]:
+        """The job's lines as it prints them (after line id `after`), until it finishes."""
+        params = {k: v for k, v in {"attempt": attempt, "after": after}.items() if v is not None}
+        for event, data in self._stream(f"/v1/jobs/{job_id}/logs", params):
+            if event == "log":
+                yield data
+
+    def _stream(self, path: str, params: dict[str, Any]) -> Iterator[tuple[str, JSON]]:
         headers = {"Accept": "text/event-stream"}
         try:
-            with self._http.stream("GET", path, headers=headers, timeout=_STREAM_TIMEOUT) as resp:
+            with self._http.stream("GET", path, params=params, headers=headers,
+                                   timeout=_STREAM_TIMEOUT) as resp:
                 if resp.is_error:
                     resp.read()
                     raise AccumAPIError.from_response(resp)
@@ -470,3 +497,13 @@ class AccumClient:
         """The registered workers (GET /v1/workers): name, queues, devices, state; an admin
         gets every field (host, versions, current job, heartbeat age, ...)."""
         return list(self._json("GET", "/v1/workers").get("items", []))
+
+
+def _every_page(page: Callable[[int | None], list[JSON]], page_size: int) -> list[JSON]:
+    """Every item of a list paged by id: ``page(after)`` until a short page."""
+    items: list[JSON] = []
+    while True:
+        batch = page(items[-1]["id"] if items else None)
+        items.extend(batch)
+        if len(batch) < page_size:
+            return items

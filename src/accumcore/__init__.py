@@ -8,11 +8,14 @@ The trainer library only: it imports torch, and nothing of the service (`service
 """
 
 from accumcore.callbacks import Callback, CheckpointInfo
-from accumcore.checkpoint import load_checkpoint, save_checkpoint
+from accumcore.checkpoint import save_checkpoint
+from accumcore.restore import load_checkpoint
+from accumcore.sharded_checkpoint import consolidate as consolidate_checkpoint
+from accumcore.sharding import shard
 from accumcore.trainer import FitHistory, NonFiniteError, Trainer
 from accumcore.verify_window import ExactnessError
 
 __all__ = [
-    "Callback", "CheckpointInfo", "ExactnessError", "FitHistory", "NonFiniteError", "Trainer", "load_checkpoint",
-    "save_checkpoint",
+    "Callback", "CheckpointInfo", "ExactnessError", "FitHistory", "NonFiniteError", "Trainer",
+    "consolidate_checkpoint", "load_checkpoint", "save_checkpoint", "shard",
 ]

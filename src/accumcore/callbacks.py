@@ -43,6 +43,12 @@ class Callback:
     def on_checkpoint(self, trainer: Any, info: CheckpointInfo) -> None:
         """Called after a checkpoint file has been written and renamed into place."""
 
+    def on_shards(self, trainer: Any, step: int, files: list[Path]) -> None:
+        """A sharded (FSDP) checkpoint of ``step`` is whole: called on every rank with the
+        files this rank wrote (rank 0's include ``.metadata`` and ``trainer.pt``), before
+        ``on_checkpoint`` on rank 0. Where ranks do not share a disk, each rank's files are
+        on its own node only."""
+
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
         """Called for notable events: ``oom_backoff``, ``fp16_step_skipped``,
         ``nonfinite_step_skipped``, ``empty_window``, ``batchnorm_warning``, ``resume_inexact``,
@@ -88,6 +94,10 @@ class CallbackList:
     def on_checkpoint(self, trainer: Any, info: CheckpointInfo) -> None:
         for callback in self.callbacks:
             callback.on_checkpoint(trainer, info)
+
+    def on_shards(self, trainer: Any, step: int, files: list[Path]) -> None:
+        for callback in self.callbacks:
+            callback.on_shards(trainer, step, files)
 
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
         for callback in self.callbacks:

@@ -28,7 +28,6 @@ class Loadable(Protocol):
 Copy = Callable[[Any], Any]
 
 
-
 class DeviceFeed:
     """Yields ``(host inputs, device inputs, device targets)`` for a window's micro-batches.
 
@@ -47,7 +46,8 @@ class DeviceFeed:
 
     def __init__(self, device: torch.device, copy: Copy | None = None) -> None:
         self.device = device
-        self.copy: Copy = copy or (lambda pair: (items.to_device(pair[0], device), items.to_device(pair[1], device)))
+        self.copy: Copy = copy or (on_host if device.type == "cpu" else (
+            lambda pair: (items.to_device(pair[0], device), items.to_device(pair[1], device))))
         self.side_stream = device.type == "cuda" and torch.cuda.is_available()
         self._stream: Any = None  # created on first use: creating it initialises CUDA
 
@@ -68,6 +68,16 @@ class DeviceFeed:
                 record_stream((inputs, targets), compute)  # the allocator must not reuse it early
             yield host, inputs, targets
             host = inputs = targets = None  # the caller's are the only references left
+
+
+def on_host(pair: Any) -> Any:
+    """The CPU's copy: a pair of host tensors as it is (what ``Tensor.to("cpu")`` returns for
+    each: ~2 us a micro-batch saved); anything else through ``items.to_device``."""
+    inputs, targets = pair
+    if isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor) and inputs.is_cpu and targets.is_cpu:
+        return pair
+    cpu = torch.device("cpu")
+    return items.to_device(inputs, cpu), items.to_device(targets, cpu)
 
 
 def record_stream(batch: Any, stream: Any) -> None:

@@ -66,7 +66,9 @@ def comm_device(model: torch.nn.Module) -> torch.device:
     """Where collectives need their tensors: CUDA for NCCL, CPU for gloo."""
     backend = dist.get_backend()
     if backend == "nccl":
-        return next(unwrap(model).parameters()).device
+        device = next(unwrap(model).parameters()).device
+        # FSDP with CPU offload keeps its parameter shards in host memory: the rank's GPU.
+        return device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 

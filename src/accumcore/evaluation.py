@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from accumcore import distributed, items
+from accumcore import distributed, items, sharding
 from accumcore.precision import Precision
 from accumcore.rng import capture_rng_state, restore_rng_state
 
@@ -28,8 +28,13 @@ def evaluate(
     Runs on the unwrapped module (no DDP collectives per batch) and leaves every RNG as it
     found it, so evaluating never changes what training draws next (exact resume).
     """
-    use_ddp = distributed.ddp_wrapped(model)
+    sharded = sharding.is_sharded(model)
+    use_ddp = distributed.ddp_wrapped(model) or sharded
     module = distributed.unwrap(model)
+    # FSDP: each forward all-gathers, so every rank runs as many as the rank with the most
+    # batches (the loaders' lengths), the missing ones on 0 rows.
+    passes = _most_batches(loader, model) if sharded else 0
+    empty: Any = None
     rng = capture_rng_state()
     # Per-module modes, so a BatchNorm the user froze in eval mode stays frozen afterwards.
     modes = [(m, m.training) for m in module.modules()]
@@ -43,7 +48,11 @@ def evaluate(
             for batch in loader:
                 inputs, targets = items.unpack(batch)
                 count = items.normalise_count(counter(inputs, targets))
+                passes -= 1
+                empty = items.empty_rows(inputs)
                 if not isinstance(count, torch.Tensor) and count == 0:
+                    if sharded:  # nothing to score, but the forward's all-gathers to join
+                        items.forward(module, items.to_device(inputs, device))
                     continue
                 inputs = items.to_device(inputs, device)
                 targets = items.to_device(targets, device)
@@ -62,6 +71,8 @@ def evaluate(
                     mask = targets != ignore_index
                     correct += (outputs.argmax(dim=-1).eq(targets) & mask).sum()
                     scored = scored + mask.sum()
+            for _ in range(passes if empty is not None else 0):
+                items.forward(module, items.to_device(empty, device))
     finally:
         for submodule, training in modes:
             submodule.training = training
@@ -80,6 +91,21 @@ def evaluate(
     if n_scored > 0:
         metrics["val_accuracy"] = n_correct / n_scored
     return metrics
+
+
+def _most_batches(loader: Iterable[Any], model: torch.nn.Module) -> int:
+    """The largest of the ranks' validation loader lengths (a collective)."""
+    try:
+        own = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(
+            "evaluating a sharded (FSDP) model needs a validation loader with a length on every "
+            "rank (each forward is a collective): use a map-style dataset"
+        ) from None
+    world = distributed.world_size()
+    slots = [0.0] * world
+    slots[distributed.rank()] = float(own)
+    return int(max(distributed.all_reduce_sum(slots, distributed.comm_device(model)).tolist()))
 
 
 def _is_classification(outputs: Any, targets: Any) -> bool:

@@ -7,20 +7,25 @@ from typing import Any
 import torch
 
 
-def to_floats(values: dict[str, Any]) -> dict[str, float]:
-    """Convert a dict of Python numbers and 0-d tensors with one sync for all tensors."""
-    tensor_keys = [
-        k for k, v in values.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"
-    ]
-    values = {k: v.item() if k not in tensor_keys and isinstance(v, torch.Tensor) else v for k, v in values.items()}
-    result = {k: float(v) for k, v in values.items() if k not in tensor_keys and v is not None}
-    if tensor_keys:
-        device = values[tensor_keys[0]].device
+def to_floats(values: list[Any]) -> list[Any]:
+    """Python numbers and 0-d tensors as floats (None stays None), in one pass: one device
+    sync for all the tensors on a device, none for those on the host (floats or None: Any,
+    so that callers unpack them without a cast each)."""
+    result: list[Any] = []
+    on_device: list[int] = []
+    for value in values:
+        if isinstance(value, torch.Tensor) and not value.is_cpu:
+            on_device.append(len(result))
+            result.append(value)
+        else:
+            result.append(None if value is None else float(value))
+    if on_device:
+        device = result[on_device[0]].device
         stacked = torch.stack(
-            [values[k].detach().to(device=device, dtype=torch.float64).reshape(()) for k in tensor_keys]
+            [result[i].detach().to(device=device, dtype=torch.float64).reshape(()) for i in on_device]
         )
-        for key, value in zip(tensor_keys, stacked.tolist(), strict=True):
-            result[key] = value
+        for index, number in zip(on_device, stacked.tolist(), strict=True):
+            result[index] = number
     return result
 
 
@@ -42,6 +47,20 @@ def take_peak_memory(device: torch.device) -> float | None:
     if peak is not None:
         reset_peak_memory(device)
     return peak
+
+
+def rank_peaks(peak: float, device: torch.device) -> dict[str, float]:
+    """Every rank's step peak as ``peak_memory_bytes_rank{r}`` (a collective on every rank: all
+    of a world share a device type, so all of them have a peak or none has); ``{}`` in one
+    process. Sharded ranks hold different shards: their peaks differ where DDP's match."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return {}
+    mine = torch.tensor([peak], dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return {f"peak_memory_bytes_rank{r}": float(value) for r, value in enumerate(every)}
 
 
 def reset_peak_memory(device: torch.device) -> None:

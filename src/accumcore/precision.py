@@ -13,19 +13,26 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Loss dtypes whose ``loss * w`` backward seeds the loss with exactly ``tensor(w, dtype)``.
+_EXACT_SEED = (torch.float32, torch.float64)
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm of all gradients together."""
+    """L2 norm of all gradients together; of every rank's shards for a sharded (FSDP) model."""
     first = grads[0]
     if all(g.device == first.device and g.dtype == first.dtype for g in grads):
         # One fused kernel; get_total_norm's grouping by device and dtype costs more than the
         # norm itself on small models.
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
-    return torch.nn.utils.get_total_norm(grads, 2.0)
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    else:
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+    # DTensor gradients (FSDP): the norm of the local shards is a partial result; full_tensor
+    # reduces it across the ranks (a collective) into the global norm.
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 # bfloat16 tensor cores arrived with Ampere; torch.cuda.is_bf16_supported() also counts the
@@ -77,6 +84,16 @@ class Precision:
         else:
             loss.backward()
 
+    def backward_weighted(self, loss: torch.Tensor, weight: float | torch.Tensor) -> None:
+        """Backpropagate ``loss * weight``. Without a scaler, a Python-number weight and a
+        float32/float64 loss, ``weight`` is passed as the loss's gradient instead: the same
+        float reaches every parameter (the product's backward computes 1 x weight rounded to
+        the loss's dtype), one multiply and torch's ``ones_like`` seed fewer a micro-batch."""
+        if self.scaler is None and not isinstance(weight, torch.Tensor) and loss.dtype in _EXACT_SEED:
+            loss.backward(torch.full((), weight, dtype=loss.dtype, device=loss.device))
+        else:
+            self.backward(loss * weight)
+
     def unscale_and_clip(
         self,
         optimizer: torch.optim.Optimizer,
@@ -91,14 +108,15 @@ class Precision:
         clip = max_norm is not None and not math.isinf(max_norm)
         if not (want_norm or clip):
             return None
-        with_grads = [p for p in params if p.grad is not None]
-        if not with_grads:
+        params = list(params)
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
             return torch.zeros(())
         # Norm first, clip only when asked: clip_grad_norm_ with an infinite bound would still
         # rescale every gradient (a wasted pass over all of them per step).
-        total = total_norm([p.grad for p in with_grads if p.grad is not None])
+        total = total_norm(grads)
         if max_norm is not None and clip:
-            torch.nn.utils.clip_grads_with_norm_(with_grads, max_norm, total)
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)  # (skips grads of None)
         return total
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from accumcore import distributed, metrics
+from accumcore import distributed, metrics, sharding
 from accumcore.oom import OptimizerStepOutOfMemory, optimizer_step_or_oom
 from accumcore.precision import Precision
 from accumcore.window import WindowResult
@@ -42,12 +42,12 @@ class StepOutcome:
     oom_fatal: bool = False  # ... and could not split its micro-batches any further
 
 
-def first_nonfinite(values: dict[str, float]) -> tuple[str, float] | None:
+def first_nonfinite(loss_sum: float, grad_norm: float | None) -> tuple[str, float] | None:
     """The first of loss, grad_norm that is inf or NaN, as (name, value)."""
-    for name in ("loss_sum", "grad_norm"):
-        value = values.get(name)
-        if value is not None and not math.isfinite(value):
-            return ("loss" if name == "loss_sum" else name), value
+    if not math.isfinite(loss_sum):
+        return "loss", loss_sum
+    if grad_norm is not None and not math.isfinite(grad_norm):
+        return "grad_norm", grad_norm
     return None
 
 
@@ -72,6 +72,7 @@ class WindowStepper:
         self.device = device
         self.loss_scale = precision.loss_scale()
         self.ddp = distributed.ddp_wrapped(model)  # as WindowRunner: fixed for the trainer's life
+        self.collective = self.ddp or sharding.is_sharded(model)  # DDP or FSDP: loss sums all-reduced
 
     def params(self) -> list[torch.Tensor]:
         """The optimizer's parameters now: groups added after Trainer() are clipped too
@@ -88,37 +89,37 @@ class WindowStepper:
             self.optimizer, params, self.grad_clip_norm, want_norm=self.track_grad_norm
         )
         loss_sum: Any = result.loss_sum if result.loss_sum is not None else 0.0
-        read: dict[str, Any] = {"items": result.items, "samples": result.samples}
-        if self.ddp:
+        oom: Any = 0.0
+        oom_fatal: Any = 0.0
+        if self.collective:
             # The loss sum and the OOM flags of every rank, in one call: a rank that ran out of
             # memory has joined the window's collectives, and now every rank learns it.
             reduced = distributed.all_reduce_sum(
                 [loss_sum, float(result.oom), float(result.oom_fatal)], distributed.comm_device(self.model)
             )
-            loss_sum, read["oom"], read["oom_fatal"] = reduced[0], reduced[1], reduced[2]
-        read["loss_sum"] = loss_sum
-        if grad_norm is not None:
-            read["grad_norm"] = grad_norm
-        values = metrics.to_floats(read)  # the window's one device sync, before the step
-        outcome = StepOutcome(
-            loss=values["loss_sum"] / values["items"] if values["items"] > 0 else math.nan,
-            items=values["items"], samples=values["samples"], grad_norm=values.get("grad_norm"),
-            lr=lr, skipped=False, loss_scale=self.loss_scale,
+            loss_sum, oom, oom_fatal = reduced[0], reduced[1], reduced[2]
+        # The window's one device sync, before the step.
+        loss_sum, items, samples, norm, oom, oom_fatal = metrics.to_floats(
+            [loss_sum, result.items, result.samples, grad_norm, oom, oom_fatal]
         )
-        if values.get("oom", 0.0) > 0:
+        outcome = StepOutcome(
+            loss=loss_sum / items if items > 0 else math.nan,
+            items=items, samples=samples, grad_norm=norm, lr=lr, skipped=False, loss_scale=self.loss_scale,
+        )
+        if oom > 0:
             self._abandon()
-            return replace(outcome, oom=True, oom_fatal=values.get("oom_fatal", 0.0) > 0)
-        if values["items"] == 0:
+            return replace(outcome, oom=True, oom_fatal=oom_fatal > 0)
+        if items == 0:
             self._abandon()
             return replace(outcome, empty=True)
-        bad = first_nonfinite(values)
+        bad = first_nonfinite(loss_sum, norm)
         if bad is not None and self.precision.scaler is None:
             self._abandon()
             return replace(outcome, nonfinite=bad)
         if not optimizer_step_or_oom(self.optimizer, lambda: self.precision.optimizer_step(self.optimizer)):
             # Out of memory allocating the optimizer's state (undone): back off like a window.
             self._abandon()
-            if self.ddp:  # the other ranks have stepped: this rank cannot retry alone
+            if self.collective:  # the other ranks have stepped: this rank cannot retry alone
                 raise OptimizerStepOutOfMemory(
                     "out of memory allocating the optimizer's state on one DDP rank (the others "
                     "stepped): lower micro_batch_size, use precision='bf16', or sgd"

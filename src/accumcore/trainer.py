@@ -42,7 +42,16 @@ from typing import Any
 
 import torch
 
-from accumcore import distributed, items, label_shift, loader_state, metrics
+from accumcore import (
+    distributed,
+    epoch_windows,
+    items,
+    label_shift,
+    loader_state,
+    metrics,
+    sharded_checkpoint,
+    sharding,
+)
 from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
@@ -98,7 +107,10 @@ class Trainer:
             on the first micro-batch, see ``accumcore.loss``). None: the model's own loss
             when its output has one (``outputs.loss``), else
             ``CrossEntropyLoss(ignore_index=ignore_index)``.
-        accumulation_steps: N, or an epoch schedule such as ``{0: 8, 4: 2}``.
+        accumulation_steps: N, or an epoch schedule such as ``{0: 8, 4: 2}``. With a loader
+            made by ``make_loader(..., rank=r, world=k)``, N counts the micro-batches of one
+            step over all ranks (each rank runs its share), so the same value gives the same
+            trajectory on any number of ranks; with a loader per rank's shard, each rank's.
         scheduler: stepped once per optimizer step (not per micro-batch).
         precision: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast + GradScaler).
         grad_clip_norm: clip the total gradient norm to this value (after fp16 unscaling).
@@ -142,6 +154,11 @@ class Trainer:
             ``pending``, never ``passed``, and later windows are checked until one can.
         verify_memory_limit_bytes: cap on the check's big-batch peak memory; the check then
             uses the first micro-batches that fit (a sub-window, said in the event).
+        fsdp_sync: for a model sharded with ``fully_shard`` (``accumcore.shard``):
+            ``"micro_batch"`` reduce-scatters gradients after every micro-batch (sharded
+            gradients only), ``"window"`` once per window (unsharded gradients held through
+            the window). Both are exact; see ``accumcore.sharding``. Sharded models write
+            checkpoint directories (``accumcore.sharded_checkpoint``).
 
     Raises:
         TypeError: no model or no optimizer.
@@ -171,49 +188,27 @@ class Trainer:
         max_consecutive_skips: int = 25,
         verify_window: bool | str = False,
         verify_memory_limit_bytes: int | None = None,
+        fsdp_sync: str = sharding.DEFAULT_SYNC,
     ) -> None:
         _check_model_and_optimizer(model, optimizer, loss_fn)
-        if on_nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"on_nonfinite must be 'fail' or 'skip', got {on_nonfinite!r}")
-        if max_consecutive_skips < 1:
-            raise ValueError(f"max_consecutive_skips must be >= 1, got {max_consecutive_skips}")
+        _check_settings(on_nonfinite=on_nonfinite, max_consecutive_skips=max_consecutive_skips,
+                        verify_memory_limit_bytes=verify_memory_limit_bytes, grad_clip_norm=grad_clip_norm,
+                        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
         self.on_nonfinite = on_nonfinite
         self.max_consecutive_skips = max_consecutive_skips
         self.verify_window = check_option(verify_window)
-        if verify_memory_limit_bytes is not None and verify_memory_limit_bytes < 1:
-            raise ValueError(f"verify_memory_limit_bytes must be >= 1 or None, got {verify_memory_limit_bytes}")
         self.verify_memory_limit_bytes = verify_memory_limit_bytes
         self._verify_pending = False  # set by fit: the check runs on a fresh fit's first window
         self._verify_ran = False  # ... and on later windows while its result is "pending"
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        self._place_model(model, precision)
         self.optimizer = optimizer
-        self.loss_fn = loss_fn if loss_fn is not None else ModelLossOrCrossEntropy(ignore_index)
-        custom_counter = callable(count_items)
-        check_loss_fn(self.loss_fn, ignore_index, custom_counter=custom_counter)
-        self.shift_labels = _shift_labels(loss_fn, shift_labels)
-        # The model's own loss: whether it shifts its labels is told from what it computes on
-        # the first micro-batch of a fit (accumcore.label_shift), once.
-        self._detect_shift = self.shift_labels is None
-        # A loss that does not say it is a mean is checked on the first micro-batch.
-        self._check_loss_scale = not hasattr(self.loss_fn, "reduction")
+        self._set_loss(loss_fn, count_items, ignore_index, shift_labels)
         self.schedule = AccumulationSchedule(accumulation_steps)
         self.scheduler = scheduler
         self.precision = Precision(precision, self.device)
-        if grad_clip_norm is not None and not grad_clip_norm > 0:
-            raise ValueError(f"grad_clip_norm must be > 0 or None, got {grad_clip_norm}")
         self.grad_clip_norm = grad_clip_norm
         self.callbacks = CallbackList(callbacks)
-        self.ignore_index = ignore_index
-        self.count_items: Callable[[Any, Any], Any] = (
-            count_items if callable(count_items)
-            else items.ItemCounter(count_items, ignore_index, self.shift_labels, self.loss_fn)
-        )
-        self._custom_counter = custom_counter  # a callable may need the inputs: no targets-only path
-        if checkpoint_every is not None and checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be >= 1 optimizer steps, got {checkpoint_every}")
-        if checkpoint_every is not None and checkpoint_dir is None:
-            raise ValueError("checkpoint_every needs checkpoint_dir: pass Trainer(checkpoint_dir=...)")
         self.checkpoint_every = checkpoint_every
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_fsync = checkpoint_fsync
@@ -223,11 +218,61 @@ class Trainer:
         )
         self._runner = WindowRunner(
             self.model, self.loss_fn, self.precision, self.device,
-            self.callbacks.should_stop if self.callbacks.can_stop else None,
+            self.callbacks.should_stop if self.callbacks.can_stop else None, fsdp_sync,
         )
-        # Progress, all of it at the last window boundary.
+        self._reset_progress()
+        # DDP or FSDP: the ranks agree on each window's counts and on the epoch's end.
+        self._ddp = distributed.ddp_wrapped(self.model) or self.sharded
+        self._history = FitHistory()
+
+    def _place_model(self, model: torch.nn.Module, precision: str) -> None:
+        """The model on the device; FSDP places its shards itself (in host memory with CPU
+        offload)."""
+        self.sharded = sharding.is_sharded(model)
+        if self.sharded:
+            _check_sharded(model, precision, self.verify_window)
+        self.model = model if self.sharded else model.to(self.device)
+
+    def _set_loss(
+        self,
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+        count_items: str | Callable[[Any, Any], int | torch.Tensor] | None,
+        ignore_index: int,
+        shift_labels: bool | None,
+    ) -> None:
+        """The loss and how its items are counted (docs/accumulation.md rules 1-3)."""
+        self.loss_fn = loss_fn if loss_fn is not None else ModelLossOrCrossEntropy(ignore_index)
+        custom_counter = callable(count_items)
+        check_loss_fn(self.loss_fn, ignore_index, custom_counter=custom_counter)
+        self.shift_labels = _shift_labels(loss_fn, shift_labels)
+        # The model's own loss: whether it shifts its labels is told from what it computes on
+        # the first micro-batch of a fit (accumcore.label_shift), once.
+        self._detect_shift = self.shift_labels is None
+        # A loss that does not say it is a mean is checked on the first micro-batch.
+        self._check_loss_scale = not hasattr(self.loss_fn, "reduction")
+        if self.sharded and self._check_loss_scale:
+            # The check's forwards depend on this rank's data; FSDP's are collectives.
+            raise ValueError(
+                "a sharded (FSDP) model's loss_fn must say it is a mean over the items: give it a "
+                "reduction='mean' attribute (the check that runs instead on a plain model would "
+                "run a different number of forwards on each rank)"
+            )
+        self.ignore_index = ignore_index
+        self.count_items: Callable[[Any, Any], Any] = (
+            count_items if callable(count_items)
+            else items.ItemCounter(count_items, ignore_index, self.shift_labels, self.loss_fn)
+        )
+        self._custom_counter = custom_counter  # a callable may need the inputs: no targets-only path
+
+    def _reset_progress(self) -> None:
+        """Progress, all of it at the last window boundary: a new trainer's, before a fit or a
+        resume sets it."""
         self.epoch = 0
         self.batch_in_epoch = 0  # loaded batches of the current epoch already stepped on
+        self.window_in_epoch = 0  # windows (optimizer steps) of the current epoch, the same on every rank
+        self.samples_in_epoch = 0  # samples of those windows over all ranks: the global position
+        self._window_sizes: list[int] | None = None  # this rank's batches per window (epoch_windows)
+        self._pending_position: dict[str, Any] | None = None  # a checkpoint's progress, to place the resume
         self.global_step = 0
         self.skipped_steps = 0
         self.consecutive_skips = 0  # skipped steps since the last applied one
@@ -253,8 +298,6 @@ class Trainer:
         self._last_metrics: dict[str, float] = {}
         self._largest_batch = 0  # samples of the largest loaded batch seen (OOM messages)
         self._window_was_last = False  # DDP: the window just stepped ends the epoch on every rank
-        self._ddp = distributed.ddp_wrapped(self.model)
-        self._history = FitHistory()
 
     # ----------------------------------------------------------------------------- fit
     def fit(
@@ -312,7 +355,7 @@ class Trainer:
             if val_loader is not None:
                 self._evaluate(val_loader, scheduled=True)
             self.epoch += 1
-            self.batch_in_epoch = 0
+            self.batch_in_epoch = self.window_in_epoch = self.samples_in_epoch = 0
             # The next epoch starts from here: its loader's generators as they are now.
             self._epoch_start = None  # (freed first: the capture copies RNG states)
             self._epoch_start = loader_state.capture(train_loader)
@@ -339,6 +382,7 @@ class Trainer:
         stateful = self._stateful_dataset = loader_state.stateful_dataset(loader)
         batches = self._epoch_batches(loader, may_stop)
         batches_per_epoch = loader_state.batches_per_epoch(loader)
+        sizes = self._window_sizes  # a windowed sampler's: this rank's share of each global window
         while True:
             started = time.perf_counter()
             if may_stop and self._rng_at_boundary is None:
@@ -347,11 +391,17 @@ class Trainer:
                 self._rng_at_boundary = capture_rng_state()
             if stateful is not None:  # ... and the dataset's position too
                 self._dataset_at_boundary = stateful.state_dict()
-            window = list(itertools.islice(batches, steps_per_window))
+            if sizes is None:
+                size = steps_per_window
+            else:  # under DDP a rank may have none in a window (or none left): it joins with none
+                size = sizes[self.window_in_epoch] if self.window_in_epoch < len(sizes) else 0
+            window = list(itertools.islice(batches, size))
             if not window and not self._ddp:
                 return "epoch"  # under DDP the ranks agree on that in the window's all-reduce
             left = None
-            if self._ddp and batches_per_epoch is not None:
+            if sizes is not None:
+                left = max(len(sizes) - self.window_in_epoch - 1, 0)
+            elif self._ddp and batches_per_epoch is not None:
                 left = math.ceil(max(batches_per_epoch - self.batch_in_epoch - len(window), 0) / steps_per_window)
             outcome = self._run_window(window, left)
             if outcome == STOPPED:
@@ -360,6 +410,8 @@ class Trainer:
                 return "epoch"
             assert isinstance(outcome, StepOutcome)
             self.batch_in_epoch += len(window)
+            self.window_in_epoch += 1
+            self.samples_in_epoch += round(float(outcome.samples))
             window = []  # free this window's batches before the next window is read
             step_metrics = self._step(outcome, started)
             self._rng_at_boundary = self._dataset_at_boundary = None
@@ -386,6 +438,7 @@ class Trainer:
             batch_sampler.set_epoch(self.epoch)
         elif hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)  # e.g. DistributedSampler
+        self._place_in_windows(epoch_windows.windowed_sampler(loader))
         self._sampler_state = (
             batch_sampler.state_dict() if hasattr(batch_sampler, "state_dict") else None
         )
@@ -421,6 +474,26 @@ class Trainer:
             restore_rng_state(pending_rng)
         self._rng_at_boundary = None
         return batches
+
+    def _place_in_windows(self, sampler: Any | None) -> None:
+        """Tell a windowed sampler this epoch's accumulation steps; on a resume inside the
+        epoch, start from the checkpoint's window, found by its global position (rule 14), so
+        that a checkpoint of 2 ranks resumes on 1 or 3 with the next global window."""
+        position, self._pending_position = self._pending_position, None
+        if position is not None and int(position.get("batch_in_epoch", 0)) > 0:
+            _check_world_carries_over(position, sampler is not None and epoch_windows.covers_world(sampler))
+        if sampler is None:
+            self._window_sizes = None
+            return
+        layout = epoch_windows.configure(sampler, self.schedule.at(self.epoch), self._ddp)
+        self._window_sizes = layout.sizes()
+        if position is None or not (self.batch_in_epoch or position.get("window_in_epoch")):
+            return
+        global_order = epoch_windows.covers_world(sampler)
+        self.window_in_epoch = epoch_windows.resume_window(layout, position, self.batch_in_epoch, global_order)
+        self.batch_in_epoch = sum(self._window_sizes[: self.window_in_epoch])
+        if global_order:
+            self.samples_in_epoch = layout.samples_before(self.window_in_epoch)
 
     def _iterate(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
         """A new iterator over the loader, past its first ``skip`` batches (skipped now)."""
@@ -494,7 +567,7 @@ class Trainer:
                 "split": self.oom_split,
                 "step": self.global_step,
             }
-            self._emit(
+            self.emit(
                 "oom_backoff",
                 f"out of memory: micro-batch size now {data['micro_batch_size']}, "
                 f"{data['accumulation_steps']} micro-batches per step (same effective batch)",
@@ -514,7 +587,7 @@ class Trainer:
         self.shift_labels = shift
         if isinstance(self.count_items, items.ItemCounter):
             self.count_items.shift = shift
-        self._emit(
+        self.emit(
             "shift_labels_detected",
             f"the model's own loss scores its labels {'shifted (labels[..., 1:])' if shift else 'in place'}: "
             f"counting them so (pass Trainer(shift_labels=...) to set it)",
@@ -524,7 +597,7 @@ class Trainer:
     def _step(self, outcome: StepOutcome, started: float) -> dict[str, float]:
         self.global_step += 1
         if outcome.empty:
-            self._emit(
+            self.emit(
                 "empty_window",
                 "a window without items (every target ignore_index): no optimizer step, no "
                 "scheduler step",
@@ -535,7 +608,7 @@ class Trainer:
             if self.on_nonfinite == "fail":
                 raise self._nonfinite_error(f"step {self.global_step}: {metric} is {value}", metric, value)
             self._count_skip()
-            self._emit(
+            self.emit(
                 "nonfinite_step_skipped",
                 f"step {self.global_step} skipped: {metric} is {value} (no optimizer or "
                 "scheduler step)",
@@ -544,7 +617,7 @@ class Trainer:
             )
         elif outcome.skipped:
             self._count_skip()
-            self._emit(
+            self.emit(
                 "fp16_step_skipped",
                 "fp16 step skipped: inf/nan gradients; the loss scale was lowered",
                 {"step": self.global_step, "loss_scale": outcome.loss_scale or 0.0},
@@ -573,6 +646,7 @@ class Trainer:
         peak = metrics.take_peak_memory(self.device)  # this step's own peak
         if peak is not None:
             step_metrics["peak_memory_bytes"] = peak
+            step_metrics.update(metrics.rank_peaks(peak, self.device))
         if outcome.loss_scale is not None:
             step_metrics["loss_scale"] = outcome.loss_scale
         self._last_metrics = step_metrics
@@ -589,7 +663,7 @@ class Trainer:
         if step is None:
             where = "no checkpoint was written before it"
         elif self.checkpoint_dir is not None:
-            path = self.checkpoint_dir / f"{step}.pt"
+            path = self.checkpoint_dir / (str(step) if self.sharded else f"{step}.pt")
             where = f"the last checkpoint with finite values is {path} (step {step})"
         else:
             where = f"the last finite state is the one this run resumed from (step {step})"
@@ -618,7 +692,9 @@ class Trainer:
         self.callbacks.on_eval(self, eval_metrics)
         return eval_metrics
 
-    def _emit(self, kind: str, message: str, data: dict[str, Any]) -> None:
+    def emit(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        """Record a notable event in the fit's history (``FitHistory.events``) and pass it to
+        every callback's ``on_event``; a callback may emit its own (``CompileWatch`` does)."""
         self._history.events.append({"kind": kind, "message": message, "data": data})
         self.callbacks.on_event(self, kind, message, data)
 
@@ -627,7 +703,7 @@ class Trainer:
         if self.schedule.max_steps > 1 and any(
             isinstance(m, batchnorm) and m.training for m in self.model.modules()
         ):
-            self._emit(
+            self.emit(
                 "batchnorm_warning",
                 "the model has BatchNorm layers: in train mode they normalise each micro-batch "
                 "on its own statistics, so accumulation is not exactly equivalent to the big batch",
@@ -638,14 +714,14 @@ class Trainer:
         reason = loader_state.inexact_reason(loader)
         self._resume_exact = reason is None
         if reason is not None:
-            self._emit(
+            self.emit(
                 "resume_inexact",
                 f"a run resumed from this run's checkpoints will not be bitwise the same: {reason}",
                 {"reason": reason},
             )
 
     def checkpoint(self) -> CheckpointInfo | None:
-        """Write ``checkpoint_dir/<step>.pt`` of the last window boundary now, e.g. after a
+        """Write ``checkpoint_dir/<step>.pt`` (sharded: the directory ``<step>/``) of the last window boundary now, e.g. after a
         ``fit`` that ``should_stop`` ended (the window it stopped in is dropped: ``state_dict``
         is that boundary's). Nothing when no step was trained yet, or this step already has
         its checkpoint (written by ``fit`` or the one it resumed from); None on other ranks."""
@@ -658,18 +734,12 @@ class Trainer:
     def _write_checkpoint(self) -> CheckpointInfo | None:
         assert self.checkpoint_dir is not None
         self._last_checkpoint_step = self.global_step
-        # DDP: every rank's RNG states and sampler state (shards differ in size by up to one
-        # sample) into rank 0's file; one collective, on every rank.
-        ranks = distributed.gather_objects({
-            "rng": serialise_rng_state(self._rng_at_boundary or capture_rng_state()),
-            "sampler": self._sampler_state,
-        })
+        if self.sharded:
+            return self._write_sharded_checkpoint()
+        ranks = self._gather_rank_states()
         if not distributed.is_main_process():
             return None
-        state = self.state_dict()
-        if ranks:
-            state["rng"]["ranks"] = [own["rng"] for own in ranks]
-            state["loader"]["sampler_ranks"] = [own["sampler"] for own in ranks]
+        state = _with_rank_states(self.state_dict(), ranks)
         info = save_checkpoint(
             state, self.checkpoint_dir / f"{self.global_step}.pt",
             metrics=self._last_metrics, fsync=self.checkpoint_fsync,
@@ -678,19 +748,49 @@ class Trainer:
         self.callbacks.on_checkpoint(self, info)
         return info
 
+    def _write_sharded_checkpoint(self) -> CheckpointInfo | None:
+        """FSDP: ``checkpoint_dir/<step>/``, every rank writing its own shards (a collective);
+        the trainer state (with every rank's RNG states) in the same directory."""
+        assert self.checkpoint_dir is not None
+        state = _with_rank_states(self.state_dict(include_model=False), self._gather_rank_states())
+        state["progress"]["world_size"] = distributed.world_size()
+        info = sharded_checkpoint.save(
+            self.checkpoint_dir / str(self.global_step), self.model, self.optimizer, state,
+            metrics=self._last_metrics, fsync=self.checkpoint_fsync,
+        )
+        files = sharded_checkpoint.rank_files(self.checkpoint_dir / str(self.global_step), distributed.rank())
+        self.callbacks.on_shards(self, self.global_step, files)
+        if info is None:
+            return None
+        self._history.checkpoints.append(info)
+        self.callbacks.on_checkpoint(self, info)
+        return info
+
+    def _gather_rank_states(self) -> list[dict[str, Any]] | None:
+        """Every rank's RNG states and sampler state (shards differ in size by up to one
+        sample), for rank 0's checkpoint; one collective, on every rank; None in one process."""
+        return distributed.gather_objects({
+            "rng": serialise_rng_state(self._rng_at_boundary or capture_rng_state()),
+            "sampler": self._sampler_state,
+        })
+
     # -------------------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed for exact resume, as of the last window boundary."""
+    def state_dict(self, include_model: bool = True) -> dict[str, Any]:
+        """Everything needed for exact resume, as of the last window boundary (a sharded
+        model's and its optimizer's entries hold this rank's shards). ``include_model=False``:
+        without the model and optimizer (None), which a sharded checkpoint stores apart."""
         return {
             "format": STATE_FORMAT,
-            "model": distributed.unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": distributed.unwrap(self.model).state_dict() if include_model else None,
+            "optimizer": self.optimizer.state_dict() if include_model else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.precision.state_dict(),
             "rng": serialise_rng_state(self._rng_at_boundary or capture_rng_state()),
             "progress": {
                 "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch,
+                "window_in_epoch": self.window_in_epoch,
+                "samples_in_epoch": self.samples_in_epoch,
                 "step": self.global_step,
                 "skipped_steps": self.skipped_steps,
                 "consecutive_skips": self.consecutive_skips,
@@ -718,6 +818,10 @@ class Trainer:
         progress = state["progress"]
         self.epoch = int(progress["epoch"])
         self.batch_in_epoch = int(progress["batch_in_epoch"])
+        # Absent before format 2 gained them: then found from batch_in_epoch (epoch_windows).
+        self.window_in_epoch = int(progress.get("window_in_epoch", 0))
+        self.samples_in_epoch = int(progress.get("samples_in_epoch", 0))
+        self._pending_position = dict(progress)
         self.global_step = int(progress["step"])
         self.skipped_steps = int(progress["skipped_steps"])
         self.consecutive_skips = int(progress.get("consecutive_skips", 0))  # format 1 had none
@@ -763,6 +867,63 @@ def _check_model_and_optimizer(model: Any, optimizer: Any, loss_fn: Any) -> None
             "none of the optimizer's parameters belong to the model: it would train nothing. "
             "Build the optimizer on this model's parameters (after copying or wrapping it), "
             "e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
+        )
+
+
+def _with_rank_states(state: dict[str, Any], ranks: list[dict[str, Any]] | None) -> dict[str, Any]:
+    if ranks:
+        state["rng"]["ranks"] = [own["rng"] for own in ranks]
+        state["loader"]["sampler_ranks"] = [own["sampler"] for own in ranks]
+    return state
+
+
+def _check_settings(
+    *, on_nonfinite: str, max_consecutive_skips: int, verify_memory_limit_bytes: int | None,
+    grad_clip_norm: float | None, checkpoint_every: int | None, checkpoint_dir: str | Path | None,
+) -> None:
+    """The Trainer's numeric and policy arguments, each refused with what it takes."""
+    if on_nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(f"on_nonfinite must be 'fail' or 'skip', got {on_nonfinite!r}")
+    if max_consecutive_skips < 1:
+        raise ValueError(f"max_consecutive_skips must be >= 1, got {max_consecutive_skips}")
+    if verify_memory_limit_bytes is not None and verify_memory_limit_bytes < 1:
+        raise ValueError(f"verify_memory_limit_bytes must be >= 1 or None, got {verify_memory_limit_bytes}")
+    if grad_clip_norm is not None and not grad_clip_norm > 0:
+        raise ValueError(f"grad_clip_norm must be > 0 or None, got {grad_clip_norm}")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1 optimizer steps, got {checkpoint_every}")
+    if checkpoint_every is not None and checkpoint_dir is None:
+        raise ValueError("checkpoint_every needs checkpoint_dir: pass Trainer(checkpoint_dir=...)")
+
+
+def _check_world_carries_over(progress: dict[str, Any], global_order: bool) -> None:
+    """A checkpoint written inside an epoch by another number of ranks resumes only with a
+    loader that orders every rank's data (make_loader(rank=, world=)): a rank's position in its
+    own shard does not carry over."""
+    saved_world = int(progress.get("world_size", distributed.world_size()))
+    if saved_world == distributed.world_size() or global_order:
+        return
+    raise ValueError(
+        f"this checkpoint was written by {saved_world} ranks inside an epoch (step "
+        f"{progress['step']}); each rank's position in its own shard does not carry over to "
+        f"{distributed.world_size()} ranks: resume it with {saved_world} ranks, from a checkpoint "
+        "at an epoch's end, or train with make_loader(rank=..., world=...), whose global order "
+        "does carry over"
+    )
+
+
+def _check_sharded(model: torch.nn.Module, precision: str, verify_window: bool | str) -> None:
+    """Refuse what a sharded (FSDP) model cannot do exactly, naming what it can."""
+    if precision == "fp16":
+        raise ValueError(
+            "precision='fp16' (GradScaler) is not supported on a sharded (FSDP) model; use "
+            "precision='bf16', or shard with mixed_precision=True (bf16 parameters, fp32 reductions)"
+        )
+    if verify_window:
+        raise ValueError(
+            "verify_window cannot run on a sharded (FSDP) model: the big-batch comparison needs "
+            "the whole model in one process. Pass verify_window=False (the sharded window's "
+            "exactness is tested in accumcore's FSDP tests), or check the unsharded model"
         )
 
 

@@ -117,7 +117,7 @@ def verify(trainer: Any, micro_batches: list[MicroBatch], first: bool) -> bool:
     passed = data["passed"]
     message = _message(data)
     if distributed.is_main_process():
-        trainer._emit("exactness_check", message, data)
+        trainer.emit("exactness_check", message, data)
     if passed is False and trainer.verify_window in (True, "strict"):
         raise ExactnessError(message + ". Pass verify_window='warn' to train anyway",
                              rel_error=data["rel_error"], tolerance=TOLERANCE, cause=data["cause"] or "unknown")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from accumcore import distributed, items
+from accumcore import distributed, items, sharding
 from accumcore.device_feed import DeviceFeed
 from accumcore.oom import MicroBatchTooSmall, is_oom, release_memory
 from accumcore.precision import Precision
@@ -93,7 +93,11 @@ def _pending_micro_batches(
     if split == 1:  # the common case: the loaded batch is the micro-batch, no new objects
         if not batch.indices:
             return []
-        count = items.normalise_count(counter(None, batch.targets))
+        source = batch.source
+        if source.count_for is not None and counter is source.count:
+            count: int | float | torch.Tensor = source.count_for(batch.indices)  # no targets read
+        else:
+            count = items.normalise_count(counter(None, batch.targets))
         return [MicroBatch(None, None, count, len(batch.indices), batch)]
     result = []
     for indices, targets in zip(split_indices(batch.indices, split), items.split(batch.targets, split), strict=True):
@@ -109,6 +113,18 @@ def _pending_micro_batches(
 # rank, under DDP), or, under DDP, no rank has a micro-batch left in this epoch.
 STOPPED = "stopped"
 EXHAUSTED = "exhausted"
+
+
+@dataclass
+class _Agreement:
+    """The ranks' agreement on a window (``WindowRunner._agree``)."""
+
+    total_items: float | torch.Tensor
+    total_samples: float | torch.Tensor
+    weight_factor: int  # DDP/FSDP average gradients over ranks: the loss is scaled back up
+    manual_sync: bool  # some rank has no micro-batch: its gradients are averaged at the step
+    last_window: bool  # every rank's loader says this window ends the epoch
+    passes: int  # forward/backward passes every rank runs (FSDP: the busiest rank's count)
 
 
 class WindowRunner:
@@ -131,6 +147,7 @@ class WindowRunner:
         precision: Precision,
         device: torch.device,
         should_stop: Callable[[], bool] | None,
+        fsdp_sync: str = sharding.DEFAULT_SYNC,
     ) -> None:
         self.model = model
         self.loss_fn = loss_fn
@@ -138,6 +155,12 @@ class WindowRunner:
         self.device = device
         self.should_stop = should_stop
         self.ddp = distributed.ddp_wrapped(model)
+        # FSDP (rule 13): every rank runs as many passes as the rank with the most
+        # micro-batches; "window" defers the reduce-scatter to the window's last pass.
+        self.sharded = sharding.is_sharded(model)
+        self.defer_sync = self.sharded and sharding.check_sync_mode(fsdp_sync) == "window"
+        self.collective = self.ddp or self.sharded  # the window's counts are all-reduced
+        self.empty_inputs: Any = None  # FSDP: 0 rows of an earlier micro-batch, for extra passes
         self.feed = DeviceFeed(device)
 
     def run(self, micro_batches: list[MicroBatch], windows_left: int | None = None) -> WindowResult | str:
@@ -145,36 +168,11 @@ class WindowRunner:
         ``EXHAUSTED`` when (DDP) no rank has a micro-batch left. ``windows_left``: how many
         windows this rank's loader has after this one, when its length says so (DDP: every
         rank then knows which window is the epoch's last without one more all-reduce)."""
-        local_items: float | torch.Tensor = sum(mb.items for mb in micro_batches)
-        local_samples = sum(mb.samples for mb in micro_batches)
-        total_items: float | torch.Tensor = local_items
-        total_samples: float | torch.Tensor = local_samples
-        weight_factor = 1
-        manual_sync = False
-        last_window = False
-        if self.ddp:
-            # One small all-reduce per window; DDP then averages gradients over ranks, which
-            # the world_size factor undoes. should_stop is polled here, once per window, so
-            # that no rank leaves a window the others are in. Each rank also writes, in its
-            # own slot, 1 + the windows its loader has left (0: unknown).
-            stop = self.should_stop is not None and self.should_stop()
-            world, rank = distributed.world_size(), distributed.rank()
-            slots = [0.0] * world
-            slots[rank] = 0.0 if windows_left is None else windows_left + 1.0
-            reduced = distributed.all_reduce_sum(
-                [local_items, local_samples, 1.0 if micro_batches else 0.0, 1.0 if stop else 0.0, *slots],
-                distributed.comm_device(self.model),
-            ).tolist()  # the flags decide what every rank does next: read them here
-            total_items, total_samples, ranks_with_data, stops = reduced[:4]
-            if stops > 0:
-                return STOPPED
-            if ranks_with_data == 0:
-                return EXHAUSTED
-            weight_factor = world
-            manual_sync = ranks_with_data < world
-            last_window = min(reduced[4:]) > 0 and max(reduced[4:]) == 1
-        elif self.should_stop is not None and self.should_stop():
-            return STOPPED
+        agreed = self._agree(micro_batches, windows_left)
+        if isinstance(agreed, str):
+            return agreed
+        total_items, total_samples = agreed.total_items, agreed.total_samples
+        weight_factor, manual_sync, passes = agreed.weight_factor, agreed.manual_sync, agreed.passes
         # W == 0 only when every micro-batch is empty too; then every weight is 0 anyway.
         divisor: float | torch.Tensor = (
             torch.where(total_items > 0, total_items, 1)
@@ -200,10 +198,12 @@ class WindowRunner:
             # Drop the previous micro-batch's tensors before loading the next, so that only
             # the current micro-batch's inputs are alive (on the device, on CUDA).
             inputs = targets = outputs = loss = loaded = None
-            if index and not self.ddp and self.should_stop is not None and self.should_stop():
+            if index and not self.collective and self.should_stop is not None and self.should_stop():
                 return STOPPED
             try:
                 loaded, inputs, targets = next(feed)
+                if self.defer_sync:
+                    sharding.defer_gradient_sync(self.model, index < passes - 1)
                 with distributed.no_sync(self.model, synced and index < last):
                     with self.precision.autocast():
                         outputs = items.forward(module, inputs)
@@ -212,20 +212,71 @@ class WindowRunner:
                     in_sync_backward = synced and index == last
                     self._backward(mb, loss, outputs, weight_factor, divisor, losses, counts)
             except RuntimeError as exc:
-                if not self.ddp or not is_oom(exc):
-                    raise  # single process: the trainer backs off and restarts the window
-                if in_sync_backward:
-                    raise MicroBatchTooSmall(
-                        "out of memory inside DDP's gradient all-reduce (the window's last "
-                        "backward): the ranks cannot back off together from there; lower "
-                        "micro_batch_size or use precision='bf16'"
-                    ) from None
+                self._check_droppable(exc, in_sync_backward)
                 inputs = targets = outputs = loss = None
                 return self._drop_window(micro_batches, loaded, synced, total_items, total_samples, manual_sync)
+        if self.sharded:
+            self.empty_inputs = items.empty_rows(loaded) if loaded is not None else self.empty_inputs
+            inputs = targets = outputs = loss = loaded = None
+            self._zero_weight_passes(len(micro_batches), passes)
         return WindowResult(
             _weighted_sum(losses, counts), total_items, total_samples, len(micro_batches), manual_sync,
-            last_window=last_window,
+            last_window=agreed.last_window,
         )
+
+    def _agree(self, micro_batches: list[MicroBatch], windows_left: int | None) -> _Agreement | str:
+        """What every rank needs to know before the window's first forward: the window's item
+        and sample totals, whether to stop (``STOPPED``) or the epoch is over (``EXHAUSTED``),
+        how gradients sync, whether this is the epoch's last window, and (FSDP) how many passes
+        every rank runs; one process agrees with itself."""
+        local_items: float | torch.Tensor = sum(mb.items for mb in micro_batches)
+        local_samples = sum(mb.samples for mb in micro_batches)
+        if not self.collective:
+            if self.should_stop is not None and self.should_stop():
+                return STOPPED
+            return _Agreement(local_items, local_samples, 1, False, False, len(micro_batches))
+        # One small all-reduce per window; DDP then averages gradients over ranks, which the
+        # world_size factor undoes. should_stop is polled here, once per window, so that no rank
+        # leaves a window the others are in. Each rank also writes, in its own slot, 1 + the
+        # windows its loader has left (0: unknown), and (FSDP) the count of its micro-batches
+        # (the window's passes: the largest).
+        stop = self.should_stop is not None and self.should_stop()
+        world, rank = distributed.world_size(), distributed.rank()
+        slots = [0.0] * (2 * world)
+        slots[rank] = 0.0 if windows_left is None else windows_left + 1.0
+        slots[world + rank] = float(len(micro_batches))
+        reduced = distributed.all_reduce_sum(
+            [local_items, local_samples, 1.0 if micro_batches else 0.0, 1.0 if stop else 0.0, *slots],
+            distributed.comm_device(self.model),
+        ).tolist()  # the flags decide what every rank does next: read them here
+        total_items, total_samples, ranks_with_data, stops = reduced[:4]
+        if stops > 0:
+            return STOPPED
+        if ranks_with_data == 0:
+            return EXHAUSTED
+        left = reduced[4 : 4 + world]
+        return _Agreement(
+            total_items, total_samples, world, self.ddp and ranks_with_data < world,
+            min(left) > 0 and max(left) == 1, int(max(reduced[4 + world :])),
+        )
+
+    def _check_droppable(self, exc: RuntimeError, in_sync_backward: bool) -> None:
+        """Re-raise ``exc`` unless it is an out-of-memory error a DDP window can drop (every
+        rank then backs off together); single process: the trainer backs off itself."""
+        if self.sharded and is_oom(exc):
+            raise MicroBatchTooSmall(
+                "out of memory inside a sharded (FSDP) window: its ranks cannot back off "
+                "together from inside FSDP's collectives; lower micro_batch_size, or shard "
+                "with cpu_offload=True or mixed_precision=True"
+            ) from None
+        if not self.ddp or not is_oom(exc):
+            raise exc
+        if in_sync_backward:
+            raise MicroBatchTooSmall(
+                "out of memory inside DDP's gradient all-reduce (the window's last "
+                "backward): the ranks cannot back off together from there; lower "
+                "micro_batch_size or use precision='bf16'"
+            ) from None
 
     def _backward(
         self,
@@ -254,7 +305,7 @@ class WindowRunner:
             weight = mb.items * weight_factor / divisor
         losses.append(loss.detach())
         counts.append(mb.items)
-        self.precision.backward(loss * weight)
+        self.precision.backward_weighted(loss, weight)
 
     def _drop_window(
         self,
@@ -283,18 +334,36 @@ class WindowRunner:
 
     def _empty_sync_pass(self, loaded: Any) -> None:
         """Forward and backward a batch of 0 samples through DDP: every parameter gets a zero
-        gradient, so this rank takes part in the gradient all-reduce. Buffers (BatchNorm
-        statistics of an empty batch) are put back afterwards."""
+        gradient, so this rank takes part in the gradient all-reduce."""
+        self._empty_pass(items.empty_rows(loaded))
+        distributed.unwrap(self.model).zero_grad(set_to_none=True)
+
+    def _zero_weight_passes(self, done: int, passes: int) -> None:
+        """FSDP: the passes this rank lacks to join the window's all-gathers and
+        reduce-scatters, each on 0 rows (an exact zero gradient); the last one syncs."""
+        if done < passes and self.empty_inputs is None:
+            raise RuntimeError(
+                "this FSDP rank has had no micro-batch yet but must join the other ranks' passes: "
+                "give every rank at least one micro-batch in the first window (shard the data so "
+                "that no rank's shard is empty)"
+            )
+        for index in range(done, passes):
+            if self.defer_sync:
+                sharding.defer_gradient_sync(self.model, index < passes - 1)
+            self._empty_pass(self.empty_inputs)
+
+    def _empty_pass(self, empty_inputs: Any) -> None:
+        """Forward and backward a batch of 0 samples with an exact zero loss. Buffers
+        (BatchNorm statistics of an empty batch) are put back afterwards."""
         module = distributed.unwrap(self.model)
         buffers = [(b, b.detach().clone()) for b in module.buffers()]
-        inputs = items.to_device(items.empty_rows(loaded), self.device)
+        inputs = items.to_device(empty_inputs, self.device)
         with self.precision.autocast():
             outputs = items.forward(self.model, inputs)
         self.precision.backward(_zero_through(outputs))
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)
-        module.zero_grad(set_to_none=True)
 
 
 def _check_scalar(loss: Any) -> None:
@@ -313,9 +382,12 @@ def _weighted_sum(
     if not losses:
         return None
     numbers = not any(isinstance(c, torch.Tensor) for c in counts)
-    if losses[0].device.type == "cpu" and numbers:
+    if numbers and losses[0].is_cpu:
         # On the CPU reading a value is no device sync, and cheaper than tensor ops.
-        return sum(loss.item() * count for loss, count in zip(losses, counts, strict=True))
+        total = 0.0
+        for loss, count in zip(losses, counts, strict=True):
+            total += loss.item() * float(count)  # (what float * int converts it to anyway)
+        return total
     if numbers:
         scalars = [float(c) for c in counts]
         return torch.stack(torch._foreach_mul(losses, scalars)).sum()

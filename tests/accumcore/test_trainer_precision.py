@@ -117,3 +117,30 @@ def test_clipping_uses_and_reports_the_pre_clip_norm() -> None:
     for p, q, g in zip(model.parameters(), reference.parameters(), grads, strict=True):
         expected = q.detach() - 0.1 * g * (max_norm / (norm + 1e-6))
         assert torch.allclose(p, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_weight_as_the_backward_seed_gives_the_products_gradients_bitwise(dtype: torch.dtype) -> None:
+    """``Precision.backward_weighted(loss, w)`` seeds the loss's backward with ``w`` instead of
+    multiplying (float32/float64 losses): every gradient is bitwise the one of
+    ``(loss * w).backward()``, for item weights n_i x world / W of many sizes (bfloat16 takes
+    the product, and so must match too)."""
+    from accumcore.precision import Precision
+
+    generator = torch.Generator().manual_seed(0)
+    precision = Precision("fp32", torch.device("cpu"))
+    model = nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4)).to(dtype)
+    for n_i, world, total in [(1, 1, 3), (7, 1, 29), (5, 2, 41), (8, 3, 1000003), (3, 1, 3)]:
+        x = torch.randn(8, 16, generator=generator).to(dtype)
+        y = torch.randint(0, 4, (8,), generator=generator)
+        grads = []
+        for seeded in (False, True):
+            model.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(x), y)
+            weight = n_i * world / total
+            if seeded:
+                precision.backward_weighted(loss, weight)
+            else:
+                (loss * weight).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))

@@ -31,6 +31,7 @@ from trainer_reference import (
 
 from accumcore import Trainer
 from accumcore.data import make_loader
+from accumcore.device_feed import DeviceFeed
 from accumcore.schedule import AccumulationSchedule
 from accumcore.window_source import reads_window_ahead, target_source
 
@@ -199,27 +200,27 @@ def test_a_targets_for_hook_that_disagrees_with_the_data_is_a_clear_error() -> N
 
 
 @pytest.mark.parametrize("hook", [True, False], ids=["targets_for", "read_ahead"])
-def test_only_the_current_micro_batch_is_moved_to_the_device(hook: bool, monkeypatch) -> None:
+def test_only_the_current_micro_batch_is_moved_to_the_device(hook: bool) -> None:
     # On CUDA each micro-batch is copied to the device just before its forward; read-ahead
-    # batches stay on the host. Stand in for the copy with a clone and count live copies.
+    # batches stay on the host. Stand in for the device copy (the trainer's feed on the CPU
+    # leaves host tensors as they are) with a clone, and count live copies.
     copies = LiveInputs()
 
-    def to_device(value, device):
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            copy_ = value.clone()
-            copies.live += 1
-            copies.most = max(copies.most, copies.live)
-            weakref.finalize(copy_, copies._freed)
-            return copy_
-        return value
+    def to_device(pair):
+        copy_ = pair[0].clone()
+        copies.live += 1
+        copies.most = max(copies.most, copies.live)
+        weakref.finalize(copy_, copies._freed)
+        return copy_, pair[1]
 
-    monkeypatch.setattr("accumcore.window.items.to_device", to_device)
     x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
     loader = make_loader(TensorDataset(x, y), 2, seed=0, collate_fn=lambda batch: default_collate(batch))
     if hook:
         loader.targets_for = lambda indices: y[indices]  # type: ignore[attr-defined]
     model = nn.Linear(4, 3)
-    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=4).fit(loader)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=4)
+    trainer._runner.feed = DeviceFeed(torch.device("cpu"), copy=to_device)
+    trainer.fit(loader)
     assert copies.most == 1
 
 
@@ -242,3 +243,31 @@ def test_targets_read_by_index_are_torch_indexing_exactly(dtype: torch.dtype) ->
         assert torch.equal(read([3]), targets[[3]])
     grad = torch.ones(4, requires_grad=True)  # numpy refuses it: torch's indexing
     assert torch.equal(rows_of(grad)([1, 2]), grad[[1, 2]])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool, torch.float32,
+                                   torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("mode", [None, "tokens", "rows"])
+def test_counts_from_indices_are_the_counters_own(dtype: torch.dtype, mode: str | None) -> None:
+    """``indexed_count`` counts a micro-batch from its indices (no targets tensor made): the
+    same n_i as the trainer's ``ItemCounter`` on ``targets[indices]``, ignored targets
+    (-100, and 255 for uint8) and in-place changes included; None where it cannot tell."""
+    from accumcore.items import ItemCounter
+    from accumcore.window_source import indexed_count
+
+    ignore = 255 if dtype == torch.uint8 else -100
+    for shape in ((50,), (50, 7)):
+        targets = (torch.arange(int(np.prod(shape))).reshape(shape) % 5).to(dtype)
+        if not (dtype.is_floating_point or dtype == torch.bool):
+            targets[::4] = ignore
+        counter = ItemCounter(mode, ignore, False, nn.CrossEntropyLoss())
+        count = indexed_count(targets, counter)
+        if len(shape) > 1 or dtype == torch.bfloat16:
+            assert count is None  # counted from its targets
+            continue
+        assert count is not None
+        for indices in ([3], [4, 8], [49, 0, 7, 7, 12], list(range(50))[::-3]):
+            assert count(indices) == counter(None, targets[indices])
+        targets[3] = ignore if not (dtype.is_floating_point or dtype == torch.bool) else targets[3]
+        assert count([3, 5]) == counter(None, targets[[3, 5]])
+    assert indexed_count(torch.arange(4), lambda _inputs, targets: len(targets)) is None  # a user's counter

@@ -19,8 +19,8 @@ from job_specs import MINIMAL_SPEC
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.main import create_app
+from services.jobdb import tokens
 from services.settings import Settings
-from services.store import tokens
 
 
 @pytest.fixture

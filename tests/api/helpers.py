@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import leases
-from services.store.models import Job
+from services.jobdb import leases
+from services.jobdb.models import Job
 
 PROBLEM_JSON = "application/problem+json"
 

@@ -15,8 +15,8 @@ from sqlalchemy.pool import NullPool
 
 from services.api.auth import MAX_ADDRESS_LENGTH, CurrentOwner, get_current_owner
 from services.api.main import create_app
+from services.jobdb.models import AuthFailure
 from services.settings import Settings
-from services.store.models import AuthFailure
 
 from .helpers import PROBLEM_JSON, jobs_stored
 

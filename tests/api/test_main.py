@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.main import ROUTE_THREADS, create_app
+from services.jobdb import jobs, leases, tokens
+from services.jobdb.models import Job
+from services.jobdb.types import utcnow
 from services.settings import Settings
-from services.store import jobs, leases, tokens
-from services.store.models import Job
-from services.store.types import utcnow
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.api.schemas import CheckpointPublic, EventPublic, JobPublic
-from services.store.models import Checkpoint, Job, JobEvent
+from services.jobdb.models import Checkpoint, Job, JobEvent
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -60,3 +60,16 @@ def test_events_and_checkpoints_answer_null_json_as_empty_objects() -> None:
 
     assert EventPublic.model_validate(event).data == {}
     assert CheckpointPublic.model_validate(checkpoint).metrics == {}
+
+
+def test_the_strategy_and_each_ranks_peak_memory_are_read_from_the_spec_and_metrics() -> None:
+    peaks = {"peak_memory_bytes": 300.0, "peak_memory_bytes_rank0": 300.0, "peak_memory_bytes_rank1": 280.0}
+    sharded = JobPublic.model_validate(job_row(spec={"gpus": 2, "strategy": "fsdp"}, latest_metrics=peaks))
+    replicated = JobPublic.model_validate(job_row(spec={"gpus": 2}))
+    offloaded = JobPublic.model_validate(job_row(spec={"gpus": 1, "strategy": "fsdp"}))
+    alone = JobPublic.model_validate(job_row(spec={"gpus": 1}, latest_metrics={"peak_memory_bytes": 9.0}))
+
+    assert (sharded.strategy, sharded.peak_memory_bytes_per_rank) == ("fsdp", [300.0, 280.0])
+    assert (replicated.strategy, replicated.peak_memory_bytes_per_rank) == ("ddp", None)
+    assert offloaded.strategy == "fsdp"  # one GPU with CPU offload is sharded too
+    assert (alone.strategy, alone.peak_memory_bytes_per_rank) == (None, None)

@@ -20,9 +20,9 @@ from job_specs import MINIMAL_SPEC
 from sqlalchemy.orm import Session, sessionmaker
 
 from accum import parse_sse
+from services.jobdb import events, leases, metrics, tokens
 from services.ports import free_port
 from services.settings import Settings
-from services.store import events, leases, metrics, tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api import sse
-from services.store import leases, metrics
-from services.store.models import Job
+from services.jobdb import leases, metrics
+from services.jobdb.models import Job
 
 
 class CountingSessions:

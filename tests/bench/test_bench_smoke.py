@@ -59,6 +59,11 @@ def test_bench_script_prints_valid_json_in_quick_mode(name: str, capsys, monkeyp
         # Even in quick mode the figure is real: ours is exact, the tutorial loop is not.
         assert result["measured"] <= 1e-6
         assert result["errors"]["tutorial_loop"]["short_last_window"] > 0.1
+        # 2 DDP ranks (forked under exactness_fsdp._run's timeout), one without a micro-batch in the last window.
+        assert result["corners"]["ddp_uneven_shards"]["accum"]["error"] <= 1e-12, result["corners"]
+        # Issue 29: FSDP on 2 gloo ranks with shards of 7 and 6, both sync modes, equals the big batch.
+        fsdp = result["corners"]["fsdp_uneven_shards"]
+        assert max(fsdp[mode]["error"] for mode in ("accum", "accum_window_sync")) <= 1e-12, fsdp
         # Issue 28: the LM head's shift told from its loss; every mistake caught with its fix.
         lm_head = result["unshifted_lm_head"]
         assert lm_head["accum"]["max_abs_diff"] <= 1e-12 < lm_head["accum_name_guess"]["max_abs_diff"]
@@ -85,6 +90,32 @@ def test_ddp_bench_runs_two_gloo_processes_in_quick_mode(tmp_path) -> None:
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     _check_common(result, "ddp_no_sync")
     assert result["step_s_no_sync"] > 0 and result["step_s_sync_every"] > 0
+
+
+def test_world_invariance_bench_runs_gloo_ranks_in_quick_mode() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.trainer.world_invariance", "--quick"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    _check_common(result, "world_invariance")
+    # Even in quick mode the figure is real: 2 and 3 ranks, and the resumes, match in float64.
+    assert set(result["float64"]["world_vs_one_process"]) == {"2", "3"}
+    assert result["measured"] <= 1e-12 and result["verdict"] == "pass"
+
+
+def test_fsdp_memory_bench_runs_each_mode_on_two_gloo_processes_in_quick_mode() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-W", "ignore::UserWarning", "-m", "bench.trainer.fsdp_memory", "--quick"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    _check_common(result, "fsdp_memory")
+    by_world = result["by_world"]["2"]
+    assert set(by_world["peak_mb"]) == {"ddp", "micro_batch", "window"}
+    assert all(value > 0 for value in [*by_world["peak_mb"].values(), *by_world["step_s"].values()])
 
 
 def test_run_all_renders_the_latest_real_row_of_each_bench(tmp_path, monkeypatch) -> None:

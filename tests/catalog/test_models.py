@@ -24,7 +24,7 @@ import torch
 
 from services.catalog import DATASETS, MODELS, compatible_datasets
 from services.catalog.build import build_dataset, build_loss, build_model
-from services.catalog.models import AdaptedImageModel, torchvision_input_side
+from services.catalog.builders.models import AdaptedImageModel, torchvision_input_side
 
 BATCH = 2
 

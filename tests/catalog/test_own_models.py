@@ -11,7 +11,7 @@ import torch
 
 from services.catalog import configured_dataset, require_dataset
 from services.catalog.build import build_loss, build_model, takes_keywords
-from services.catalog.own_models import CausalLMLoss
+from services.catalog.builders.own_models import CausalLMLoss
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

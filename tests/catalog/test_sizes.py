@@ -15,6 +15,7 @@ from services.catalog.sizes import MemoryEstimate, estimate_memory, model_size
 torch = pytest.importorskip("torch")
 
 from services.catalog.build import build_model  # noqa: E402
+from services.catalog.families.torchvision import TORCHVISION_MODELS  # noqa: E402
 from services.catalog.measure import (  # noqa: E402
     activation_elements,
     parameter_count,
@@ -22,7 +23,6 @@ from services.catalog.measure import (  # noqa: E402
     torchvision_row,
 )
 from services.catalog.model_sizes import TORCHVISION_SIZES  # noqa: E402
-from services.catalog.names import TORCHVISION_MODELS  # noqa: E402
 
 BUILTIN_CASES: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = [
     ("mlp", {}, "digits", {}),

@@ -78,15 +78,15 @@ class Seeder:
     """Writes what a worker would (metrics, checkpoint file + row) through the store functions."""
 
     def __init__(self, home: Path) -> None:
+        from services.jobdb.db import make_engine, make_session_factory
         from services.settings import Settings
-        from services.store.db import make_engine, make_session_factory
 
         self.settings = Settings(home=home)
         self.engine = make_engine(self.settings)
         self.sessions = make_session_factory(self.engine)
 
     def metrics(self, job_id: str, steps: int, names: tuple[str, ...] = ("loss",)) -> None:
-        from services.store.metrics import write_metrics
+        from services.jobdb.metrics import write_metrics
 
         rows = [
             {"name": name, "step": step, "epoch": 0, "value": 1.0 / step}
@@ -98,32 +98,39 @@ class Seeder:
 
     def rows(self, job_id: str, rows: list[dict[str, Any]], attempt: int = 1) -> None:
         """Metric rows as given (name, step, epoch, value, ts: the worker's own)."""
-        from services.store.metrics import write_metrics
+        from services.jobdb.metrics import write_metrics
 
         with self.sessions.begin() as session:
             write_metrics(session, job_id, attempt, rows)
 
     def claim(self, job_id: str, worker: str, now: Any = None) -> None:
         """The job taken by `worker` (a takeover when `now` is past the holder's lease)."""
-        from services.store.leases import claim_job
+        from services.jobdb.leases import claim_job
 
         with self.sessions.begin() as session:
             assert claim_job(session, job_id, worker, f"host-{worker}", None, 60, now=now)
 
     def event(self, job_id: str, kind: str, message: str, data: dict[str, Any], attempt: int) -> None:
-        from services.store.events import add_event
+        from services.jobdb.events import add_event
 
         with self.sessions.begin() as session:
             add_event(session, job_id, kind, message, data, attempt=attempt)
 
     def progress(self, job_id: str, step: int, latest: dict[str, Any], epoch: int = 0) -> None:
-        from services.store.leases import update_progress
+        from services.jobdb.leases import update_progress
 
         with self.sessions.begin() as session:
             update_progress(session, job_id, {"optimizer_step": step, "epoch": epoch}, latest)
 
+    def prints(self, job_id: str, attempt: int, lines: list[tuple[str, str]]) -> None:
+        """Lines the job's training printed, as the worker's capture stores them."""
+        from services.jobdb.job_logs import add_lines
+
+        with self.sessions.begin() as session:
+            add_lines(session, job_id, attempt, lines)
+
     def finish(self, job_id: str, worker: str, status: str, error: dict[str, Any] | None = None) -> None:
-        from services.store.leases import finish_job
+        from services.jobdb.leases import finish_job
 
         with self.sessions.begin() as session:
             assert finish_job(session, job_id, worker, status, error)
@@ -132,7 +139,7 @@ class Seeder:
         """A checkpoint file and its row; `sha256` overrides the recorded hash (corruption)."""
         import hashlib
 
-        from services.store.checkpoints import add_checkpoint
+        from services.jobdb.checkpoints import add_checkpoint
 
         path = self.settings.artifacts_path / job_id / f"{step}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,10 +17,10 @@ from job_specs import MINIMAL_SPEC
 
 from accum import AccumAPIError, AccumClient
 from services.artifacts import open_store
+from services.jobdb import checkpoints
+from services.jobdb.db import make_engine, make_session_factory
 from services.ports import free_port
 from services.settings import Settings
-from services.store import checkpoints
-from services.store.db import make_engine, make_session_factory
 
 
 @pytest.fixture

@@ -54,6 +54,20 @@ def test_submit_then_status_and_jobs(
     assert spec["name"] in row and "queued" in row
 
 
+def test_status_of_a_multi_node_job_shows_its_gang(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_spec: dict[str, Any],
+) -> None:
+    spec = {**tiny_spec, "name": "two-nodes", "nodes": 2, "gpus": 0}
+    code, out, _ = accum(capsys, "submit", str(write_spec(tmp_path, spec, ".json")), "--json")
+    assert code == 0, out
+    code, out, _ = accum(capsys, "status", json.loads(out)["id"])
+    assert code == 0
+    fields = dict(line.split(None, 1) for line in out.splitlines() if line.startswith(("batch", "nodes")))
+    assert fields["nodes"] == "0 of 2 joined, gang forming"
+    m, n = tiny_spec["micro_batch_size"], tiny_spec["accumulation_steps"]
+    assert fields["batch"] == f"{m} x {n} x CPU x 2 nodes = {m * n * 2}  (m x N x GPUs x nodes)"
+
+
 def test_cancel_prints_the_new_status(
     cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, tiny_spec: dict[str, Any]
 ) -> None:

@@ -21,7 +21,7 @@ from rich.progress import ProgressSample, Task, TaskID
 
 from accum import AccumClient
 from services.cli.watch import JobLine
-from services.store.types import utcnow
+from services.jobdb.types import utcnow
 
 WAIT_S = 30.0
 

@@ -15,8 +15,8 @@ from worker_rows import worker_row
 
 from accum import AccumClient
 from services.catalog import DATASETS, MODELS
-from services.store import workers as store_workers
-from services.store.models import Worker
+from services.jobdb import workers as store_workers
+from services.jobdb.models import Worker
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from api_process import running_api
 from skips import skip_or_fail
 from worker_stack import make_stack
 
-from services.store import tokens
+from services.jobdb import tokens
 
 from .deployment import Deployment
 

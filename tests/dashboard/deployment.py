@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 from worker_stack import Stack
 
-from services.store import checkpoints, events, leases, metrics
-from services.store.models import Job
-from services.store.types import utcnow
+from services.jobdb import checkpoints, events, job_logs, leases, metrics
+from services.jobdb.models import Job
+from services.jobdb.types import utcnow
 
 # A fake worker's lease outlives any test: the real worker never takes these jobs over.
 FAKE_LEASE_S = 3600
@@ -78,6 +78,11 @@ class Run:
             assert leases.claim_job(session, self.id, worker, "node-8", "cpu", FAKE_LEASE_S, now=later)
         return Run(self.stack, self.id, worker)
 
-    def finish(self, status: str, error: dict[str, str] | None = None) -> None:
+    def finish(self, status: str, error: dict[str, Any] | None = None) -> None:
         with self.stack.sessions.begin() as session:
             assert leases.finish_job(session, self.id, self.worker, status, error)
+
+    def prints(self, attempt: int, lines: list[tuple[str, str]]) -> None:
+        """Lines the job's training printed (``(stream, line)``), as the worker's capture stores them."""
+        with self.stack.sessions.begin() as session:
+            job_logs.add_lines(session, self.id, attempt, lines)

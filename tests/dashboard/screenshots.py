@@ -28,9 +28,9 @@ import httpx  # noqa: E402
 from api_process import running_api  # noqa: E402
 from worker_stack import make_stack  # noqa: E402
 
-from services.store import events, leases, metrics, tokens  # noqa: E402
-from services.store.models import Job  # noqa: E402
-from services.store.types import utcnow  # noqa: E402
+from services.jobdb import events, leases, metrics, tokens  # noqa: E402
+from services.jobdb.models import Job  # noqa: E402
+from services.jobdb.types import utcnow  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
@@ -103,7 +103,9 @@ def diverged(stack: Any) -> str:
                          {"traceback": "Traceback (most recent call last):\n  File \"accumcore/trainer.py\", "
                           "line 412, in fit\n    self._check_finite(loss)\naccumcore.NonFiniteError: " + message},
                          attempt=1)
-        leases.finish_job(session, job_id, "gpu0@node1", "failed", {"type": "NonFiniteError", "message": message})
+        stop = {"step": 31, "metric": "loss", "value": "NaN"}  # the structured error.nonfinite
+        leases.finish_job(session, job_id, "gpu0@node1", "failed",
+                          {"type": "NonFiniteError", "message": message, "nonfinite": stop})
     return job_id
 
 

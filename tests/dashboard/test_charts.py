@@ -25,7 +25,9 @@ def x_range(page: Any, chart: str) -> tuple[float, float]:
 def hover_step(page: Any, chart: str, step: float) -> None:
     """Put the cursor over `step` on `chart` (from the x range the chart says it draws)."""
     low, high = x_range(page, chart)
-    box = page.locator(f"{chart} .u-over").bounding_box()
+    over = page.locator(f"{chart} .u-over")
+    over.scroll_into_view_if_needed()  # the mouse reaches only what the viewport shows
+    box = over.bounding_box()
     page.mouse.move(box["x"] + (step - low) / (high - low) * box["width"], box["y"] + box["height"] / 2)
 
 

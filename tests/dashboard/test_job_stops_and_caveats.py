@@ -14,7 +14,7 @@ from .deployment import Deployment
 from .test_charts import hover_step, legend
 
 pytestmark = pytest.mark.browser
-# accumcore's NonFiniteError messages, as the worker records them (services/worker/training.py).
+# accumcore's NonFiniteError messages, as the worker records them (services/worker/rank.py).
 STOPPED_AT_4 = ("step 4: loss is nan; no checkpoint was written before it. Lower the learning rate, clip gradients "
                 "(grad_clip_norm), or pass on_nonfinite='skip' to skip such steps")
 DIVERGED_AT_9 = ("3 consecutive steps skipped for non-finite values, up to step 9 (grad_norm is inf): the run has "
@@ -28,7 +28,8 @@ def test_the_nonfinite_value_that_stopped_a_run_is_shown_where_it_stopped(
     run = deployment.run("stopped-by-nan")
     run.metrics("loss", {1: 2.0, 2: 2.5, 3: 3.5})  # step 4's loss was NaN: never logged
     run.progress(3, {"loss": 3.5})
-    run.finish("failed", {"type": "NonFiniteError", "message": STOPPED_AT_4})
+    run.finish("failed", {"type": "NonFiniteError", "message": STOPPED_AT_4,
+                          "nonfinite": {"step": 4, "metric": "loss", "value": "NaN"}})
     page.goto(f"/#/jobs/{run.id}")
 
     expect(page.locator("#stopped-by")).to_have_text("loss NaN at step 4")
@@ -42,10 +43,19 @@ def test_the_nonfinite_value_that_stopped_a_run_is_shown_where_it_stopped(
 
     diverged = deployment.run("diverged-after-skips", on_nonfinite="skip")
     diverged.metrics("grad_norm", {s: float(s) for s in range(1, 7)})
-    diverged.finish("failed", {"type": "NonFiniteError", "message": DIVERGED_AT_9})
+    diverged.finish("failed", {"type": "NonFiniteError", "message": DIVERGED_AT_9,
+                               "nonfinite": {"step": 9, "metric": "grad_norm", "value": "inf"}})
     page.goto(f"/#/jobs/{diverged.id}")
     expect(page.locator("#stopped-by")).to_have_text("grad_norm inf at step 9")
     expect(page.locator("#chart-grad-norm")).to_have_attribute("data-nonfinite", "grad_norm@9:inf")
+
+    # The page reads the structured `error.nonfinite`, never the message's words: an error
+    # that only says it in words marks nothing.
+    worded = deployment.run("nonfinite-in-words-only")
+    worded.finish("failed", {"type": "NonFiniteError", "message": STOPPED_AT_4})
+    page.goto(f"/#/jobs/{worded.id}")
+    expect(page.locator("#job-error")).to_contain_text("step 4: loss is nan")
+    expect(page.locator("#stopped-by")).to_have_count(0)
 
 
 def test_a_batchnorm_caveat_is_on_the_badge_and_no_checkpoint_is_said_so(

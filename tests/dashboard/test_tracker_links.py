@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from services.store.tracker_runs import mark_undelivered, open_run, set_identity
+from services.jobdb.tracker_runs import mark_undelivered, open_run, set_identity
 
 from .deployment import Deployment
 

@@ -41,7 +41,7 @@ class RefuseHeavy(importlib.abc.MetaPathFinder):
 before = set(sys.modules)
 sys.meta_path.insert(0, RefuseHeavy())
 from fastapi.testclient import TestClient
-import services.api.main, services.cli.main, services.store.migrate
+import services.api.main, services.cli.main, services.jobdb.migrate
 from services.settings import Settings
 app = services.api.main.create_app(Settings(home=sys.argv[1]), run_reaper=False)
 with TestClient(app) as client:

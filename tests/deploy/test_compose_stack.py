@@ -40,8 +40,10 @@ SECRETS = {"POSTGRES_PASSWORD": "compose-test-pw", "MINIO_ROOT_USER": "accum",
 # Long enough to restart the worker in the middle: 5 epochs of digits, a checkpoint every 5 steps.
 SPEC: dict[str, Any] = {
     "name": "compose-test", "model": "small_cnn", "dataset": "digits",
-    "micro_batch_size": 16, "accumulation_steps": 4, "epochs": 5, "seed": 0,
-    "optimizer": {"name": "adamw", "lr": 0.003}, "checkpoint_every": 5, "keep_checkpoints": 50,
+    # 100 epochs (about 2,200 steps): still training when its first checkpoint is seen and the
+    # worker restarted (5 epochs ended first once the trainer's host cost fell: issue 32).
+    "micro_batch_size": 16, "accumulation_steps": 4, "epochs": 100, "seed": 0,
+    "optimizer": {"name": "adamw", "lr": 0.003}, "checkpoint_every": 25, "keep_checkpoints": 50,
 }
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1800)]

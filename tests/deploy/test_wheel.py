@@ -76,7 +76,7 @@ def installed_wheel_runs_the_demo(tmp_path: Path) -> None:
     assert "final validation accuracy: " in demo.stdout
     # The demo migrated its own database (package data) and kept the job there.
     status = run(
-        [python, "-c", "from services.store.migrate import current_revision, head_revision;"
+        [python, "-c", "from services.jobdb.migrate import current_revision, head_revision;"
          "from services.settings import get_settings;"
          "print(current_revision(get_settings().database_url) == head_revision())"],
         60, cwd=empty, env=env,

@@ -56,7 +56,7 @@ def test_enqueue_puts_the_job_id_on_the_named_queue(tmp_path: Path) -> None:
 
 def test_enqueue_and_reaper_do_not_import_torch() -> None:
     code = (
-        "import sys; import services.dispatch.enqueue, services.dispatch.reaper, "
+        "import sys; import services.dispatch.enqueue, services.housekeeping.reaper, "
         "services.worker.start, services.worker.tasks; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

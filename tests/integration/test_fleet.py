@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from worker_stack import BASE_SPEC
 
 from services.api.main import create_app
-from services.store import tokens
+from services.jobdb import tokens
 
 
 def admin_client(stack: Any) -> tuple[TestClient, dict[str, str]]:

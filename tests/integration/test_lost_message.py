@@ -13,8 +13,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from services.api.main import create_app
+from services.jobdb import tokens
 from services.ports import free_port
-from services.store import tokens
 
 SPEC: dict[str, Any] = {
     "model": "mlp",

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from services.jobdb import events, jobs, metrics, tokens
 from services.spec import parse_spec
-from services.store import events, jobs, metrics, tokens
 from tests.own_data_files import (
     CLASS_WORDS,
     CLASSES,

@@ -14,10 +14,10 @@ from sqlalchemy import select
 from worker_stack import BASE_SPEC, Stack, make_stack
 
 from services.dispatch.enqueue import enqueue_job
+from services.jobdb import jobs, tokens
+from services.jobdb.models import JobAttempt, Owner
+from services.jobdb.queue_order import PRIORITIES
 from services.spec import parse_spec, total_optimizer_steps
-from services.store import jobs, tokens
-from services.store.models import JobAttempt, Owner
-from services.store.queue_order import PRIORITIES
 
 LONG = {"max_steps": 1000, "checkpoint_every": 10000}
 

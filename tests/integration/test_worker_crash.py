@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import select
 from worker_stack import weight_differences
 
-from services.store import checkpoints
-from services.store.models import JobAttempt
+from services.jobdb import checkpoints
+from services.jobdb.models import JobAttempt
 
 SPEC = {"max_steps": 200, "checkpoint_every": 5, "keep_checkpoints": 3, "micro_batch_size": 32,
         "accumulation_steps": 2}

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from services.store import checkpoints, metrics
+from services.jobdb import checkpoints, metrics
 
 
 def metric_steps(stack: Any, job_id: str, name: str) -> list[int]:

@@ -21,9 +21,9 @@ from api_process import running_api
 from worker_stack import Stack
 
 from accum import AccumClient
+from services.jobdb import leases, metrics, tokens
+from services.jobdb.migrate import upgrade
 from services.settings import Settings
-from services.store import leases, metrics, tokens
-from services.store.migrate import upgrade
 
 GRACEFUL_S = 5.0
 EXIT_SLACK_S = 3.0

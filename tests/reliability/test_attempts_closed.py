@@ -21,8 +21,8 @@ import pytest
 from api_process import running_api
 from worker_stack import Stack
 
-from services.store import tokens
-from services.store.models import JobAttempt
+from services.jobdb import tokens
+from services.jobdb.models import JobAttempt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # real workers: minutes on a loaded machine
 
@@ -47,8 +47,10 @@ WAIT_S = 300  # per job: the first one on fresh workers took over 90 s at load 2
 
 
 def start_node(own: Stack, home: Path) -> None:
-    """A worker with its own ACCUM_HOME and cache: a node sharing only the database and S3."""
-    own.start_worker(ACCUM_HOME=str(home), ACCUM_CACHE_DIR=str(home / "cache"))
+    """A worker with its own ACCUM_HOME and cache: a node sharing only the database and S3,
+    consuming before the walk goes on (a node still starting when the S3 server is stopped
+    would refuse to start, by design, instead of meeting the store fault mid-job)."""
+    own.wait_ready(own.start_worker(ACCUM_HOME=str(home), ACCUM_CACHE_DIR=str(home / "cache")))
 
 
 def mid_run(own: Stack, job_id: str, step: int = 20) -> None:

@@ -27,11 +27,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.main import ROUTERS
+from services.jobdb import checkpoints as store_checkpoints
+from services.jobdb import tokens as store_tokens
+from services.jobdb.models import ApiToken, Checkpoint, Job, JobEvent, Metric
+from services.jobdb.types import new_id
 from services.settings import Settings
-from services.store import checkpoints as store_checkpoints
-from services.store import tokens as store_tokens
-from services.store.models import ApiToken, Checkpoint, Job, JobEvent, Metric
-from services.store.types import new_id
 
 from .trained_jobs import TINY_SPEC, train_job
 
@@ -59,6 +59,7 @@ EXPECTED: dict[tuple[str, str], Expect] = {
     ("POST", "/v1/jobs/{job_id}/resume"): Expect(202, "cancelled"),
     ("GET", "/v1/jobs/{job_id}/metrics"): Expect(200, "trained"),
     ("GET", "/v1/jobs/{job_id}/events"): Expect(200, "trained", ({}, SSE)),
+    ("GET", "/v1/jobs/{job_id}/logs"): Expect(200, "trained", ({}, SSE)),
     ("GET", "/v1/jobs/{job_id}/checkpoints"): Expect(200, "trained"),
     ("GET", "/v1/jobs/{job_id}/checkpoints/{step}"): Expect(200, "trained"),
     ("GET", "/v1/catalog/models"): Expect(200),

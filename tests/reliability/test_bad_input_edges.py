@@ -26,10 +26,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.main import create_app
+from services.jobdb import jobs as store_jobs
+from services.jobdb import tokens
+from services.jobdb.models import Job, JobEvent
 from services.settings import Settings
-from services.store import jobs as store_jobs
-from services.store import tokens
-from services.store.models import Job, JobEvent
 from services.worker.runner import run_job
 
 MB = 1 << 20

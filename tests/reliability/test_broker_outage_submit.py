@@ -15,10 +15,10 @@ import redis
 from worker_stack import Stack
 
 from services.dispatch.priority import redis_list, redis_step
+from services.jobdb import tokens
+from services.jobdb.migrate import upgrade
+from services.jobdb.queue_order import PRIORITIES
 from services.settings import Settings
-from services.store import tokens
-from services.store.migrate import upgrade
-from services.store.queue_order import PRIORITIES
 
 from .private_servers import PrivateRedis
 from .test_redis_restart import submit_through_api

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from worker_stack import Stack, weight_differences
 
-from services.store import checkpoints
-from services.store.status import resume_hint
+from services.jobdb import checkpoints
+from services.jobdb.status import resume_hint
 
 from .mounts import fill, remount, tmpfs
 

@@ -20,7 +20,7 @@ import pytest
 from api_process import running_api
 from worker_stack import BASE_SPEC, Stack
 
-from services.store import tokens
+from services.jobdb import tokens
 
 # Two worker starts and a job's two rank processes each import torch: minutes on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

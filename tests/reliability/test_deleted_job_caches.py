@@ -14,9 +14,9 @@ from worker_stack import Stack
 
 from services.api.main import create_app
 from services.artifacts import ObjectMissing, open_store
+from services.jobdb import tokens
 from services.settings import Settings
-from services.store import tokens
-from services.worker.resume import node_cache
+from services.worker.checkpoints.stores import node_cache
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,7 @@ import pytest
 from api_process import ApiProcess, running_api
 from worker_stack import Stack, make_stack
 
-from services.store import checkpoints, events, jobs, metrics, tokens
+from services.jobdb import checkpoints, events, jobs, metrics, tokens
 from tests.own_data_files import (
     ensure_example_plugin,
     make_image_folder,

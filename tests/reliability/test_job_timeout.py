@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from services.store import checkpoints, jobs
-from services.store.types import utcnow
+from services.jobdb import checkpoints, jobs
+from services.jobdb.types import utcnow
 
 TIMEOUT_S = 8
 SPEC = {"max_steps": 10_000_000, "checkpoint_every": 10_000_000, "timeout": TIMEOUT_S}

@@ -31,9 +31,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.main import create_app
+from services.jobdb.models import Owner
+from services.jobdb.quotas import count_active_jobs
 from services.settings import Settings
-from services.store.models import Owner
-from services.store.quotas import count_active_jobs
 
 CAP = 5
 CONCURRENT_SUBMITS = 24
@@ -110,10 +110,10 @@ def _racing_submits(
     each stopped after writing its job until all have written (or 2 s: SQLite's single
     writer lets only one write at a time) and only then checking the cap: the worst
     interleaving, forced. Returns "created" or "capped" per thread."""
+    from services.jobdb import jobs
+    from services.jobdb.errors import ActiveJobCapReached
+    from services.jobdb.tokens import create_owner_with_token
     from services.spec import parse_spec
-    from services.store import jobs
-    from services.store.errors import ActiveJobCapReached
-    from services.store.tokens import create_owner_with_token
 
     with session_factory.begin() as session:
         carol, _ = create_owner_with_token(session, "carol")

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 from api_process import running_api
 
-from services.store import jobs, tokens
-from services.store.db import make_engine, make_session_factory
+from services.jobdb import jobs, tokens
+from services.jobdb.db import make_engine, make_session_factory
 
 CLIENTS = 60
 SECONDS = 3.0

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from services.store.models import JobAttempt
+from services.jobdb.models import JobAttempt
 
 STEP = 5  # each attempt is killed once it has reported this optimizer step
 SPEC = {"max_steps": 10_000_000, "checkpoint_every": 10_000_000, "max_restarts": 10}

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.api.main import create_app
+from services.jobdb import tokens
 from services.settings import Settings
-from services.store import tokens
 from tests.s3_server import BUCKET
 
 ANSWER_WITHIN_S = 1.0

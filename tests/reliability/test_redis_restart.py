@@ -22,10 +22,10 @@ from worker_stack import BASE_SPEC, TIMING, Stack
 
 from services.api.main import create_app
 from services.dispatch.priority import redis_list, redis_step
+from services.jobdb import tokens
+from services.jobdb.migrate import upgrade
+from services.jobdb.queue_order import PRIORITIES
 from services.settings import Settings
-from services.store import tokens
-from services.store.migrate import upgrade
-from services.store.queue_order import PRIORITIES
 
 from .private_servers import PrivateRedis
 

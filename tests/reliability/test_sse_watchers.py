@@ -22,7 +22,7 @@ from worker_stack import Stack
 
 from accum import AccumClient
 from services.dispatch.enqueue import enqueue_job
-from services.store import tokens
+from services.jobdb import tokens
 
 STEPS = 300
 # Per-step metric names the trainer always reports (docs/architecture.md, on_step).

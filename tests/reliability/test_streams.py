@@ -19,8 +19,8 @@ from api.test_server import next_of, read_stream, serve
 from job_specs import MINIMAL_SPEC
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.jobdb import tokens
 from services.settings import Settings
-from services.store import tokens
 
 
 def owner_token(session_factory: sessionmaker[Session], name: str) -> dict[str, str]:

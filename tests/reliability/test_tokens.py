@@ -18,8 +18,8 @@ from api_process import running_api
 from sqlalchemy import Engine, select, text
 
 from services.cli.main import main as accum
+from services.jobdb.models import Base
 from services.settings import Settings
-from services.store.models import Base
 
 
 def create_token(capsys: pytest.CaptureFixture[str], name: str, *flags: str) -> str:

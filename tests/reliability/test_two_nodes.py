@@ -17,11 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 from worker_stack import Stack, weight_differences
-
-from services.api.main import create_app
-from services.store import checkpoints, tokens
 
 pytestmark = pytest.mark.slow
 
@@ -65,14 +61,7 @@ def test_a_job_survives_the_loss_of_its_node(stack: Stack, tmp_path: Path, s3_ur
         assert own.checkpoint_problems(job_id) == []
         assert nothing_local(homes) == []
         # The API (a third place, with no disk in common with either node) serves the object.
-        with own.sessions.begin() as session:
-            _, token = tokens.create_owner_with_token(session, f"admin-{job_id[-6:]}", admin=True)
-        with own.sessions() as session:
-            latest = checkpoints.list_checkpoints(session, job_id)[-1]
-        api = create_app(own.settings.model_copy(update={"home": tmp_path / "api"}), run_reaper=False)
-        with TestClient(api) as client:
-            response = client.get(f"/v1/jobs/{job_id}/checkpoints/{latest.step}",
-                                  headers={"Authorization": f"Bearer {token}"})
+        latest, response, _ = own.served_by_an_api(job_id, tmp_path / "api")
         assert response.status_code == 200
         assert hashlib.sha256(response.content).hexdigest() == latest.sha256
     finally:

@@ -24,7 +24,7 @@ from typing import Any
 
 from worker_stack import weight_differences
 
-from services.store import checkpoints
+from services.jobdb import checkpoints
 
 KILLS = 10
 KINDS = ("mid-write", "mid-write", "unlisted", "unlisted") + ("random",) * (KILLS - 4)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from worker_stack import weight_differences
 
-from services.store import checkpoints
+from services.jobdb import checkpoints
 
 # Long enough to be mid-run when the signal lands (a step takes ~2 ms), with checkpoints
 # rare enough that the stop step is rarely one of them.

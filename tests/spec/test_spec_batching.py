@@ -125,5 +125,5 @@ def test_dataset_options_that_resize_the_epoch_are_honoured() -> None:
         accumulation_steps=2,
         epochs=1,
     )
-    # The text dataset's training split is `split(max_len)[0]` (services.catalog.datasets.text).
+    # The text dataset's training split is `split(max_len)[0]` (services.catalog.builders.datasets.text).
     assert total_optimizer_steps(text) == simulated_steps(len(split(16)[0]), 4, {0: 2}, 1)

@@ -88,3 +88,22 @@ def test_a_micro_batch_too_large_for_the_device_is_refused_at_the_micro_batch() 
     one = estimate_memory("resnet50", {}, configured_dataset("fake", {"image_size": 1024}),
                           micro_batch=1)
     assert step_memory(parse_spec({**MINIMAL_SPEC, **auto})).total_bytes == one.total_bytes
+
+
+def test_fsdp_counts_each_devices_share_of_the_weights() -> None:
+    """Sharded over k GPUs a device holds 1/k of the weights, gradients and optimizer state;
+    offloaded, none of them: a model refused as replicas fits then."""
+    model = {"name": "mlp", "hidden": 16384, "depth": 4}
+    replicas = step_memory(parse_spec({**MINIMAL_SPEC, "model": model, "gpus": 4}))
+    limits = SpecLimits(max_device_memory_bytes=replicas.weights_bytes // 2, max_gpus=8)
+    found = errors(limits, model=model, gpus=4)
+    assert list(found) == ["body.model"] and 'strategy "fsdp"' in found["body.model"]
+    sharded = {"model": model, "gpus": 4, "strategy": "fsdp"}
+    estimate = step_memory(parse_spec({**MINIMAL_SPEC, **sharded}))
+    assert estimate.weights_bytes == replicas.weights_bytes // 4 and estimate.shards == 4
+    assert errors(limits, **sharded) == {}
+    offloaded = {"model": model, "gpus": 1, "strategy": "fsdp", "fsdp": {"cpu_offload": True}}
+    assert step_memory(parse_spec({**MINIMAL_SPEC, **offloaded})).weights_bytes == 0
+    assert errors(SpecLimits(max_device_memory_bytes=replicas.weights_bytes // 8), **offloaded) == {}
+    too_small = SpecLimits(max_device_memory_bytes=replicas.weights_bytes // 8, max_gpus=8)
+    assert "per device (sharded over 4)" in errors(too_small, **sharded)["body.model"]

@@ -11,9 +11,11 @@ from services.spec import JobSpec, parse_spec, spec_hash
 
 def test_defaults_are_filled_and_names_become_objects() -> None:
     normalised = parse_spec(MINIMAL_SPEC).normalised()
-    # init_from, trackers and register_model are left out when absent or empty, so specs
-    # stored before them hash the same.
-    assert set(normalised) == set(JobSpec.model_fields) - {"init_from", "trackers", "register_model"}
+    # init_from, trackers and register_model are left out when absent or empty, strategy (ddp)
+    # and fsdp when the default, and nodes and min_nodes for one node, so specs stored before
+    # them hash the same.
+    left_out = {"init_from", "trackers", "register_model", "strategy", "fsdp", "nodes", "min_nodes"}
+    assert set(normalised) == set(JobSpec.model_fields) - left_out
     assert normalised["name"] == "mlp-digits"
     assert normalised["model"] == {"name": "mlp"}
     assert normalised["dataset"] == {"name": "digits", "data_root": None, "download": False}
@@ -31,6 +33,16 @@ def test_defaults_are_filled_and_names_become_objects() -> None:
     assert normalised["queue"] == "default"
     assert normalised["effective_batch_size"] is None and normalised["max_steps"] is None
     json.dumps(normalised, allow_nan=False)  # JSON-ready
+
+
+def test_multi_node_specs_keep_nodes_and_round_trip() -> None:
+    spec = parse_spec({**MINIMAL_SPEC, "nodes": 3})
+    normalised = spec.normalised()
+    assert (normalised["nodes"], normalised["min_nodes"]) == (3, 3)  # min_nodes defaults to nodes
+    assert parse_spec(normalised) == spec
+    assert spec_hash(normalised) != spec_hash(parse_spec(MINIMAL_SPEC).normalised())
+    assert parse_spec({**MINIMAL_SPEC, "nodes": 1, "min_nodes": 1}).normalised() == parse_spec(
+        MINIMAL_SPEC).normalised()
 
 
 def test_trackers_are_kept_once_each_and_round_trip() -> None:

@@ -15,7 +15,8 @@ from job_specs import MINIMAL_SPEC
 from pydantic import ValidationError
 
 from services.catalog import DATASETS, MODELS, OWN_DATASETS, check_compatible, served_names
-from services.catalog.names import DATASET_OPTION_RANGE, MODEL_OPTION_RANGE
+from services.catalog.families.builtin_datasets import DATASET_OPTION_RANGE
+from services.catalog.families.builtin_models import MODEL_OPTION_RANGE
 from services.spec import JobSpec, parse_spec
 from services.spec.fields import MAX_STEPS
 from services.spec.job import MAX_EPOCHS, MAX_GPUS, MAX_KEEP_CHECKPOINTS, MAX_RESTARTS

@@ -16,9 +16,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from accumcore.data import make_loader
 from services.catalog.build import build_model
-from services.catalog.datasets import DatasetBundle
+from services.catalog.builders.datasets import DatasetBundle
 from services.spec import JobSpec, parse_spec
-from services.worker.build import build_data, build_run, rank_shard
+from services.worker.build import build_data, build_run
 
 
 def float64_start(spec: dict[str, Any]) -> tuple[JobSpec, DatasetBundle, torch.nn.Module]:
@@ -30,16 +30,14 @@ def float64_start(spec: dict[str, Any]) -> tuple[JobSpec, DatasetBundle, torch.n
     return parsed, bundle, model
 
 
-def rank_batches(parsed: JobSpec, bundle: DatasetBundle, world: int, micro: int,
-                 collate: Callable[[list[Any]], Any] | None) -> list[list[Any]]:
-    """Each rank's first-epoch micro-batches, in the order the job's loader draws them."""
-    per_rank = []
-    for rank in range(world):
-        loader = make_loader(rank_shard(bundle.train, rank, world), micro, shuffle=True, seed=parsed.seed,
-                             collate_fn=collate)
-        loader.batch_sampler.set_epoch(0)
-        per_rank.append(list(loader))
-    return per_rank
+def global_windows(parsed: JobSpec, bundle: DatasetBundle, micro: int, window: int,
+                   collate: Callable[[list[Any]], Any] | None) -> list[list[Any]]:
+    """The first epoch's global windows: the job's (seed, epoch) order of the whole training
+    set in micro-batches, ``window`` (N x world) at a time, whatever the number of ranks."""
+    loader = make_loader(bundle.train, micro, shuffle=True, seed=parsed.seed, collate_fn=collate)
+    loader.batch_sampler.set_epoch(0)
+    batches = list(loader)
+    return [batches[w: w + window] for w in range(0, len(batches), window)]
 
 
 def largest_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

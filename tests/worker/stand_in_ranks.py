@@ -36,3 +36,12 @@ def stop_when_asked(rank: int, finished, exits, stop, stopped: int) -> None:
 def never_stop(rank: int, finished, exits, stop, stopped: int) -> None:
     time.sleep(60)  # stuck in a collective, say
     exits[rank] = 1
+
+
+def exit_on_an_error(rank: int, finished, exits, said_lost: int) -> None:
+    """Rank 1 dies of an exception it raised, having said whether it was its peers' loss (as
+    ``services.worker.distributed._rank_main`` does in ``peer_lost``; ``exits`` stands for it)."""
+    if rank == 1:
+        exits[rank] = said_lost
+        os._exit(1)
+    time.sleep(30)  # in a collective with rank 1; the parent must stop it

@@ -21,10 +21,10 @@ from worker_stack import Stack
 
 from bench.harness.mlflow_server import MlflowServer
 from services.api.job_view import job_view
+from services.jobdb import checkpoints, jobs, metrics
+from services.jobdb.sessions import session_factory
+from services.jobdb.tracker_runs import runs_of
 from services.ports import free_port
-from services.store import checkpoints, jobs, metrics
-from services.store.sessions import session_factory
-from services.store.tracker_runs import runs_of
 from services.worker.trackers.wandb_files import history
 from services.worker.trackers.wandb_tracker import run_files
 
@@ -177,7 +177,12 @@ def test_a_sigkilled_attempt_continues_the_same_runs_with_each_step_once(
     env = tracker_env(trackers, mlflow_server.uri)
     trackers.start_worker(**env)
     trackers.start_worker(**env)
-    spec = {"max_steps": 200, "checkpoint_every": 5, "micro_batch_size": 32, "eval_every": 25}
+    # Long enough that the kill falls mid-job: the trackers deliver from a host process that
+    # starts (imports its clients, opens the runs: ~10 s on a loaded machine) as the training
+    # does, and no longer slows the training down; steps of this wider MLP take 10-50 ms here
+    # (4000 steps of the small one could end first).
+    spec = {"max_steps": 1500, "checkpoint_every": 50, "micro_batch_size": 32, "eval_every": 100,
+            "model": {"name": "mlp", "hidden": 1024, "depth": 3}}
     job_id = trackers.create(trackers=ALL, **spec)
 
     def past_a_checkpoint_and_delivered() -> bool:
@@ -209,16 +214,20 @@ def test_a_sigkilled_attempt_continues_the_same_runs_with_each_step_once(
     same_steps_and_values(wandb_points(wandb_dir, job_id), want)
 
 
+@pytest.mark.parametrize("buffer_max_steps", [None, 10], ids=["buffered", "past-the-buffer"])
 def test_an_mlflow_server_down_for_the_whole_job_gets_the_points_when_back(
-    trackers: Stack, tmp_path: Path, mlflow_server: MlflowServer
+    trackers: Stack, tmp_path: Path, mlflow_server: MlflowServer, buffer_max_steps: int | None
 ) -> None:
+    """With a buffer of 10 steps the job's 13 (0 to 12) do not fit: the oldest are let go and
+    read back from accum's metrics store once MLflow is back, every step still once."""
     server = MlflowServer(tmp_path / "mlflow", free_port())  # not started yet
     # Its database a copy of the running server's, already migrated: it starts sooner.
     server.root.mkdir()
     with sqlite3.connect(mlflow_server.root / "mlflow.db") as source, \
             sqlite3.connect(server.root / "mlflow.db") as copy:
         source.backup(copy)
-    trackers.start_worker(**tracker_env(trackers, server.uri, end_wait_s=1))
+    bound = {} if buffer_max_steps is None else {"ACCUM_TRACKER_BUFFER_MAX_STEPS": str(buffer_max_steps)}
+    trackers.start_worker(**tracker_env(trackers, server.uri, end_wait_s=1), **bound)
     job_id = trackers.create(trackers=["mlflow"])
     job = trackers.wait(job_id, timeout=180)
     assert job.status == "succeeded", (job.error, trackers.worker_logs())
@@ -259,3 +268,28 @@ def test_a_two_rank_job_is_logged_once_by_rank_0(
     logged = tensorboard_points(tracked.artifacts_path / "tensorboard" / job_id)
     assert [step for step, _ in logged["loss"]] == [r.step for r in rows] == list(range(1, 7))
     assert [v for _, v in logged["loss"]] == pytest.approx([r.value for r in rows], rel=1e-6)
+
+
+def test_a_flush_of_1000_values_and_a_tag_reaches_mlflow_in_calls_within_its_limit(
+    mlflow_server: MlflowServer,
+) -> None:
+    """The server counts metrics, params and tags of a log-batch call together (at most 1000):
+    a flush of 1000 values with a tag was refused, and the sink retried it forever (a fast job
+    fills a flush with that many)."""
+    from mlflow.tracking import MlflowClient
+
+    from services.worker.trackers.base import RunIdentity, StepPoints
+    from services.worker.trackers.mlflow_tracker import MAX_METRICS, MlflowTracker, batches_of
+
+    assert [len(b) for b in batches_of(["m"] * MAX_METRICS, 1)] == [MAX_METRICS - 1, 1]
+    assert [len(b) for b in batches_of([], 2)] == []
+    tracker = MlflowTracker(mlflow_server.uri, "batches", None)
+    run_id, _, held = tracker.open(RunIdentity(job_id="batches-job", name="batches", owner="o",
+                                               queue="q", params={}))
+    assert held == -1
+    steps = range(1, MAX_METRICS // 2 + 1)
+    tracker.send([StepPoints(s, {"loss": 1.0 / s, "lr": 0.1}) for s in steps], {"accum.exactness": "exact"})
+    client = MlflowClient(mlflow_server.uri)
+    assert sorted(m.step for m in client.get_metric_history(run_id, "loss")) == list(steps)
+    assert sorted(m.step for m in client.get_metric_history(run_id, "lr")) == list(steps)
+    assert client.get_run(run_id).data.tags["accum.exactness"] == "exact"

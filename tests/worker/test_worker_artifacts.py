@@ -16,10 +16,10 @@ from job_specs import TINY_SPEC
 from sqlalchemy import select
 
 from services.artifacts import open_store
+from services.jobdb import checkpoints, events, jobs
+from services.jobdb.models import JobAttempt, Owner
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store import checkpoints, events, jobs
-from services.store.models import JobAttempt, Owner
-from services.store.sessions import session_factory
 from services.worker import runner
 from services.worker.attempt import Outcome
 from services.worker.runner import run_job

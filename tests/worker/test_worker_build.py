@@ -7,7 +7,8 @@ import math
 import pytest
 
 from services.spec import parse_spec
-from services.worker.build import lr_lambda, micro_batch_and_steps, rank_shard
+from services.worker.build import lr_lambda, rank_shard
+from services.worker.micro_batch import from_spec
 
 BASE = {"model": "mlp", "dataset": "digits", "micro_batch_size": 8, "accumulation_steps": 2,
         "max_steps": 10, "optimizer": {"name": "sgd", "lr": 0.1}, "gpus": 0}
@@ -38,13 +39,13 @@ def test_step_schedule_multiplies_by_gamma_every_step_size_after_warmup() -> Non
 def test_accumulation_schedule_keys_become_epochs() -> None:
     spec = parse_spec({**{k: v for k, v in BASE.items() if k != "max_steps"}, "epochs": 3,
                        "accumulation_steps": {"0": 4, "2": 1}})
-    assert micro_batch_and_steps(spec) == (8, {0: 4, 2: 1})
+    assert from_spec(spec) == (8, {0: 4, 2: 1})
 
 
 def test_auto_micro_batch_starts_with_the_whole_per_rank_batch() -> None:
     spec = parse_spec({**{k: v for k, v in BASE.items() if k != "accumulation_steps"},
                        "micro_batch_size": "auto", "effective_batch_size": 64})
-    assert micro_batch_and_steps(spec) == (64, 1)
+    assert from_spec(spec) == (64, 1)
 
 
 def test_rank_shards_cover_the_dataset_once_and_differ_by_at_most_one() -> None:

@@ -14,11 +14,11 @@ import pytest
 from accumcore import CheckpointInfo
 from services.artifacts import ArtifactStoreError, ObjectInfo, StoreUnavailable, open_store
 from services.artifacts.cache import NodeCache
+from services.jobdb import checkpoints, jobs, leases, metrics
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store import checkpoints, jobs, leases, metrics
-from services.store.sessions import session_factory
 from services.worker.callbacks import StoreCallback
-from services.worker.uploads import CheckpointUploads
+from services.worker.checkpoints.uploads import CheckpointUploads
 
 
 def claimed_job(settings: Settings, make_job: Callable[..., str]) -> str:

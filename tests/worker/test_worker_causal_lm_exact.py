@@ -11,7 +11,6 @@ unshifted labels moves it off by far more.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,11 @@ import torch
 
 from accumcore import Trainer
 from accumcore.data import make_loader
-from services.catalog.own_models import CausalLMLoss
+from services.catalog.builders.own_models import CausalLMLoss
 from services.spec import parse_spec
 from services.worker.build import build_run
 from tests.own_data_files import write_text
-from tests.worker.exact_runs import float64_start, largest_difference, rank_batches, run_ranks
+from tests.worker.exact_runs import float64_start, global_windows, largest_difference, run_ranks
 
 WORLD = 2
 M, N, LR = 2, 3, 0.5
@@ -45,10 +44,8 @@ def reference(spec: dict[str, Any], world: int) -> tuple[list[torch.Tensor], int
     every rank's micro-batches, one SGD step."""
     parsed, bundle, model = float64_start(spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    per_rank = rank_batches(parsed, bundle, world, M, bundle.keyword_collate_fn)
-    windows = max(math.ceil(len(b) / N) for b in per_rank)
-    for w in range(windows):
-        batches = [b for rank in per_rank for b in rank[N * w: N * w + N]]
+    windows = global_windows(parsed, bundle, M, N * world, bundle.keyword_collate_fn)
+    for batches in windows:
         total = sum(int((b["targets"][:, 1:] != -100).sum()) for b in batches)
         loss = sum(
             torch.nn.functional.cross_entropy(
@@ -59,7 +56,7 @@ def reference(spec: dict[str, Any], world: int) -> tuple[list[torch.Tensor], int
         loss.backward()  # type: ignore[union-attr]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return [p.detach() for p in model.parameters()], windows
+    return [p.detach() for p in model.parameters()], len(windows)
 
 
 def direct_run(spec: dict[str, Any], shift_labels: bool) -> list[torch.Tensor]:

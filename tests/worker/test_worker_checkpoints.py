@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.artifacts import open_store
-from services.worker.checkpoints import orphans, remove_orphans
+from services.worker.checkpoints.orphans import orphans, remove_orphans
 
 
 def test_unlisted_objects_are_removed_listed_ones_kept(artifacts_url: str, tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ from job_specs import TINY_SPEC
 
 from services.artifacts import open_store
 from services.data_roots import DataRootNotAllowed, allowed_data_roots, data_root_refusal
+from services.jobdb.events import list_events
+from services.jobdb.jobs import load_job
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store.events import list_events
-from services.store.jobs import load_job
-from services.store.sessions import session_factory
 from services.worker.datasets import synced_data_root
 from services.worker.runner import run_job
 

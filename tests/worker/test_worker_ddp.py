@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from services.jobdb import checkpoints, jobs, metrics
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
 from services.spec import parse_spec, total_optimizer_steps
-from services.store import checkpoints, jobs, metrics
-from services.store.sessions import session_factory
 from services.worker.runner import run_job
 
 SPEC = {"model": "mlp", "dataset": "digits", "micro_batch_size": 64, "accumulation_steps": 2,

@@ -1,16 +1,17 @@
 """A ``gpus: 2`` job is the big batch of its data: uneven shards, no sample counted twice.
 
-9 training samples on 2 ranks with m = 2, N = 2 (not divisible by k x m): ``rank_shard``
-gives 5 and 4 samples, every sample exactly once (no padding by repetition, which would count
-a sample twice per epoch). Rank 1 then has no micro-batch in each epoch's second window: it
-contributes zero items and still joins the collectives. Two gloo processes run ``build_run``
-(the worker's own objects: model, loader order, optimizer, Trainer) with the model in float64,
-and the result equals a single-process float64 big-batch step per window.
+9 training samples on 2 ranks with m = 2, N = 2 (not divisible by k x m): the epoch's order
+of all 9 samples is cut into 5 micro-batches (2, 2, 2, 2, 1) and global windows of
+N x k = 4 of them; each rank runs its share of each window, every sample exactly once (no
+padding by repetition). Rank 1 has no micro-batch in each epoch's second window (one
+micro-batch): it contributes zero items and still joins the collectives. Two gloo processes
+run ``build_run`` (the worker's own objects: model, loader order, optimizer, Trainer) with the
+model in float64, and the result equals a single-process float64 big-batch step per global
+window, the same windows a `gpus: 1, N: 4` job trains on.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,9 @@ import torch.multiprocessing as mp
 from rank_processes import start_method
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import Subset
 
 from services.spec import parse_spec
-from services.worker.build import build_data, build_run, rank_shard
+from services.worker.build import build_data, build_run, make_train_loader, rank_shard
 
 WORLD = 2
 SPEC: dict[str, Any] = {
@@ -59,7 +59,8 @@ def _rank(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def _big_batch_reference() -> tuple[nn.Module, int]:
-    """The same initial weights and per-rank orders, one float64 big-batch step per window."""
+    """The same initial weights and the job's order of the whole set, one float64 big-batch
+    step per global window of 4 micro-batches."""
     from accumcore.data import make_loader
     from services.catalog.build import build_model
 
@@ -68,17 +69,13 @@ def _big_batch_reference() -> tuple[nn.Module, int]:
     torch.manual_seed(spec.seed)
     model = build_model(spec.model.name, bundle, **spec.model.options).double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
-    # Rank r's samples are r, r + k, r + 2k, ... (each once), in the job's (seed, epoch) order.
-    shards = [Subset(bundle.train, list(range(r, 9, WORLD))) for r in range(WORLD)]
-    loaders = [make_loader(shard, 2, shuffle=True, seed=spec.seed) for shard in shards]
+    loader = make_loader(bundle.train, 2, shuffle=True, seed=spec.seed)
     steps = 0
     for epoch in range(2):
-        per_rank = []
-        for loader in loaders:
-            loader.batch_sampler.set_epoch(epoch)
-            per_rank.append(list(loader))
-        for w in range(max(math.ceil(len(b) / 2) for b in per_rank)):
-            window = [batch for batches in per_rank for batch in batches[2 * w : 2 * w + 2]]
+        loader.batch_sampler.set_epoch(epoch)
+        batches = list(loader)
+        for w in range(0, len(batches), 2 * WORLD):
+            window = batches[w: w + 2 * WORLD]
             x = torch.cat([x for x, _ in window]).double()
             y = torch.cat([y for _, y in window])
             nn.functional.cross_entropy(model(x), y).backward()
@@ -88,14 +85,18 @@ def _big_batch_reference() -> tuple[nn.Module, int]:
     return model, steps
 
 
-def test_shards_are_uneven_and_repeat_no_sample() -> None:
-    bundle = build_data(parse_spec(SPEC), None)
-    shards = [rank_shard(bundle.train, r, WORLD) for r in range(WORLD)]
-    indices = sorted(i for shard in shards for i in shard.indices)  # type: ignore[attr-defined]
-    assert [len(s) for s in shards] == [5, 4] and indices == list(range(9))  # type: ignore[arg-type]
+def test_each_window_is_shared_by_the_ranks_every_sample_once() -> None:
+    spec = parse_spec(SPEC)
+    bundle = build_data(spec, None)
+    loaders = [make_train_loader(spec, bundle.train, bundle, 2, "cpu", rank=r, world=WORLD) for r in range(WORLD)]
+    for loader in loaders:
+        loader.batch_sampler.set_window(2 * WORLD)
+    shares = [list(loader.batch_sampler) for loader in loaders]
+    assert [len(s) for s in shares] == [3, 2]  # window 1: 2 + 2, window 2: 1 + 0
+    assert sorted(i for share in shares for batch in share for i in batch) == list(range(9))
 
 
-def test_too_few_samples_for_the_ranks_is_a_clear_error() -> None:
+def test_too_few_validation_samples_for_the_ranks_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="fewer than the 3 ranks"):
         rank_shard(list(range(2)), 0, 3)  # type: ignore[arg-type]
 

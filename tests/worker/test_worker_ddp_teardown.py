@@ -1,7 +1,8 @@
 """The parent of DDP ranks (``services.worker.distributed.watch_ranks``) with real spawned
 processes: a rank that dies in teardown after every rank finished (the gloo/NCCL abort at
 exit) does not fail the job and no finishing rank is signalled; a rank that dies before it
-finished fails the job with the reason; a cancel, timeout or shutdown raises the ranks' shared
+finished fails the job with the reason (``RankFailed``, a lost peer when it was killed by a
+signal or said it died of its process group failing); a cancel, timeout or shutdown raises the ranks' shared
 stop flag, and ranks that do not stop within the grace period (or any rank, once the lease
 is lost) are terminated. Then a real ``gpus: 2`` job, 20 times in a row."""
 
@@ -16,10 +17,10 @@ from types import SimpleNamespace
 import pytest
 import stand_in_ranks as ranks
 
+from services.jobdb import jobs
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store import jobs
-from services.store.sessions import session_factory
-from services.worker.distributed import STOPPED, watch_ranks
+from services.worker.distributed import STOPPED, RankFailed, watch_ranks
 from services.worker.runner import run_job
 
 
@@ -105,6 +106,22 @@ def test_a_rank_dying_before_it_finished_fails_the_job_and_stops_the_others() ->
         watch_ranks(context, finished, Running(), grace_s=30, stop=_flag())
     assert not any(p.is_alive() for p in context.processes)
     assert exits[0] == 0  # stopped, not left training
+
+
+def test_a_rank_killed_by_a_signal_is_a_lost_peer() -> None:
+    context, finished, _ = _start(ranks.abort_before_finishing)
+    with pytest.raises(RankFailed) as failed:
+        watch_ranks(context, finished, Running(), grace_s=30, stop=_flag())
+    assert failed.value.peer_lost
+
+
+@pytest.mark.parametrize("said_lost", [1, 0], ids=["its peers lost", "its own error"])
+def test_a_rank_that_raised_is_a_lost_peer_only_when_it_said_so(said_lost: int) -> None:
+    context, finished, exits = _start(ranks.exit_on_an_error, said_lost)
+    with pytest.raises(RankFailed, match="exit code 1") as failed:
+        watch_ranks(context, finished, Running(), grace_s=30, stop=_flag(), peer_lost=exits)
+    assert failed.value.peer_lost is bool(said_lost)
+    assert not any(p.is_alive() for p in context.processes)
 
 
 @pytest.mark.reliability_slow

@@ -18,10 +18,10 @@ from job_specs import TINY_SPEC
 from torch.nn import functional as F
 
 from services.api.schemas import exactness
+from services.jobdb import events, jobs
+from services.jobdb.metrics import read_metrics
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store import events, jobs
-from services.store.metrics import read_metrics
-from services.store.sessions import session_factory
 from services.worker import build
 from services.worker.runner import run_job
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from services.dispatch import reaper as reaper_module
-from services.dispatch.reaper import LeaseReaper
+from services.housekeeping import reaper as reaper_module
+from services.housekeeping.reaper import LeaseReaper
 from services.settings import Settings
 from services.worker import shutdown
 

@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from worker_stack import ROOT, Stack, make_stack
 
 from services.artifacts import open_store
+from services.jobdb import checkpoints, events
+from services.jobdb.models import Job
 from services.ports import free_port
-from services.store import checkpoints, events
-from services.store.models import Job
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

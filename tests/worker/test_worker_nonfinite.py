@@ -17,11 +17,11 @@ import pytest
 from job_specs import TINY_SPEC
 
 from services.api.schemas import JobPublic
+from services.jobdb import events, jobs
+from services.jobdb.nonfinite import LABELS
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store import events, jobs
-from services.store.nonfinite import LABELS
-from services.store.sessions import session_factory
-from services.worker import training
+from services.worker import rank
 from services.worker.runner import run_job
 
 DIVERGING: dict[str, Any] = {**TINY_SPEC, "max_steps": 6, "checkpoint_every": 1}
@@ -32,7 +32,7 @@ BLOW_UP_LR = 1e30
 def diverging_learning_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run as the worker builds it, its learning rate then raised to 1e30 (the scheduler's
     base rate too, or its first step would restore the spec's)."""
-    build = training.build_run
+    build = rank.build_run
 
     def build_then_raise_lr(*args: Any, **kwargs: Any) -> Any:
         run = build(*args, **kwargs)
@@ -42,7 +42,7 @@ def diverging_learning_rate(monkeypatch: pytest.MonkeyPatch) -> None:
             run.trainer.scheduler.base_lrs = [BLOW_UP_LR] * len(run.trainer.optimizer.param_groups)
         return run
 
-    monkeypatch.setattr(training, "build_run", build_then_raise_lr)
+    monkeypatch.setattr(rank, "build_run", build_then_raise_lr)
 
 
 def _job_and_kinds(settings: Settings, job_id: str) -> tuple[Any, list[str]]:

@@ -12,11 +12,11 @@ from typing import Any
 from job_specs import TINY_SPEC
 from worker_rows import worker_row
 
+from services.jobdb import events, jobs
+from services.jobdb import workers as store_workers
+from services.jobdb.sessions import session_factory
+from services.jobdb.types import utcnow
 from services.settings import Settings
-from services.store import events, jobs
-from services.store import workers as store_workers
-from services.store.sessions import session_factory
-from services.store.types import utcnow
 from services.worker.attempt import Outcome
 from services.worker.runner import run_job
 

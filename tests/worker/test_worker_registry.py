@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from sqlalchemy import delete
 
+from services.jobdb import workers as store_workers
+from services.jobdb.models import Worker
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store import workers as store_workers
-from services.store.models import Worker
-from services.store.sessions import session_factory
 from services.worker import registry
 
 SMI = """0, GPU-aaaa1111, NVIDIA H100 80GB HBM3, 81559
@@ -86,7 +86,7 @@ def test_describing_the_worker_imports_no_torch_and_lists_the_catalog() -> None:
 
 
 def test_registration_registers_renews_and_marks_the_worker_stopped(tmp_path: Any) -> None:
-    from services.store.migrate import upgrade
+    from services.jobdb.migrate import upgrade
 
     settings = Settings(home=tmp_path / "home", lease_timeout_s=2, heartbeat_interval_s=0.05)
     upgrade(settings.database_url)

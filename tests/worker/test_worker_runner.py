@@ -10,10 +10,10 @@ import pytest
 from job_specs import TINY_SPEC
 
 from services.dispatch.enqueue import celery_app_for
+from services.jobdb import checkpoints, events, jobs, metrics
+from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.store import checkpoints, events, jobs, metrics
-from services.store.sessions import session_factory
-from services.worker import shutdown, training
+from services.worker import rank, shutdown
 from services.worker.attempt import Outcome
 from services.worker.runner import run_job
 
@@ -52,7 +52,7 @@ def test_an_exception_in_training_fails_the_job_once_with_its_traceback(
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("loss exploded at step 3")
 
-    monkeypatch.setattr(training, "build_run", explode)
+    monkeypatch.setattr(rank, "build_run", explode)
     job_id = make_job()
     assert run_job(settings, job_id, "w") == "failed"
     job = load(settings, job_id)
@@ -129,19 +129,19 @@ def test_a_later_attempt_runs_only_what_is_left_of_the_jobs_timeout(
 ) -> None:
     spec = {**TINY_SPEC, "max_steps": 10_000_000, "checkpoint_every": 10_000_000, "timeout": "1h"}
     job_id = make_job(spec)
-    fit = training.build_run
+    fit = rank.build_run
 
     def build_then_shut_down(*args: Any, **kwargs: Any) -> Any:
         run = fit(*args, **kwargs)
         shutdown.requested.set()  # the first attempt's worker is stopped (SIGTERM)
         return run
 
-    monkeypatch.setattr(training, "build_run", build_then_shut_down)
+    monkeypatch.setattr(rank, "build_run", build_then_shut_down)
     try:
         assert run_job(settings, job_id, "w") == Outcome.HANDED_BACK
     finally:
         shutdown.reset()
-    monkeypatch.setattr(training, "build_run", fit)
+    monkeypatch.setattr(rank, "build_run", fit)
     handed_back = load(settings, job_id)
     assert handed_back.run_seconds == pytest.approx(sum(attempt_seconds(settings, job_id)))
     # As if that attempt had run for 59 min 59 s: one second of the hour is left.
@@ -167,14 +167,14 @@ def test_a_shutdown_hands_the_job_back_checkpointed_and_enqueued(
 ) -> None:
     """SIGTERM's flag set mid-run: the job stops, is checkpointed where it stopped, goes back
     to ``queued`` with a fresh message, and the attempt reports ``HANDED_BACK``."""
-    fit = training.build_run
+    fit = rank.build_run
 
     def build_then_shut_down(*args: Any, **kwargs: Any) -> Any:
         run = fit(*args, **kwargs)
         shutdown.requested.set()  # as Celery's worker_shutting_down does
         return run
 
-    monkeypatch.setattr(training, "build_run", build_then_shut_down)
+    monkeypatch.setattr(rank, "build_run", build_then_shut_down)
     job_id = make_job({**TINY_SPEC, "max_steps": 50})
     try:
         assert run_job(settings, job_id, "w") == Outcome.HANDED_BACK
@@ -194,7 +194,7 @@ def test_a_lost_lease_records_nothing(
 ) -> None:
     """Another worker took the job mid-run: this attempt reports ``LEASE_LOST`` and leaves the
     row to its new owner."""
-    fit = training.build_run
+    fit = rank.build_run
 
     def build_then_lose_the_lease(*args: Any, **kwargs: Any) -> Any:
         run = fit(*args, **kwargs)
@@ -204,7 +204,7 @@ def test_a_lost_lease_records_nothing(
             job.lease_owner = "another-worker/1234"
         return run
 
-    monkeypatch.setattr(training, "build_run", build_then_lose_the_lease)
+    monkeypatch.setattr(rank, "build_run", build_then_lose_the_lease)
     job_id = make_job({**TINY_SPEC, "max_steps": 100_000})
     assert run_job(settings, job_id, "w") == Outcome.LEASE_LOST
     job = load(settings, job_id)

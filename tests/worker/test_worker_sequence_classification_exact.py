@@ -13,7 +13,6 @@ moves it off by far more.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,11 @@ import torch
 from accumcore import Trainer
 from accumcore.data import make_loader
 from services.catalog.build import build_loss
-from services.catalog.own_data import label_collate
+from services.catalog.builders.own_data import label_collate
 from services.spec import parse_spec
 from services.worker.build import build_run
 from tests.own_data_files import write_labelled_text
-from tests.worker.exact_runs import float64_start, largest_difference, rank_batches, run_ranks
+from tests.worker.exact_runs import float64_start, global_windows, largest_difference, run_ranks
 
 WORLD = 2
 M, N, LR = 2, 3, 0.5
@@ -56,10 +55,9 @@ def reference(spec: dict[str, Any], world: int) -> tuple[list[torch.Tensor], int
     assert bundle.info.pad_token_id is not None
     big_batch = label_collate(bundle.info.pad_token_id)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    per_rank = rank_batches(parsed, bundle, world, M, bundle.collate_fn)
-    windows = max(math.ceil(len(b) / N) for b in per_rank)
-    for w in range(windows):
-        rows = [(ids[mask.bool()], int(label)) for rank in per_rank for b in rank[N * w: N * w + N]
+    windows = global_windows(parsed, bundle, M, N * world, bundle.collate_fn)
+    for batches in windows:
+        rows = [(ids[mask.bool()], int(label)) for b in batches
                 for ids, mask, label in zip(b["inputs"]["input_ids"], b["inputs"]["attention_mask"], b["targets"],
                                             strict=True)]
         batch = big_batch(rows)
@@ -67,7 +65,7 @@ def reference(spec: dict[str, Any], world: int) -> tuple[list[torch.Tensor], int
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return [p.detach() for p in model.parameters()], windows
+    return [p.detach() for p in model.parameters()], len(windows)
 
 
 def tokens(inputs: Any, targets: Any) -> int:

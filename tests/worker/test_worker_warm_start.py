@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from accumcore import save_checkpoint
+from services.jobdb import checkpoints, jobs, tokens
 from services.spec import parse_spec
-from services.store import checkpoints, jobs, tokens
 from services.worker.build import build_run
 from services.worker.warm_start import InitFromRefused, describe, initial_weights_path, state_sha256
 from tests.job_specs import TINY_SPEC

@@ -1,6 +1,9 @@
 """A job's checkpoints: the list, and the object itself streamed from the artifact store
 (ETag = its sha256, single byte ranges), or with ``ACCUM_DOWNLOAD_REDIRECT=1`` on an S3 store a
-307 to a short-lived presigned URL (clients verify the sha256 either way)."""
+307 to a short-lived presigned URL (clients verify the sha256 either way). A sharded (FSDP)
+checkpoint is served as its consolidated file, which the worker wrote when the shards were
+small enough (``ACCUM_CONSOLIDATE_MAX_BYTES``); one with shards only answers 409 with how to
+consolidate them."""
 
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ from services.api.deps import ArtifactsDep, SessionDep, SettingsDep
 from services.api.errors import Problem, problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, CheckpointList, CheckpointPublic
-from services.artifacts import StoreUnavailable
-from services.store import checkpoints as store_checkpoints
+from services.artifacts import ArtifactStore, StoreUnavailable, consolidated_key, is_sharded_key
+from services.jobdb import checkpoints as store_checkpoints
 
 router = APIRouter(
     prefix="/v1/jobs",
@@ -71,6 +74,7 @@ def list_checkpoints(*, session: SessionDep, owner: CurrentOwner, job_id: str) -
         304: {"description": "If-None-Match matched: you have this file"},
         307: {"description": "ACCUM_DOWNLOAD_REDIRECT=1: a presigned URL on the S3 store"},
         **NOT_FOUND,
+        **problem_responses((409, "A sharded checkpoint without a consolidated file: the detail says how to get one")),
     },
 )
 def download_checkpoint(
@@ -99,6 +103,8 @@ def download_checkpoint(
     if etag_matches(if_none_match, etag):
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
     try:
+        if is_sharded_key(key):
+            key = served_file_of_shards(store, key, job_id, step)
         if settings.download_redirect and (url := store.presign(key, settings.presign_expires_s)):
             return RedirectResponse(url, status.HTTP_307_TEMPORARY_REDIRECT, headers={"ETag": etag})
         stored = store.head(key)
@@ -124,3 +130,20 @@ def download_checkpoint(
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{stored.size}"
     return StreamingResponse(chunks, status_code=206 if span else 200, headers=headers,
                              media_type="application/octet-stream")
+
+
+def served_file_of_shards(store: ArtifactStore, manifest: str, job_id: str, step: int) -> str:
+    """The consolidated file of a sharded checkpoint (its manifest's key): 409 when the
+    worker stored shards only."""
+    key = consolidated_key(manifest)
+    if store.head(key) is None:
+        folder = manifest.rsplit("/", 1)[0]
+        raise Problem(
+            status.HTTP_409_CONFLICT, "Checkpoint Has Shards Only",
+            f"checkpoint {job_id}/{step} is sharded (FSDP) and has no consolidated file: its shards "
+            "were larger than the workers' ACCUM_CONSOLIDATE_MAX_BYTES. Copy the folder "
+            f"{store.url}/{folder}/ and run accumcore.consolidate_checkpoint(folder, 'full.pt') "
+            "(or torch.distributed.checkpoint.format_utils.dcp_to_torch_save); or start a job from it "
+            f'with init_from: {{"job": "{job_id}", "step": {step}}}, which loads the shards',
+        )
+    return key

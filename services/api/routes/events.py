@@ -10,21 +10,18 @@ from fastapi.responses import StreamingResponse
 
 from services.api.auth import CurrentOwner, bearer_token
 from services.api.deps import SessionDep
-from services.api.errors import Problem, problem_responses
+from services.api.errors import problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404, owner_names
 from services.api.schemas import MAX_INT32, EventList, EventPublic
-from services.api.sse import job_stream, open_stream
-from services.api.streams import StreamSlots, released, token_is_live
-from services.store import events as store_events
+from services.api.sse import SSE_HEADERS, job_stream, open_stream
+from services.api.streams import StreamSlots, released, take_slot, token_is_live
+from services.jobdb import events as store_events
 
 router = APIRouter(
     prefix="/v1/jobs",
     tags=["events"],
     responses=problem_responses(401, 422, 429, 503),
 )
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
 
 @router.get(
     "/{job_id}/events",
@@ -55,16 +52,7 @@ def read_events(
     job_id = job.id  # the path may hold a prefix of it
     if accept and "text/event-stream" in accept:
         slots: StreamSlots = request.app.state.stream_slots
-        if not slots.try_open(owner.id):
-            raise Problem(
-                429,
-                "Too many streams",
-                f"you have {slots.per_owner} event streams open (ACCUM_MAX_STREAMS_PER_OWNER); "
-                "close one, or poll GET /v1/jobs/{id} instead",
-                headers={"Retry-After": "5"},
-                max_streams=slots.per_owner,
-                open_streams=slots.open_for(owner.id),
-            )
+        take_slot(slots, owner.id)
         try:
             state = open_stream(session, job, owner_names(session, owner, [job]).get(job.owner_id))
         except BaseException:

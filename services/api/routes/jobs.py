@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, HTTPException, Query, Request, Response, status
-from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
+from services.admission import pipeline as admission
+from services.admission.context import Admission, Phase
 from services.api.auth import CurrentOwner
 from services.api.deps import ArtifactsDep, SessionDep, SettingsDep
-from services.api.errors import Problem, invalid_field, invalid_fields, problem_responses
-from services.api.job_ids import AmbiguousJobId, find_job, not_found_detail
+from services.api.errors import Problem, invalid_field, problem_responses, refused
 from services.api.job_view import job_view
 from services.api.schemas import (
     MAX_TAGS,
@@ -23,23 +23,22 @@ from services.api.schemas import (
     Tag,
 )
 from services.artifacts import StoreUnavailable
-from services.data_roots import allowed_data_roots, data_root_refusal
 from services.dispatch.unsent import publish_in_order
-from services.fleet import FleetView, fleet_refusals
-from services.settings import Settings
-from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
-from services.spec.limits import SpecLimits, limit_errors, with_defaults
-from services.store import jobs as store_jobs
-from services.store import tokens as store_tokens
-from services.store.checkpoints import list_checkpoints
-from services.store.errors import (
+from services.fleet import FleetView
+from services.jobdb import jobs as store_jobs
+from services.jobdb import tokens as store_tokens
+from services.jobdb.checkpoints import list_checkpoints
+from services.jobdb.errors import (
     ActiveJobCapReached,
     IdempotencyConflict,
     InvalidCursor,
     JobStateError,
 )
-from services.store.models import Job, Owner
-from services.store.queue_order import PRIORITIES
+from services.jobdb.job_ids import AmbiguousJobId, find_job, not_found_detail
+from services.jobdb.models import Job, Owner
+from services.jobdb.queue_order import PRIORITIES
+from services.settings import Settings
+from services.spec import JobSpec, effective_batch_size, total_optimizer_steps
 
 router = APIRouter(
     prefix="/v1/jobs",
@@ -77,13 +76,14 @@ def with_owner(job: Job, names: dict[int, str]) -> JobPublic:
     return public
 
 
-def job_public(session: Session, owner: Owner, job: Job, *, position: bool = True) -> JobPublic:
+def job_public(session: Session, owner: Owner, job: Job, *, position: bool = True,
+               new: bool = False) -> JobPublic:
     """The job as answered (`job_view`: the stream's `status` carries the same object: owner,
     attempts, exactness check, place in line). `position=False` leaves out a queued job's place
     in line: a count over its queue that the submit's hot path does not pay for
     (`GET /v1/jobs/{id}` has it)."""
     names = owner_names(session, owner, [job])
-    return job_view(session, job, names.get(job.owner_id), position=position)
+    return job_view(session, job, names.get(job.owner_id), position=position, new=new)
 
 
 def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
@@ -98,70 +98,41 @@ def cap_reached(session: Session, exc: ActiveJobCapReached) -> Problem:
     )
 
 
-def check_data_root(spec: JobSpec, settings: Settings, owner: Owner) -> None:
-    """422 at `dataset.data_root` (or `model.name` of an `hf:/dir`, `model.weights`,
-    `init_from.uri`) when the path is outside the allowed roots; the roots are the servers'
-    paths, so only an admin is told them (in the message and in `allowed`)."""
-    paths = spec.local_paths()
-    if not paths:
-        return
-    roots = allowed_data_roots(settings)
-    for where, path in paths:
-        reason = data_root_refusal(path, roots, show_roots=owner.is_admin)
-        if reason is not None:
-            allowed = [str(r) for r in roots] if owner.is_admin else None
-            raise invalid_field(("body", *where), reason, path, allowed)
-
-
-def within_limits(spec: JobSpec, settings: Settings) -> JobSpec:
-    """The spec with this service's defaults, or 422 at each field that exceeds its limits
-    (services.spec.limits)."""
-    limits = SpecLimits.from_settings(settings)
-    if errors := limit_errors(spec, limits):
-        raise RequestValidationError(errors)
-    return with_defaults(spec, limits)
-
-
-def check_init_from(session: Session, spec: JobSpec, owner: Owner) -> None:
-    """422 at `init_from.job` unless it is one of the owner's jobs; another owner's job gets
-    the same answer as a job that does not exist, so nothing about it leaks."""
-    ref = spec.init_from
-    if ref is None or ref.job is None:
-        return
-    where = ("body", "init_from", "job")
+def admitted(session: Session, spec: JobSpec, settings: Settings, owner: Owner,
+             fleet: FleetView) -> JobSpec:
+    """The spec past every admission check (services/admission: a 422 with the refusals of the
+    first check that refuses it), with this service's defaults filled in."""
     try:
-        job = find_job(session, ref.job, owner, anyones=False)
-    except AmbiguousJobId as exc:
-        raise invalid_field(where, str(exc), ref.job, exc.candidates) from exc
-    if job is None:
-        raise invalid_field(
-            where,
-            f"no job {ref.job[:100]!r} of yours to start from; init_from.job takes the id of one "
-            "of your jobs, or a unique prefix of it (GET /v1/jobs lists them)",
-            ref.job,
+        return admission.submit(Admission(spec, settings, Phase.SUBMIT, owner=owner,
+                                          session=session, fleet=fleet))
+    except admission.Refused as exc:
+        raise refused(exc.refusals) from exc
+
+
+def stored(session: Session, spec: JobSpec, owner: Owner, settings: Settings,
+           idempotency_key: str | None) -> tuple[Job, bool]:
+    """The job written and committed, ``(job, created)``: the one stored before for the same
+    Idempotency-Key and spec (409 for another spec under it), or 429 past the owner's cap."""
+    try:
+        job, created = store_jobs.create_job(
+            session,
+            owner=owner,
+            spec=spec.normalised(),
+            name=spec.name,
+            queue=spec.queue,
+            max_restarts=spec.max_restarts,
+            effective_batch_size=effective_batch_size(spec),
+            total_optimizer_steps=total_optimizer_steps(spec),
+            idempotency_key=idempotency_key,
+            max_active_jobs=settings.max_active_jobs_per_owner,
+            priority=PRIORITIES[spec.priority],
         )
-    ref.job = job.id  # the worker loads by the full id
-
-
-def check_fleet(session: Session, spec: JobSpec, settings: Settings, fleet: FleetView) -> None:
-    """422 where no registered worker of the spec's queue could run it (services/fleet.py):
-    an unknown queue (with the queues that exist), more GPUs than its workers have, a model
-    or dataset they do not offer."""
-    if refusals := fleet_refusals(session, spec, settings, view=fleet):
-        raise invalid_fields(
-            (("body", r.field), r.message, r.value, r.allowed) for r in refusals
-        )
-
-
-def check_priority(spec: JobSpec, owner: Owner) -> None:
-    """Owners may lower their jobs' priority; raising one above normal is for admins."""
-    if spec.priority == "high" and not owner.is_admin:
-        raise invalid_field(
-            ("body", "priority"),
-            'priority "high" is for admins (it goes before everyone\'s normal jobs); use '
-            '"normal" or "low", or ask an admin to submit it',
-            spec.priority, ["low", "normal"],
-        )
+        session.commit()
+    except IdempotencyConflict as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    except ActiveJobCapReached as exc:
+        raise cap_reached(session, exc) from exc
+    return job, created
 
 
 def enqueue_after_commit(settings: Settings, job: Job) -> None:
@@ -199,35 +170,13 @@ def submit_job(
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobPublic:
     """Submit a training job; it is queued and a worker picks it up."""
-    check_data_root(spec, settings, owner)
-    check_init_from(session, spec, owner)
-    spec = within_limits(spec, settings)
-    check_fleet(session, spec, settings, request.app.state.fleet)
-    check_priority(spec, owner)
-    try:
-        job, created = store_jobs.create_job(
-            session,
-            owner=owner,
-            spec=spec.normalised(),
-            name=spec.name,
-            queue=spec.queue,
-            max_restarts=spec.max_restarts,
-            effective_batch_size=effective_batch_size(spec),
-            total_optimizer_steps=total_optimizer_steps(spec),
-            idempotency_key=idempotency_key,
-            max_active_jobs=settings.max_active_jobs_per_owner,
-            priority=PRIORITIES[spec.priority],
-        )
-        session.commit()
-    except IdempotencyConflict as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
-    except ActiveJobCapReached as exc:
-        raise cap_reached(session, exc) from exc
+    spec = admitted(session, spec, settings, owner, request.app.state.fleet)
+    job, created = stored(session, spec, owner, settings, idempotency_key)
     if created:
         enqueue_after_commit(settings, job)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_public(session, owner, job, position=False)
+    return job_public(session, owner, job, position=False, new=created)
 
 
 @router.get("", response_model=JobPage)

@@ -1,6 +1,6 @@
 """`GET /metrics`: Prometheus text for scrapers (jobs by status, queue depth, workers by queue
 and state, worker heartbeat age, request latency, lifecycle counters from the event log, failed
-token checks, open streams, the artifact store's errors, upload seconds and bytes;
+token checks, open streams, the artifact store's errors and retained bytes (uploads: the workers' own histograms);
 docs/operations.md)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from sqlalchemy.orm import Session
 from services.api.deps import SessionDep, SettingsDep
 from services.api.telemetry import Telemetry
 from services.dispatch.broker import DEFAULT_QUEUE
-from services.store import workers as store_workers
-from services.store.events import lifecycle_counts
-from services.store.models import Checkpoint, Job, JobEvent
-from services.store.status import JobStatus
+from services.jobdb import workers as store_workers
+from services.jobdb.events import lifecycle_counts
+from services.jobdb.models import Checkpoint, Job, JobEvent
+from services.jobdb.status import JobStatus
 
 router = APIRouter(tags=["monitoring"])
 
@@ -49,19 +49,14 @@ def prometheus_metrics(
 
 
 def artifact_gauges(session: Session, request: Request) -> None:
-    """The artifact store's gauges, read from the job store (workers write what they did
-    there: every checkpoint event carries its upload's seconds and bytes)."""
+    """The artifact store's gauges, read from the job database: faults the workers recorded,
+    this API's failed probes, the bytes retained. Upload seconds and bytes are the workers' own
+    histograms (`accum_worker_checkpoint_upload_*`, each worker's /metrics), not repeated here."""
     telemetry = request.app.state.telemetry
     faults = session.scalar(select(func.count()).where(JobEvent.kind == "store_fault"))
     telemetry.store_errors.labels(source="workers").set(faults or 0)
     telemetry.store_errors.labels(source="api").set(request.app.state.store_probe.failures)
     telemetry.stored_bytes.set(session.scalar(select(func.sum(Checkpoint.size_bytes))) or 0)
-    latest = session.scalar(
-        select(JobEvent.data).where(JobEvent.kind == "checkpoint").order_by(JobEvent.id.desc()).limit(1)
-    )
-    if latest:
-        telemetry.upload_seconds.set(float(latest.get("upload_s") or 0))
-        telemetry.upload_bytes.set(float(latest.get("size_bytes") or 0))
 
 
 def worker_gauges(session: Session, telemetry: Telemetry, lease_timeout_s: float) -> None:

@@ -19,7 +19,7 @@ from services.api.auth import CurrentOwner
 from services.api.deps import SessionDep
 from services.api.errors import problem_responses
 from services.api.schemas import TokenCreated, TokenList, TokenPublic
-from services.store import tokens as store_tokens
+from services.jobdb import tokens as store_tokens
 
 router = APIRouter(
     prefix="/v1/tokens",

@@ -14,7 +14,7 @@ from services.api.auth import CurrentOwner
 from services.api.deps import SessionDep, SettingsDep
 from services.api.errors import problem_responses
 from services.api.schemas import WorkerList, WorkerPublic
-from services.store import workers as store_workers
+from services.jobdb import workers as store_workers
 
 router = APIRouter(prefix="/v1/workers", tags=["workers"], responses=problem_responses(401, 429, 503))
 

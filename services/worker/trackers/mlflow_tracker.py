@@ -1,8 +1,9 @@
 """MLflow through its official client (``mlflow-skinny``'s ``MlflowClient``).
 
 One run per job in the experiment ACCUM_MLFLOW_EXPERIMENT, found again by its
-``accum.job_id`` tag when an attempt died before recording its id; points go in one
-``log_batch`` per period. The last step the run holds is read back from the server (the
+``accum.job_id`` tag when an attempt died before recording its id; points go to the tracking
+server's REST ``log-batch`` (ACCUM_MLFLOW_TRACKING_URI: an http(s) server), a thousand values a
+call, each period. The last step the run holds is read back from the server (the
 history of ``loss``), so a resumed attempt never logs a step twice even when the one before
 was killed between sending a batch and recording it. Credentials: MLflow's own environment
 (MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN) on the worker.
@@ -10,15 +11,19 @@ was killed between sending a batch and recording it. Credentials: MLflow's own e
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from services.worker.trackers.base import FinalCheckpoint, RunIdentity, StepPoints
 
-# A batch holds at most this many metrics (the server's limit is 1000).
+# A batch holds at most this many metrics and tags (the server's limit is 1000).
 MAX_METRICS = 1000
 MAX_PARAMS = 100
+LOG_BATCH = "/api/2.0/mlflow/runs/log-batch"
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
@@ -34,11 +39,14 @@ class MlflowTracker:
         self.tracking_uri, self.experiment = tracking_uri.rstrip("/"), experiment
         self.register_model = register_model
         self.run_id = ""
+        self.creds: Callable[[], Any] = lambda: None
+        self._key_json = KeyJson()
 
     def open(self, identity: RunIdentity) -> tuple[str, str | None, int | None]:
         # Imported here, in the sink's thread: a worker without the extra reports the job's
         # tracker as undelivered (an event), it does not fail the job.
         from mlflow.tracking import MlflowClient
+        from mlflow.utils.credentials import get_default_host_creds
 
         self.client = MlflowClient(self.tracking_uri)
         found = self.client.get_experiment_by_name(self.experiment)
@@ -49,6 +57,7 @@ class MlflowTracker:
             run_id = run.info.run_id
             self._log_params(run_id, identity.params)
         self.run_id = run_id
+        self.creds = partial(get_default_host_creds, self.tracking_uri)
         held = [m.step for m in self.client.get_metric_history(run_id, "loss")]
         url = f"{self.tracking_uri}/#/experiments/{experiment_id}/runs/{run_id}"
         return run_id, url, max(held, default=-1)
@@ -66,14 +75,18 @@ class MlflowTracker:
             self.client.log_batch(run_id, params=items[start:start + MAX_PARAMS])
 
     def send(self, points: list[StepPoints], tags: dict[str, str]) -> None:
-        from mlflow.entities import Metric, RunTag
+        """One ``log-batch`` call per MAX_METRICS values, its body written here: the client's
+        ``log_batch`` makes a ``Metric`` entity and a protobuf message per value and turns
+        them into JSON (the bench measured ~150 us a 7-metric step, in the thread that competes
+        with training for the GIL, against a few us this way)."""
+        from mlflow.utils.rest_utils import http_request_safe
 
-        now = int(time.time() * 1000)
-        metrics = [Metric(key, value, now, p.step) for p in points for key, value in p.values.items()]
-        run_tags = [RunTag(key, value) for key, value in tags.items()]
-        for start in range(0, max(len(metrics), 1), MAX_METRICS):
-            self.client.log_batch(self.run_id, metrics=metrics[start:start + MAX_METRICS],
-                                  tags=run_tags if start == 0 else [])
+        body = {"run_id": self.run_id, "tags": [{"key": k, "value": v} for k, v in tags.items()]}
+        objects = log_batch_metrics(points, int(time.time() * 1000), self._key_json)
+        for metrics in batches_of(objects, len(body["tags"])) or [[]]:
+            http_request_safe(self.creds(), LOG_BATCH, "POST", data=batch_json(body, metrics),
+                              extra_headers={"Content-Type": "application/json"})
+            body["tags"] = []
 
     def finish(self, status: str, checkpoint: FinalCheckpoint | None) -> None:
         if checkpoint is not None:
@@ -102,3 +115,49 @@ class MlflowTracker:
 
     def close(self) -> None:
         pass  # the client holds no resources
+
+
+class KeyJson(dict[str, str]):
+    """A metric's name -> the start of its JSON object, ``{"key":"loss","value":``."""
+
+    def __missing__(self, key: str) -> str:
+        self[key] = text = f'{{"key":{json.dumps(key)},"value":'
+        return text
+
+
+def batches_of(objects: list[str], tags: int) -> list[list[str]]:
+    """The metric objects in ``log-batch`` calls of at most MAX_METRICS items, the first call
+    carrying the ``tags`` too (the server counts metrics, params and tags together: a first
+    call of 1000 metrics and a tag was refused, and retried forever)."""
+    first = MAX_METRICS - tags
+    head = [objects[:first]] if objects else []
+    return head + [objects[start:start + MAX_METRICS] for start in range(first, len(objects), MAX_METRICS)]
+
+
+def log_batch_metrics(points: list[StepPoints], timestamp_ms: int, key_json: KeyJson) -> list[str]:
+    """The points as ``log-batch`` metric objects (JSON text).
+
+    Each value is written by one ``%.17g`` over all of them (the shortest text that reads back
+    as the same double, ~0.4 us a value, against ~1 us for ``json.dumps`` of a dict each);
+    non-finite ones as the JSON strings MLflow's server reads as NaN and infinities."""
+    names: list[str] = []
+    values: list[float] = []
+    tails: list[str] = []
+    for p in points:
+        names.extend(p.values)
+        values.extend(p.values.values())
+        tails.extend([f',"timestamp":{timestamp_ms},"step":{p.step}}}'] * len(p.values))
+    text = ",".join(["%.17g"] * len(values)) % tuple(values)  # noqa: UP031 - one call for all
+    numbers = text.split(",") if values else []
+    if "n" in text:  # only "nan" and "inf" have one
+        numbers = [NON_FINITE.get(number, number) for number in numbers]
+    return list(map("".join, zip(map(key_json.__getitem__, names), numbers, tails, strict=True)))
+
+
+NON_FINITE = {"nan": '"NaN"', "inf": '"Infinity"', "-inf": '"-Infinity"'}
+
+
+def batch_json(body: dict[str, Any], metrics: list[str]) -> bytes:
+    """``body`` (run id, tags) with the metric objects as its ``metrics`` list."""
+    head = json.dumps(body)[:-1]
+    return f'{head},"metrics":[{",".join(metrics)}]}}'.encode()

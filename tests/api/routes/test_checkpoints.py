@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.artifacts import open_store
+from services.jobdb import checkpoints, jobs
 from services.settings import Settings
-from services.store import checkpoints, jobs
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from accum import parse_sse
 from services.api import sse
-from services.store import checkpoints, events, leases, metrics
-from services.store.models import Job
-from services.store.types import utcnow
+from services.jobdb import checkpoints, events, leases, metrics
+from services.jobdb.models import Job
+from services.jobdb.types import utcnow
 
 
 def test_lifecycle_events_are_listed_oldest_first(

@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.main import create_app
+from services.jobdb import events, leases
+from services.jobdb.models import Job
 from services.settings import Settings
-from services.store import events, leases
-from services.store.models import Job
 
 from ..helpers import PROBLEM_JSON, claim
 

@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from accum import parse_sse
-from services.store import leases
-from services.store.attempts import record_process_death
-from services.store.types import utcnow
+from services.jobdb import leases
+from services.jobdb.attempts import record_process_death
+from services.jobdb.types import utcnow
 
 
 def claim(session_factory: sessionmaker[Session], job_id: str, name: str, **kwargs: Any) -> Any:

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from worker_rows import worker_row
 
-from services.store import workers as store_workers
-from services.store.types import utcnow
+from services.jobdb import workers as store_workers
+from services.jobdb.types import utcnow
 
 from ..helpers import field_error, jobs_stored
 

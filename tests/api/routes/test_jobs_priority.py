@@ -9,7 +9,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store.models import Job
+from services.jobdb.models import Job
 
 from ..helpers import claim, field_error, jobs_stored
 

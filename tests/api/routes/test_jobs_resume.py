@@ -9,7 +9,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import checkpoints, jobs
+from services.jobdb import checkpoints, jobs
 
 
 def failed_with_checkpoints(session_factory: sessionmaker[Session], job_id: str,

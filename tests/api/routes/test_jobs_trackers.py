@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.api.main import create_app
+from services.jobdb.tracker_runs import mark_undelivered, open_run, set_identity
 from services.settings import Settings
-from services.store.tracker_runs import mark_undelivered, open_run, set_identity
 
 
 @pytest.fixture

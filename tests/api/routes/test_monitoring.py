@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.store import events, leases
-from services.store.types import utcnow
+from services.jobdb import events, leases
+from services.jobdb.types import utcnow
 
 from ..helpers import claim
 
@@ -102,7 +102,7 @@ def test_lifecycle_counters_come_from_the_event_log_with_their_causes(
 def test_artifact_store_gauges_come_from_checkpoint_and_fault_events(
     client: TestClient, alice: dict[str, str], submitted: dict[str, Any], session_factory: Any
 ) -> None:
-    from services.store import checkpoints, events
+    from services.jobdb import checkpoints, events
 
     with session_factory.begin() as session:
         checkpoints.add_checkpoint(session, submitted["id"], 5, f"{submitted['id']}/5.pt", 1000, "a" * 64)
@@ -114,7 +114,7 @@ def test_artifact_store_gauges_come_from_checkpoint_and_fault_events(
     values = samples(client.get("/metrics").text)
 
     assert values[("accum_artifact_stored_bytes", ())] == 4000
-    assert values[("accum_checkpoint_upload_seconds", ())] == 0.25
-    assert values[("accum_checkpoint_upload_bytes", ())] == 3000
+    # Uploads are measured once, by the workers' histograms (tests/worker/test_worker_metrics_endpoint.py).
+    assert ("accum_checkpoint_upload_seconds", ()) not in values
     assert values[("accum_artifact_store_errors", (("source", "workers"),))] == 1
     assert values[("accum_artifact_store_errors", (("source", "api"),))] == 0

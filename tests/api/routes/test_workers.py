@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from worker_rows import worker_row as row
 
-from services.store import workers as store_workers
-from services.store.types import utcnow
+from services.jobdb import workers as store_workers
+from services.jobdb.types import utcnow
 
 from .test_monitoring import samples
 

@@ -27,25 +27,27 @@ export function progressBar(job) {
   );
 }
 
-// "16 × 4 × 2 GPUs = 128": the three factors of the effective batch (m × N × GPUs).
+// "16 × 4 × 2 GPUs = 128": the factors of the effective batch (m × N × GPUs, × nodes when
+// there are several: "16 × 4 × 2 GPUs × 3 nodes = 384").
 export function effectiveBatch(spec, effective) {
-  const gpus = Math.max(spec.gpus ?? 1, 1);
+  const gpus = Math.max(spec.gpus ?? 1, 1), nodes = spec.nodes ?? 1;
   const m = spec.micro_batch_size;
   const n = spec.accumulation_steps;
-  const product = effective ?? (typeof m === "number" && typeof n === "number" ? m * n * gpus : null);
+  const product = effective ?? (typeof m === "number" && typeof n === "number" ? m * n * gpus * nodes : null);
   if (typeof m !== "number" || typeof n !== "number") {
     // "auto" micro-batch, or an epoch schedule of N: only the product is fixed.
     const schedule = n && typeof n === "object" ? ` (N by epoch: ${JSON.stringify(n)})` : "";
     return `${product === null ? "?" : grouped(product)}${m === "auto" ? " (m auto)" : ""}${schedule}`;
   }
   const device = spec.gpus === 0 ? "CPU" : `${gpus} GPU${gpus > 1 ? "s" : ""}`;
-  return `${grouped(m)} × ${grouped(n)} × ${device} = ${grouped(product)}`;
+  const across = nodes > 1 ? ` × ${nodes} nodes` : "";
+  return `${grouped(m)} × ${grouped(n)} × ${device}${across} = ${grouped(product)}`;
 }
 
 // Samples per optimizer step: the job's own figure, else m × N × GPUs from its spec.
 export function batchSize(job) {
-  const { micro_batch_size: m, accumulation_steps: n, gpus } = job.spec ?? {};
-  return job.effective_batch_size ?? (typeof m === "number" && typeof n === "number" ? m * n * Math.max(gpus ?? 1, 1) : null);
+  const { micro_batch_size: m, accumulation_steps: n, gpus, nodes } = job.spec ?? {};
+  return job.effective_batch_size ?? (typeof m === "number" && typeof n === "number" ? m * n * Math.max(gpus ?? 1, 1) * (nodes ?? 1) : null);
 }
 
 export function grouped(value) {
@@ -173,17 +175,14 @@ export const EXACTNESS_CAVEATS = {
   batchnorm_warning: "BatchNorm: training differs from the big batch",
 };
 
-// The non-finite value that stopped a run under on_nonfinite: "fail", from the error the
-// worker recorded (accumcore's NonFiniteError: "step 3: loss is nan; ..." or "... up to step
-// 9 (grad_norm is inf): the run has diverged"): {step, metric, label}, or null. The run never
-// logged that step's metrics, so its charts have no point there without this.
+// The non-finite value that stopped a run (accumcore's NonFiniteError): the job's
+// `error.nonfinite` as the worker records it ({step, metric, value}: "NaN", "inf" or "-inf"),
+// as {step, metric, label}, or null. The run never logged that step's metrics, so its charts
+// have no point there without this.
 export function nonFiniteStop(job) {
-  const error = job.error;
-  if (!error || error.type !== "NonFiniteError") return null;
-  const match = /step (\d+): (\w+) is (-?inf|nan)\b/i.exec(error.message) ?? /up to step (\d+) \((\w+) is (-?inf|nan)\)/i.exec(error.message);
-  if (!match) return null;
-  const value = match[3].toLowerCase();
-  return { step: Number(match[1]), metric: match[2], label: value === "nan" ? "NaN" : value };
+  const stop = job.error?.nonfinite;
+  if (!stop || typeof stop.step !== "number" || !stop.metric) return null;
+  return { step: stop.step, metric: stop.metric, label: stop.value };
 }
 
 // The same shape from a live `exactness_check` event (as services/api/schemas.py `exactness`).

@@ -1,12 +1,13 @@
 // One job: summary, live charts (history downsampled with max_points, then the SSE stream),
 // its attempts, the events timeline (filterable, checkpoints folded), checkpoints with
-// downloads, Cancel (confirmed) / Resume / Clone, and the spec.
+// downloads, the job's own output (Logs, job_logs.js), Cancel (confirmed) / Resume / Clone, and the spec.
 
 import { api, downloadFile, saveBlob, sleep, streamJob } from "../api.js";
 import { chartControls, chartSettings } from "../chart_controls.js";
 import { LineChart, Series, xContext } from "../charts.js";
 import { cardRow, clear, el, errorBox, richText } from "../dom.js";
 import { metricsCsv } from "../metrics_csv.js";
+import { LogsPanel } from "./job_logs.js";
 import {
   ACTIVE, EXACTNESS_CAVEATS, FINISHED, dateTime, duration, effectiveBatch, epochNumber, exactnessBadge, exactnessOfEvent,
   formatBytes, formatNumber, grouped, hasMetric, isNonFinite, jobLabel, latestMetric, nonFiniteStop, progressBar, runTime,
@@ -36,7 +37,8 @@ const EVENT_TONES = {
 };
 // How an attempt ended, in the page's words (the API's `outcome`).
 const OUTCOMES = {
-  handed_back: "handed back (worker stopped)", store_fault: "handed back (store fault)", lost: "worker lost",
+  handed_back: "handed back (worker stopped)", store_fault: "handed back (store fault)",
+  node_lost: "handed back (node lost)", lost: "worker lost",
 };
 const CHECKPOINTS_NAMED = 4;
 const ATTEMPT_COLUMNS = ["Attempt", "Worker", "Started", "Ended", "Outcome", "From step", "Steps"];
@@ -91,11 +93,13 @@ class JobPage {
     this.chartGrid = el("div", { class: "charts" });
     this.panels = PANELS.map((panel) => this.panel(panel));
     this.attemptRows = el("tbody");
+    this.nodeList = el("p", { class: "small", id: "nodes", hidden: true });
     this.kindSelect = el("select", { id: "event-kind", "aria-label": "show events of kind" });
     this.kindSelect.addEventListener("change", () => { this.kindFilter = this.kindSelect.value; this.renderEvents(); });
     this.timeline = el("ol", { class: "timeline", id: "timeline" });
     this.checkpoints = el("tbody");
     this.spec = el("pre", { class: "spec" });
+    this.logs = new LogsPanel(job.id, signal);
 
     root.append(
       el("p", { class: "crumbs" }, el("a", { href: "#/jobs" }, "← Jobs")),
@@ -112,7 +116,7 @@ class JobPage {
       el("section", {}, el("h2", {}, "Attempts"),
         el("div", { class: "table-wrap" }, el("table", { id: "attempts", class: "responsive" },
           el("thead", {}, el("tr", {}, ["#", ...ATTEMPT_COLUMNS.slice(1)].map((c) => el("th", {}, c)))),
-          this.attemptRows))),
+          this.attemptRows)), this.nodeList),
       el("div", { class: "columns" },
         el("section", {}, el("div", { class: "section-head" }, el("h2", {}, "Events"),
           el("label", { class: "inline small" }, "show ", this.kindSelect)), this.timeline),
@@ -120,6 +124,7 @@ class JobPage {
           el("div", { class: "table-wrap" }, el("table", { id: "checkpoints", class: "responsive" },
             el("thead", {}, el("tr", {}, CHECKPOINT_COLUMNS.map((c, i) => el("th", {}, i === CHECKPOINT_COLUMNS.length - 1 ? "" : c)))),
             this.checkpoints)))),
+      this.logs.section,
       el("details", { class: "spec-box" }, el("summary", {}, "Spec (normalised)"), this.spec),
     );
     signal.addEventListener("abort", () => this.panels.forEach((p) => p.chart.destroy()), { once: true });
@@ -158,6 +163,11 @@ class JobPage {
       ["Epoch", `${epochNumber(job.progress.epoch)}${epochs}`],
       ["Effective batch", el("span", { class: "mono" }, effectiveBatch(spec, job.effective_batch_size))],
       ["Model / dataset", `${spec.model.name} on ${spec.dataset.name}`],
+      ...(job.strategy ? [["Strategy", el("span", { id: "strategy" }, sharingStrategy(job))]] : []),
+      ...(job.peak_memory_bytes_per_rank?.length
+        ? [["Peak memory", el("span", { id: "rank-peaks", class: "mono" },
+          job.peak_memory_bytes_per_rank.map((b, r) => `rank ${r}: ${b === null ? "–" : formatBytes(b)}`).join(", "))]]
+        : []),
       ["Optimizer", optimizer],
       ["Loss", el("span", { id: "latest-loss", class: isNonFinite(job, "loss") ? "nonfinite" : "" }, latestMetric(job, "loss"))],
       stop && ["Stopped by", el("span", { id: "stopped-by", class: "nonfinite" }, `${stop.metric} ${stop.label} at step ${grouped(stop.step)}`)],
@@ -172,6 +182,7 @@ class JobPage {
     this.showError();
     this.spec.textContent = JSON.stringify(spec, null, 2);
     this.renderAttempts();
+    this.logs.update(job);
   }
 
   // The job's error, once, with the worker's traceback folded under it.
@@ -359,6 +370,21 @@ class JobPage {
       el("td", { class: "num" }, a.fromStep ? grouped(a.fromStep) : "start"),
       el("td", { class: "num" }, a.steps == null ? "–" : grouped(a.steps))]))
       : el("tr", {}, el("td", { colspan: 7, class: "muted empty" }, "Not started yet")));
+    this.renderNodes();
+  }
+
+  // A multi-node job: the worker of each node of its current or last attempt (the API's `nodes`;
+  // while its gang forms, those that joined so far).
+  renderNodes() {
+    const nodes = this.job.nodes, wanted = this.job.spec?.nodes ?? 1;
+    this.nodeList.hidden = !nodes;
+    if (!nodes) return;
+    const forming = this.job.status === "queued";
+    clear(this.nodeList,
+      el("strong", {}, forming ? `Gang forming: ${nodes.length} of ${wanted} nodes joined` : `Nodes (${nodes.length} of ${wanted})`),
+      nodes.length ? ": " : "",
+      ...nodes.flatMap((n, i) => [i ? ", " : "", el("span", { class: "mono", dataset: { node: String(n.node_rank) } },
+        `${n.node_rank}: ${n.worker}${n.host ? ` (${n.host})` : ""}`)]));
   }
 
   // The point the run stopped at, on its metric's chart (with the NaN / inf marker), where no
@@ -466,4 +492,16 @@ function trackerLinks(runs) {
       : el("span", { class: `tracker-${run.tracker}`, title: run.run_id ?? "" }, run.tracker),
     run.pending ? el("span", { class: "muted small" }, " (pending)") : "",
   ]));
+}
+
+// "fsdp (2 ranks, sync window, CPU offload)" / "ddp (2 ranks)": the strategy row of the summary.
+function sharingStrategy(job) {
+  const spec = job.spec;
+  const parts = [`${Math.max(spec.gpus ?? 1, 1)} rank${(spec.gpus ?? 1) > 1 ? "s" : ""}`];
+  if (job.strategy === "fsdp" && spec.fsdp) {
+    parts.push(`sync ${spec.fsdp.sync ?? "micro_batch"}`);
+    if (spec.fsdp.cpu_offload) parts.push("CPU offload");
+    if (spec.fsdp.mixed_precision) parts.push("bf16 parameters");
+  }
+  return `${job.strategy} (${parts.join(", ")})`;
 }

@@ -1,10 +1,13 @@
 // The jobs list: the newest jobs, refreshed every few seconds, sortable by any column,
-// searchable by name, filtered by status (on the server) and by owner and queue; tick jobs
-// to compare them. The choices live in the URL (#/jobs?status=running&q=cnn&sort=loss),
-// so a reload or a shared link shows the same list.
+// searchable by name, notes and tags, filtered by status and tag (on the server) and by owner
+// and queue; spec fields and latest metrics as columns of your choice (job_columns.js); tick
+// jobs to compare them. The choices live in the URL
+// (#/jobs?status=running&tag=sweep&q=cnn&sort=loss&cols=spec:optimizer.lr), so a reload or a
+// shared link shows the same list.
 
 import { api, sleep } from "../api.js";
 import { clear, el, errorBox } from "../dom.js";
+import { columnChooser, extraColumn, metricOrder } from "./job_columns.js";
 import {
   age, duration, effectiveBatch, isNonFinite, latestMetric, progressBar, runTime, shortId, statusBadge,
 } from "../format.js";
@@ -20,12 +23,13 @@ function finalMetric(job) {
   return name ? { name, text: latestMetric(job, name), value: job.latest_metrics[name] } : null;
 }
 
-// Columns: label, sort key (a value to order by), cell.
-function columns(me) {
+// Columns: label, sort key (a value to order by), cell; then the chosen extra ones.
+function columns(me, extra) {
   const cols = [
     { key: "name", label: "Name", sort: (j) => (j.name || "").toLowerCase(),
       cell: (j) => el("td", { "data-label": "Name" }, el("a", { href: `#/jobs/${j.id}`, class: "job-link" }, j.name || "unnamed"),
-        el("div", { class: "muted small mono" }, shortId(j.id))) },
+        el("div", { class: "muted small mono" }, shortId(j.id)),
+        j.tags?.length ? el("div", { class: "tags" }, j.tags.map((t) => el("a", { href: `#/jobs?tag=${encodeURIComponent(t)}`, class: "tag", dataset: { tag: t } }, t))) : null) },
     { key: "status", label: "Status", sort: (j) => STATUSES.indexOf(j.status), cell: (j) => el("td", { "data-label": "Status" }, statusBadge(j.status)) },
     { key: "progress", label: "Progress", sort: (j) => (j.progress.total_optimizer_steps ? j.progress.optimizer_step / j.progress.total_optimizer_steps : 0),
       cell: (j) => el("td", { "data-label": "Progress" }, progressBar(j)) },
@@ -45,26 +49,21 @@ function columns(me) {
     { key: "age", label: "Age", sort: (j) => Date.parse(j.created_at), cell: (j) => el("td", { title: new Date(j.created_at).toLocaleString(), "data-label": "Age" }, age(j.created_at)) },
   ];
   if (me?.is_admin) cols.push({ key: "owner", label: "Owner", sort: (j) => j.owner ?? "", cell: (j) => el("td", { "data-label": "Owner" }, j.owner ?? "") });
-  return cols;
-}
-
-// NaN sorts after every number (it is the worst loss), missing values after that.
-function metricOrder(job, name) {
-  if (isNonFinite(job, name)) return Infinity;
-  const value = job.latest_metrics?.[name];
-  return typeof value === "number" ? value : Number.MAX_VALUE;
+  return [...cols, ...extra.map(extraColumn).filter(Boolean)];
 }
 
 export async function render({ root, params, signal, me }) {
   const state = {
     status: STATUSES.includes(params.get("status")) ? params.get("status") : "",
     q: params.get("q") || "",
+    tag: params.get("tag") || "",
+    cols: (params.get("cols") || "").split(",").filter((k) => extraColumn(k)),
     owner: params.get("owner") || "",
     queue: params.get("queue") || "",
     sort: params.get("sort") || "age",
     dir: params.get("dir") === "asc" ? "asc" : "desc",
   };
-  const cols = columns(me);
+  let cols = columns(me, state.cols);
   if (!cols.some((c) => c.key === state.sort)) state.sort = "age";
   const selected = new Set();
   let jobs = [];
@@ -85,18 +84,27 @@ export async function render({ root, params, signal, me }) {
   });
   const markChips = () => chips.forEach((c) => c.classList.toggle("active", (c.dataset.filter === "all" ? "" : c.dataset.filter) === state.status));
   const statusFilter = el("nav", { class: "filters", "aria-label": "Filter by status" }, chips);
-  const search = el("input", { type: "search", id: "job-search", placeholder: "Search by name", value: state.q, "aria-label": "search jobs by name" });
+  const search = el("input", { type: "search", id: "job-search", placeholder: "Search name, notes, tags", value: state.q, "aria-label": "search jobs by name, notes or tag" });
+  const tagSelect = el("select", { id: "tag-filter", "aria-label": "tag" });
   const ownerSelect = el("select", { id: "owner-filter", "aria-label": "owner", hidden: !me?.is_admin });
   const queueSelect = el("select", { id: "queue-filter", "aria-label": "queue" });
   const head = el("tr");
   const body = el("tbody");
   const table = el("table", { class: "jobs responsive", id: "jobs-table" }, el("thead", {}, head), body);
+  const chooser = columnChooser((key, on) => {
+    state.cols = on ? [...state.cols.filter((k) => k !== key), key] : state.cols.filter((k) => k !== key);
+    cols = columns(me, state.cols);
+    if (!cols.some((c) => c.key === state.sort)) state.sort = "age";
+    remember();
+    renderHead();
+    renderBody();
+  });
   const footer = el("p", { class: "muted small", id: "jobs-footer" });
   const problem = el("div");
   root.append(
     el("div", { class: "toolbar" }, el("h1", {}, "Jobs"), el("span", { class: "spacer" }), compare,
       el("a", { href: "#/submit", class: "button primary" }, "New job")),
-    el("div", { class: "toolbar filters-bar" }, statusFilter, search, ownerSelect, queueSelect),
+    el("div", { class: "toolbar filters-bar" }, statusFilter, search, tagSelect, ownerSelect, queueSelect, chooser.menu),
     problem,
     el("div", { class: "table-wrap" }, table),
     footer,
@@ -105,7 +113,8 @@ export async function render({ root, params, signal, me }) {
   // The choices go into the URL without a navigation (the view is not rebuilt).
   const remember = () => {
     const query = new URLSearchParams();
-    for (const key of ["status", "q", "owner", "queue"]) if (state[key]) query.set(key, state[key]);
+    for (const key of ["status", "tag", "q", "owner", "queue"]) if (state[key]) query.set(key, state[key]);
+    if (state.cols.length) query.set("cols", state.cols.join(","));
     if (state.sort !== "age" || state.dir !== "desc") { query.set("sort", state.sort); query.set("dir", state.dir); }
     const hash = `#/jobs${query.size ? `?${query}` : ""}`;
     if (location.hash !== hash) history.replaceState(null, "", hash);
@@ -143,7 +152,9 @@ export async function render({ root, params, signal, me }) {
 
   const renderBody = () => {
     const q = state.q.trim().toLowerCase();
-    const shown = jobs.filter((j) => (!q || (j.name || "").toLowerCase().includes(q) || j.id.startsWith(q))
+    const matches = (j) => (j.name || "").toLowerCase().includes(q) || j.id.startsWith(q)
+      || (j.notes || "").toLowerCase().includes(q) || (j.tags ?? []).some((t) => t.toLowerCase().includes(q));
+    const shown = jobs.filter((j) => (!q || matches(j))
       && (!state.owner || j.owner === state.owner) && (!state.queue || j.queue === state.queue));
     const col = cols.find((c) => c.key === state.sort);
     const sign = state.dir === "asc" ? 1 : -1;
@@ -152,7 +163,7 @@ export async function render({ root, params, signal, me }) {
       return (x < y ? -1 : x > y ? 1 : 0) * sign || b.id.localeCompare(a.id);
     });
     if (!shown.length) {
-      const why = jobs.length ? "No jobs match these filters." : state.status ? `No ${state.status} jobs.` : "No jobs yet: submit one.";
+      const why = jobs.length || state.tag ? "No jobs match these filters." : state.status ? `No ${state.status} jobs.` : "No jobs yet: submit one.";
       clear(body, el("tr", {}, el("td", { colspan: cols.length + 1, class: "muted empty" }, why)));
     } else {
       clear(body, shown.map(row));
@@ -162,11 +173,16 @@ export async function render({ root, params, signal, me }) {
   };
 
   const refresh = async () => {
-    const page = await api(`v1/jobs?limit=${PAGE}${state.status ? `&status=${state.status}` : ""}`, { signal });
+    const query = new URLSearchParams({ limit: String(PAGE) });
+    if (state.status) query.set("status", state.status);
+    if (state.tag) query.set("tag", state.tag); // on the server: older jobs with the tag too
+    const page = await api(`v1/jobs?${query}`, { signal });
     jobs = page.items;
     more = Boolean(page.next_cursor);
     options(ownerSelect, new Set(jobs.map((j) => j.owner).filter(Boolean)), state.owner, "all owners");
     options(queueSelect, new Set(jobs.map((j) => j.queue)), state.queue, "all queues");
+    options(tagSelect, new Set([...jobs.flatMap((j) => j.tags ?? []), ...(state.tag ? [state.tag] : [])]), state.tag, "all tags");
+    chooser.update(jobs, state.cols);
     renderBody();
     clear(problem);
   };
@@ -174,6 +190,11 @@ export async function render({ root, params, signal, me }) {
   search.addEventListener("input", () => { state.q = search.value; remember(); renderBody(); });
   ownerSelect.addEventListener("change", () => { state.owner = ownerSelect.value; remember(); renderBody(); });
   queueSelect.addEventListener("change", () => { state.queue = queueSelect.value; remember(); renderBody(); });
+  tagSelect.addEventListener("change", () => {
+    state.tag = tagSelect.value;
+    remember();
+    refresh().catch((error) => { if (!signal.aborted) clear(problem, errorBox(error)); });
+  });
   renderHead();
   markChips();
   await refresh();

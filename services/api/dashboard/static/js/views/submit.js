@@ -8,7 +8,7 @@ import { api, openapi } from "../api.js";
 import { clear, el, errorBox } from "../dom.js";
 import { grouped, jobLabel } from "../format.js";
 import { loadYaml } from "../yaml.js";
-import { fieldsFor, modelEntry } from "./submit_fields.js";
+import { epochSchedule, fieldsFor, modelEntry, scheduleText } from "./submit_fields.js";
 
 function getPath(object, path) {
   return path.split(".").reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), object);
@@ -123,6 +123,14 @@ export async function render({ root, params, signal, me }) {
     for (const key of ["model", "dataset", "scheduler"]) if (typeof s[key] === "string") s[key] = { name: s[key] };
     s.model = { ...s.model, options: optionsOf(s.model, ["name"]) };
     s.dataset = { ...s.dataset, options: optionsOf(s.dataset, ["name", "data_root", "download"]) };
+    // The batch as the spec gives it: the effective batch (m maybe "auto"), N by epoch, or m and N.
+    s.batch_by = s.effective_batch_size != null ? "effective" : s.accumulation_steps && typeof s.accumulation_steps === "object" ? "by_epoch" : "m_n";
+    s.micro_batch_auto = s.micro_batch_size === "auto";
+    if (s.micro_batch_auto) delete s.micro_batch_size;
+    if (s.batch_by === "by_epoch") {
+      s.accumulation_by_epoch = scheduleText(s.accumulation_steps);
+      delete s.accumulation_steps;
+    }
     const shown = new Set([...inputs.keys()].map((p) => p.split(".")[0]));
     extras = Object.fromEntries(Object.entries(s).filter(([key, value]) => !shown.has(key) && value !== null));
     for (const [path, { field }] of inputs) {
@@ -142,8 +150,9 @@ export async function render({ root, params, signal, me }) {
     return parsed;
   };
 
-  // The spec the form describes (an options field that does not parse adds nothing).
-  const spec = () => {
+  // The spec the form describes (an options field that does not parse adds nothing); `raw`
+  // keeps the form's own fields (what the fields' `show` reads).
+  const spec = (raw = false) => {
     const s = {};
     const options = [];
     for (const [path, { field, input: node, box }] of inputs) {
@@ -165,6 +174,10 @@ export async function render({ root, params, signal, me }) {
       for (const [key, value] of Object.entries(values)) if (getPath(s, `${parent}.${key}`) === undefined) setPath(s, `${parent}.${key}`, value);
     }
     if (s.max_steps !== undefined) delete s.epochs;
+    if (raw) return s;
+    if (s.micro_batch_auto && s.batch_by === "effective") s.micro_batch_size = "auto";
+    if (s.batch_by === "by_epoch") s.accumulation_steps = epochSchedule(s.accumulation_by_epoch) ?? s.accumulation_by_epoch;
+    for (const own of fields.filter((f) => f.own)) delete s[own.path];
     if (s.init_from && s.init_from.job === undefined && s.init_from.uri === undefined) delete s.init_from;
     for (const [key, value] of Object.entries(extras)) s[key] ??= value;
     return tidy(s);
@@ -177,24 +190,18 @@ export async function render({ root, params, signal, me }) {
   const message = el("div", { id: "submit-message" });
 
   const update = () => {
-    const shownFor = spec();
+    const shownFor = spec(true);
     // A field that holds a value the user gave stays in sight (a data root typed before the
     // dataset changed), so nothing is sent that the form does not show.
     const given = ({ field, input: node }) => (field.check ? node.checked && !field.value : field.value === undefined && node.value.trim() !== "");
     for (const entry of inputs.values()) entry.box.hidden = entry.field.show ? !(entry.field.show(shownFor) || given(entry)) : false;
     const s = spec();
-    const m = s.micro_batch_size;
-    const n = s.accumulation_steps;
     const gpus = s.gpus ?? 1;
     const world = Math.max(gpus, 1);
-    const product = m * n * world;
     const device = gpus === 0 ? "CPU" : `${world} GPU${world > 1 ? "s" : ""}`;
     const size = byName[s.dataset?.name ?? s.dataset]?.train_size;
-    const valid = Number.isInteger(m) && Number.isInteger(n) && m > 0 && n > 0;
-    const perEpoch = valid && size ? Math.ceil(Math.ceil(Math.ceil(size / world) / m) / n) : null;
-    effective.textContent = valid
-      ? `${grouped(m)} × ${grouped(n)} × ${device} = ${grouped(product)} samples per optimizer step`
-      : "m and N must be whole numbers of at least 1";
+    const { text, product, valid, perEpoch } = batchOf(s, world, device, size);
+    effective.textContent = text;
     effective.dataset.value = String(valid ? product : "");
     clear(steps, perEpoch ? `≈ ${grouped(perEpoch)} optimizer step${perEpoch === 1 ? "" : "s"} per epoch of ${grouped(size)} training samples` : "");
     warning.hidden = !(valid && size && product > size);
@@ -214,6 +221,7 @@ export async function render({ root, params, signal, me }) {
   const showAt = (path, text) => {
     // `model` is its name's field, `model.hidden` (an option) its options'.
     const top = path.split(".")[0];
+    if (top === "accumulation_steps" && !inputs.get("accumulation_by_epoch").box.hidden) path = "accumulation_by_epoch";
     const entry = inputs.get(path) ?? inputs.get(`${path}.name`) ?? inputs.get(`${top}.options`) ?? inputs.get(top)
       ?? inputs.get(`${top}.name`);
     if (!entry || entry.box.hidden) return false;
@@ -244,6 +252,10 @@ export async function render({ root, params, signal, me }) {
         showAt(path, problem);
         ok = false;
       }
+    }
+    if (!inputs.get("accumulation_by_epoch").box.hidden && !epochSchedule(input("accumulation_by_epoch").value)) {
+      showAt("accumulation_by_epoch", "write it as epoch: N pairs, such as 0: 8, 4: 2");
+      ok = false;
     }
     // Your own data (imagefolder, files, hf_disk) has no default folder.
     const dataset = byName[input("dataset.name").value];
@@ -375,11 +387,40 @@ export async function render({ root, params, signal, me }) {
   }
   root.append(form);
   update();
-  // A spec the form cannot hold (m "auto", N by epoch) opens in the editor.
-  const { micro_batch_size: m, accumulation_steps: n } = source?.spec ?? {};
-  if (source && (typeof m !== "number" || (n !== null && n !== undefined && typeof n !== "number"))) {
-    mode = "form";
-    await switchTo("editor");
-    editor.value = JSON.stringify(tidy({ ...source.spec, name: `${jobLabel(source)}-clone` }), null, 2);
+}
+
+// The effective batch for the way the form gives it, in words, and the optimizer steps per
+// epoch (an epoch of `size` samples: each of the `world` ranks reads its share in micro-batches
+// of m, N of them per step; with "auto" m the count depends only on the effective batch).
+function batchOf(s, world, device, size) {
+  const whole = (v) => Number.isInteger(v) && v > 0;
+  const m = s.micro_batch_size;
+  if (s.effective_batch_size !== undefined) {
+    const e = s.effective_batch_size;
+    if (!whole(e)) return { text: "the effective batch must be a whole number of at least 1", valid: false };
+    const perRank = e / world;
+    const steps = size ? Math.ceil(Math.ceil(size / world) / perRank) : null;
+    if (m === "auto") {
+      return { text: `${grouped(e)} samples per optimizer step; m is chosen on the ${device} (the largest that fits and divides it), N follows`,
+        product: e, valid: true, perEpoch: steps };
+    }
+    const n = perRank / m;
+    if (!whole(m) || !Number.isInteger(n)) {
+      return { text: `${grouped(e)} is not m × N × ${device} for m ${m ?? "–"}: pick an m that divides ${grouped(perRank)}`, valid: false };
+    }
+    return { text: `${grouped(m)} × ${grouped(n)} × ${device} = ${grouped(e)} samples per optimizer step`, product: e, valid: true, perEpoch: steps };
   }
+  const n = s.accumulation_steps;
+  if (n && typeof n === "object") {
+    const entries = Object.entries(n).sort(([a], [b]) => Number(a) - Number(b));
+    if (!whole(m) || !entries.length || !entries.every(([, v]) => whole(v))) return { text: "m and each N must be whole numbers of at least 1", valid: false };
+    const first = m * entries[0][1] * world;
+    const parts = entries.map(([epoch, v]) => `from epoch ${Number(epoch) + 1}: ${grouped(m)} × ${grouped(v)} × ${device} = ${grouped(m * v * world)}`);
+    const steps = size ? Math.ceil(Math.ceil(Math.ceil(size / world) / m) / entries[0][1]) : null;
+    return { text: `${parts.join("; ")} samples per optimizer step`, product: first, valid: true, perEpoch: steps };
+  }
+  if (!whole(m) || !whole(n)) return { text: "m and N must be whole numbers of at least 1", valid: false };
+  const product = m * n * world;
+  return { text: `${grouped(m)} × ${grouped(n)} × ${device} = ${grouped(product)} samples per optimizer step`, product, valid: true,
+    perEpoch: size ? Math.ceil(Math.ceil(Math.ceil(size / world) / m) / n) : null };
 }

@@ -3,7 +3,7 @@
 // AdamW's, a data root is for data read from disk); a field holding a value is always shown.
 // Kinds: `choices` (a select), `check` (a checkbox), `options` (a YAML mapping merged into its
 // parent: a model's or a dataset's own options), else an input with `attrs`; `parse` turns the
-// typed text into the spec's value and `text` back.
+// typed text into the spec's value and `text` back; `own` fields are the form's, not the spec's.
 
 const SCHEDULERS = ["none", "cosine", "step"];
 // The namespaces of the catalog ("timm:", "hf:"): a name after the colon picks the model.
@@ -13,6 +13,23 @@ const NAMESPACE = /^([a-z_]+:)/;
 export function modelEntry(models, name) {
   const prefix = NAMESPACE.exec(name ?? "")?.[1];
   return models.find((m) => m.name === name) ?? (prefix ? models.find((m) => m.name === prefix) : undefined);
+}
+
+// "0: 8, 4: 2" as the spec's accumulation_steps mapping ({"0": 8, "4": 2}); null when it is
+// not a list of epoch: N pairs.
+export function epochSchedule(text) {
+  const pairs = String(text ?? "").split(",").map((p) => p.trim()).filter(Boolean);
+  const out = {};
+  for (const pair of pairs) {
+    const match = /^(\d+)\s*:\s*(\d+)$/.exec(pair);
+    if (!match) return null;
+    out[String(Number(match[1]))] = Number(match[2]);
+  }
+  return pairs.length ? out : null;
+}
+
+export function scheduleText(schedule) {
+  return Object.entries(schedule).sort(([a], [b]) => Number(a) - Number(b)).map(([e, n]) => `${e}: ${n}`).join(", ");
 }
 
 export function fieldsFor({ models, datasets, priorities, roots }) {
@@ -36,8 +53,22 @@ export function fieldsFor({ models, datasets, priorities, roots }) {
       show: (s) => dataset(s)?.needs_data_root && dataset(s)?.source === "builtin" },
     { section: "Job", path: "dataset.options", label: "Dataset options", options: true,
       attrs: { placeholder: "{columns: {text: body}}" }, hint: "YAML mapping; the catalog lists each dataset's options" },
-    { section: "Batch", path: "micro_batch_size", label: "Micro-batch m", attrs: int(1, 1048576), value: 16, hint: "samples per forward/backward" },
-    { section: "Batch", path: "accumulation_steps", label: "Accumulation N", attrs: int(1, 65536), value: 4, hint: "micro-batches per optimizer step" },
+    // How the batch is given: m and N, the effective batch (N follows; m may be "auto"), or N
+    // changing by epoch. `batch_by`, `micro_batch_auto` and `accumulation_by_epoch` are the
+    // form's own: submit.js turns them into the spec's fields.
+    { section: "Batch", path: "batch_by", label: "Batch given by", value: "m_n", own: true,
+      choices: [["m_n", "m × N"], ["effective", "effective batch (N follows)"], ["by_epoch", "N by epoch"]] },
+    { section: "Batch", path: "effective_batch_size", label: "Effective batch", attrs: int(1, 2147483647), value: 64,
+      hint: "samples per optimizer step (m × N × GPUs)", show: (s) => s.batch_by === "effective" },
+    { section: "Batch", path: "micro_batch_auto", label: "m: the largest that fits", check: true, value: false, own: true,
+      show: (s) => s.batch_by === "effective" },
+    { section: "Batch", path: "micro_batch_size", label: "Micro-batch m", attrs: int(1, 1048576), value: 16, hint: "samples per forward/backward",
+      show: (s) => !(s.batch_by === "effective" && s.micro_batch_auto) },
+    { section: "Batch", path: "accumulation_steps", label: "Accumulation N", attrs: int(1, 65536), value: 4, hint: "micro-batches per optimizer step",
+      show: (s) => !s.batch_by || s.batch_by === "m_n" },
+    { section: "Batch", path: "accumulation_by_epoch", label: "N by epoch", value: "0: 8, 4: 2", own: true,
+      attrs: { placeholder: "0: 8, 4: 2", autocomplete: "off" }, hint: "epoch: N pairs, epochs counted from 0 as in the spec",
+      show: (s) => s.batch_by === "by_epoch" },
     { section: "Batch", path: "gpus", label: "GPUs", attrs: int(0, 64), value: 1, hint: "0 = CPU" },
     { section: "Length", path: "epochs", label: "Epochs", attrs: int(1), value: 1, optional: true },
     { section: "Length", path: "max_steps", label: "Max steps", attrs: { ...int(1), placeholder: "instead of epochs" }, optional: true, hint: "optimizer steps; overrides epochs" },

@@ -1,0 +1,117 @@
+"""The admission checks, one function each: ``check(ctx) -> list[Refusal]`` ([] admits).
+
+Each reads what it needs from the context (services/admission/context.py) and answers every
+refusal of its own at once (all the service limits a spec exceeds, not the first); the
+pipeline's CHECKS list (pipeline.py) says in which order and phase each runs. A check that needs
+the database or the fleet runs at submit; one the worker must apply again to a stored job
+runs at its start too.
+"""
+
+from __future__ import annotations
+
+from services.admission.context import Admission, Phase
+from services.data_roots import allowed_data_roots, data_root_refusal, worker_refusal
+from services.fleet import fleet_refusals
+from services.fleet_nodes import nodes_refusals
+from services.jobdb.job_ids import AmbiguousJobId, find_job
+from services.jobdb.status import resume_hint
+from services.spec.limits import SpecLimits, limit_refusals
+from services.spec.refusal import Refusal
+
+
+def data_roots(ctx: Admission) -> list[Refusal]:
+    """The first local path the spec reads (`dataset.data_root`, an `hf:/dir` model, `model.weights`,
+    `init_from.uri`) outside ACCUM_DATA_ROOTS. The roots are the servers' paths: only an admin
+    is told them at submit (in the message and `allowed`); a worker names them in its log only."""
+    paths = ctx.spec.local_paths()
+    if not paths:
+        return []
+    roots = allowed_data_roots(ctx.settings)
+    admin = ctx.phase is Phase.SUBMIT and ctx.needs(ctx.owner, "the owner").is_admin
+    for where, path in paths:
+        if ctx.phase is Phase.START:
+            reason = worker_refusal(path, roots)
+        else:
+            reason = data_root_refusal(path, roots, show_roots=admin)
+        if reason is not None:
+            return [Refusal(where, reason, path, [str(r) for r in roots] if admin else None)]
+    return []
+
+
+def init_from_job(ctx: Admission) -> list[Refusal]:
+    """`init_from.job` must be one of the owner's jobs (an id or a unique prefix, resolved here
+    to the full id the worker loads by); another owner's job gets the same answer as a job
+    that does not exist, so nothing about it leaks."""
+    ref = ctx.spec.init_from
+    if ref is None or ref.job is None:
+        return []
+    field = ("init_from", "job")
+    try:
+        job = find_job(ctx.needs(ctx.session, "a session"), ref.job, ctx.needs(ctx.owner, "the owner"),
+                       anyones=False)
+    except AmbiguousJobId as exc:
+        return [Refusal(field, str(exc), ref.job, exc.candidates)]
+    if job is None:
+        return [Refusal(
+            field,
+            f"no job {ref.job[:100]!r} of yours to start from; init_from.job takes the id of one "
+            "of your jobs, or a unique prefix of it (GET /v1/jobs lists them)",
+            ref.job,
+        )]
+    ref.job = job.id
+    return []
+
+
+def service_limits(ctx: Admission) -> list[Refusal]:
+    """This deployment's maxima and minima and the run-length and memory bounds
+    (services/spec/limits.py)."""
+    return limit_refusals(ctx.spec, SpecLimits.from_settings(ctx.settings))
+
+
+def fleet(ctx: Admission) -> list[Refusal]:
+    """What no registered worker of the spec's queue can do (services/fleet.py): an unknown
+    queue (with the queues that exist), more ranks than its workers have, a model or dataset
+    they do not offer."""
+    return fleet_refusals(ctx.needs(ctx.session, "a session"), ctx.spec, ctx.settings,
+                          view=ctx.needs(ctx.fleet, "the fleet view"))
+
+
+def nodes(ctx: Admission) -> list[Refusal]:
+    """A ``nodes: n`` job needs ``min_nodes`` workers of its queue offering ``gpus`` ranks each
+    (services/fleet_nodes.py); a one-node job reads nothing."""
+    if ctx.spec.nodes == 1:
+        return []
+    return nodes_refusals(ctx.needs(ctx.session, "a session"), ctx.spec, ctx.settings,
+                          ctx.needs(ctx.fleet, "the fleet view"))
+
+
+def worker_ranks(ctx: Admission) -> list[Refusal]:
+    """A ``gpus: k`` job trains on k ranks of one worker, never fewer: the worker that took it
+    applies the fleet check's rule to its own ranks (GPUs, else ``--cpu-ranks``)."""
+    gpus = ctx.spec.gpus
+    if gpus <= 1:
+        return []  # any worker trains it in one process: no NVML read
+    ranks = ctx.needs(ctx.ranks, "the worker's ranks")()
+    if gpus <= ranks:
+        return []
+    return [Refusal(("gpus",), too_few_ranks(gpus, ranks, ctx.needs(ctx.job_id, "the job id")), gpus)]
+
+
+def too_few_ranks(gpus: int, ranks: int, job_id: str) -> str:
+    has = f"{ranks} CPU rank{'s' if ranks != 1 else ''} (--cpu-ranks)" if ranks else "no GPU and no --cpu-ranks"
+    return (f"gpus {gpus} needs {gpus} ranks on one worker; the worker that took the job offers "
+            f"{has}, and no worker of its queue registered more: start one with {gpus} GPUs, or "
+            f"`accum worker --cpu-ranks {gpus}` to train on CPU ranks (gloo), then "
+            f"{resume_hint(job_id)}")
+
+
+def priority(ctx: Admission) -> list[Refusal]:
+    """Owners may lower their jobs' priority; raising one above normal is for admins."""
+    if ctx.spec.priority != "high" or ctx.needs(ctx.owner, "the owner").is_admin:
+        return []
+    return [Refusal(
+        ("priority",),
+        'priority "high" is for admins (it goes before everyone\'s normal jobs); use '
+        '"normal" or "low", or ask an admin to submit it',
+        ctx.spec.priority, ["low", "normal"],
+    )]

@@ -1,0 +1,202 @@
+"""The lease reaper: re-queues jobs whose worker stopped renewing its lease, and re-sends
+the broker message of queued jobs whose message may be lost.
+
+It runs as a thread in every worker and in the API process, so a job whose worker died
+(kill -9, lost node) is recovered as long as any accum process is up. Reaping is one atomic
+UPDATE per job in the store (``reap_expired_leases``), so several reapers at once are safe;
+each re-queued job gets a fresh broker message (the old one died with its worker).
+A job still ``queued`` whose last message is older than ``ACCUM_REQUEUE_AFTER_S``
+(``stale_queued_jobs``: the broker was down when the API submitted it, or a worker died
+between taking its message and claiming it) is enqueued again, at most once per period; a job
+whose publish failed (marked unsent: ``enqueued_at`` NULL) on the next pass, in submit order.
+
+    reaper = LeaseReaper(settings).start()
+    ...
+    reaper.stop()
+
+A ``--pool prefork`` worker forks its pool's children from the process this thread runs in.
+A fork taken mid-pass copied the locks the pass held (the session-factory cache's, and as
+well SQLAlchemy's, psycopg's, redis-py's) into the child, locked for good there: the child
+hung on its first database call and never claimed its job. So a fork waits for the pass in
+progress to end (``os.register_at_fork``), and the next pass waits for the fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Collection
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.dispatch.broker import DEFAULT_QUEUE
+from services.dispatch.enqueue import enqueue_job
+from services.housekeeping.retention import sweep_retention
+from services.jobdb.gangs import settle_stale_gangs
+from services.jobdb.leases import mark_unsent, reap_expired_leases, stale_queued_jobs
+from services.jobdb.models import Job
+from services.jobdb.sessions import session_factory
+from services.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# A pass is a few queries and sends, each bounded by a connect or socket timeout; past this a
+# fork goes ahead rather than block the worker (and the child may hang, as before the guard).
+FORK_WAIT_S = 30.0
+
+
+# While a send fails (the broker is down), the reaper's passes come this often (seconds), so
+# the jobs waiting for it are sent within this long of the broker's return.
+UNSENT_RETRY_S = 2.0
+
+# Seconds since the epoch, as time.time; tests pass one that runs ahead instead of sleeping.
+Clock = Callable[[], float]
+
+
+def _now(clock: Clock) -> datetime:
+    return datetime.fromtimestamp(clock(), UTC)
+
+
+def queue_of(session: Session, job_id: str) -> str:
+    return str(session.scalar(select(Job.queue).where(Job.id == job_id)) or DEFAULT_QUEUE)
+
+
+def reap_once(
+    settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
+) -> list[str]:
+    """Re-queue (or fail, past ``max_restarts``) every job (on ``queues``, when given) whose
+    lease expired before ``clock()``; returns the ids of the jobs re-queued and enqueued again."""
+    with session_factory(settings).begin() as session:
+        requeued_ids, _failed = reap_expired_leases(
+            session, now=_now(clock), poison_after=settings.poison_after_lost_attempts,
+            queues=queues,
+        )
+        requeued = [(job_id, queue_of(session, job_id)) for job_id in requeued_ids]
+    # Enqueue after the commit: a worker that takes the message must see the job queued.
+    send_in_order(settings, requeued, "job %s lost its worker; re-queued on %s")
+    return [job_id for job_id, _ in requeued]
+
+
+def resend_stale_once(
+    settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
+) -> list[str]:
+    """Enqueue again, in submit order, every queued job never sent (``enqueued_at`` NULL: its
+    publish failed) or whose last message is older than ``settings.requeue_after_s`` at
+    ``clock()``; returns their ids. A failed send (the broker still down) marks that job and
+    the rest unsent again and raises: the next pass, soon, tries them in the same order."""
+    now = _now(clock)
+    older_than = now - timedelta(seconds=float(settings.requeue_after_s))
+    with session_factory(settings).begin() as session:
+        stale = stale_queued_jobs(session, older_than=older_than, now=now, queues=queues)
+    send_in_order(settings, stale, "job %s was queued with no recent message; enqueued again on %s")
+    return [job_id for job_id, _ in stale]
+
+
+def settle_gangs_once(
+    settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
+) -> dict[str, str]:
+    """Settle each gang (on ``queues``) still forming ``ACCUM_GANG_FORM_TIMEOUT_S`` after it
+    started, when none of its members did (they died): started on ``min_nodes`` or more, else
+    released (``services.jobdb.gangs``). Returns ``{queue: "formed" | "released"}``."""
+    with session_factory(settings).begin() as session:
+        return settle_stale_gangs(
+            session, form_timeout_s=settings.gang_form_timeout_s,
+            lease_timeout_s=settings.lease_timeout_s, now=_now(clock),
+            poison_after=settings.poison_after_lost_attempts, queues=queues,
+        )
+
+
+def send_in_order(settings: Settings, jobs: list[tuple[str, str]], logged: str) -> None:
+    """Enqueue each ``(id, queue)`` in turn (``logged`` % both after each); at the first failed
+    send, that job and the rest are marked unsent (the next pass sends them) and it raises."""
+    for index, (job_id, queue) in enumerate(jobs):
+        try:
+            enqueue_job(settings, job_id, queue)
+        except Exception:
+            with session_factory(settings).begin() as session:
+                mark_unsent(session, [unsent for unsent, _ in jobs[index:]])
+            raise
+        log.warning(logged, job_id, queue)
+
+
+class LeaseReaper:
+    """A daemon thread calling ``reap_once`` and ``resend_stale_once`` every ``interval_s``
+    (``ACCUM_REAPER_INTERVAL_S``), with ``clock`` as their time."""
+
+    def __init__(
+        self, settings: Settings, interval_s: float | None = None, clock: Clock = time.time,
+        queues: Collection[str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        # A worker reaps the jobs of its own queues (its settings, e.g. the poison rule, are
+        # its queues' deployment's); None (the API): every queue.
+        self.queues = queues
+        self.interval_s = float(interval_s or settings.reaper_interval_s)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="accum-lease-reaper", daemon=True)
+        # Held for a whole pass, and by a fork of this process (see the module docstring).
+        self.pass_lock = threading.Lock()
+
+    def start(self) -> LeaseReaper:
+        _running.add(self)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        _running.discard(self)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        wait_s = self.interval_s
+        while not self._stopped.wait(wait_s):
+            wait_s = self.interval_s
+            with self.pass_lock:
+                steps: tuple[Callable[[], object], ...] = (
+                    lambda: reap_once(self.settings, self.clock, self.queues),
+                    lambda: resend_stale_once(self.settings, self.clock, self.queues),
+                    lambda: sweep_retention(self.settings, self.clock),
+                    lambda: settle_gangs_once(self.settings, self.clock, self.queues),
+                )
+                for name, step in zip(("reap", "resend", "retention", "gangs"), steps, strict=True):
+                    try:
+                        step()
+                    except Exception:  # keep reaping after a database or broker blip
+                        if name == "resend":
+                            # Jobs wait for this send (a 20 s broker cut delayed one by
+                            # ACCUM_REQUEUE_AFTER_S, 300 s): try again soon, not a period later.
+                            wait_s = min(self.interval_s, UNSENT_RETRY_S)
+                        log.exception("reaper step %s failed; retrying in %.1fs", name, wait_s)
+
+
+_running: weakref.WeakSet[LeaseReaper] = weakref.WeakSet()
+_held_over_fork: list[threading.Lock] = []
+
+
+def _wait_for_passes() -> None:
+    for reaper in list(_running):
+        if reaper.pass_lock.acquire(timeout=FORK_WAIT_S):
+            _held_over_fork.append(reaper.pass_lock)
+        else:
+            log.warning("forking while the lease reaper is mid-pass (over %.0fs)", FORK_WAIT_S)
+
+
+def _release_passes() -> None:
+    while _held_over_fork:
+        _held_over_fork.pop().release()
+
+
+def _forget_parent_reapers() -> None:
+    _release_passes()
+    _running.clear()  # their threads stay in the parent; the child runs none of them
+
+
+os.register_at_fork(before=_wait_for_passes, after_in_parent=_release_passes,
+                    after_in_child=_forget_parent_reapers)

@@ -1,0 +1,42 @@
+"""The trackers of one attempt: the callback rank 0's trainer calls, its host process started."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.jobdb.models import Job, Owner
+from services.settings import Settings
+from services.spec import JobSpec
+from services.worker.attempt import Attempt
+from services.worker.checkpoints.uploads import CheckpointUploads
+from services.worker.trackers.base import RunIdentity, flat_params
+from services.worker.trackers.callback import TrackerCallback
+from services.worker.trackers.handover import TrackerHost
+from services.worker.trackers.sink import ensure_row
+
+
+def job_trackers(settings: Settings, sessions: sessionmaker[Session], attempt: Attempt,
+                 spec: JobSpec, uploads: CheckpointUploads) -> TrackerCallback | None:
+    """The callback that logs this attempt to the job's trackers, or None when it names none.
+    A tracker the spec names that this worker does not offer (settings changed since the
+    submit) is left out, as a down one would be: the job goes on."""
+    names = [name for name in spec.trackers if name in settings.trackers]
+    if not names:
+        return None
+    with sessions() as session:
+        job_name, owner, queue = session.execute(
+            select(Job.name, Owner.name, Job.queue).join(Owner, Owner.id == Job.owner_id)
+            .where(Job.id == attempt.job_id)).one()
+    identities = {}
+    for name in names:
+        run_id, delivered = ensure_row(sessions, attempt.job_id, name)
+        identities[name] = RunIdentity(
+            job_id=attempt.job_id, name=spec.name or job_name or attempt.job_id, owner=owner, queue=queue,
+            params=flat_params(spec.normalised()), run_id=run_id, delivered_step=delivered,
+            resume_step=attempt.resume_step or 0,
+        )
+    host = TrackerHost(settings, spec.normalised(), attempt.attempt, identities, sessions)
+    callback = TrackerCallback(host, uploads, settings.tracker_end_wait_s)
+    callback.start()
+    return callback

@@ -1,0 +1,129 @@
+"""The same trajectory on any number of ranks (docs/accumulation.md, rule 14 of the brief).
+
+With ``make_loader(rank=..., world=...)`` and ``accumulation_steps`` counting a global window's
+micro-batches, 1, 2 and 3 ranks (gloo, float64) train on the same global windows: padded token
+sequences, a short last micro-batch, a short last window that one of 3 ranks has no
+micro-batch of. Their weights and logged losses match the one-process big batch to 1e-12. A
+checkpoint written by 2 ranks inside an epoch resumes on 1 and on 3 ranks with the next global
+window and ends at the uninterrupted weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import world_invariance_worker as worker
+from rank_processes import start_method
+from trainer_reference import TokenCrossEntropy, big_batch_training, token_loss_sum, token_model
+
+from accumcore import Trainer, load_checkpoint
+from accumcore.data import EpochBatchSampler, make_loader
+from accumcore.schedule import AccumulationSchedule
+
+TOLERANCE = 1e-12
+
+
+def _ranks(world: int, tmp_path, name: str, checkpoint_dir=None, resume=None) -> list[dict]:
+    import torch._dynamo  # noqa: F401  (import what DDP imports before forking: see test_trainer_ddp)
+
+    out = tmp_path / name
+    out.mkdir()
+    mp.start_processes(
+        worker.run,
+        args=(world, str(out / "init"), str(out), str(checkpoint_dir) if checkpoint_dir else None,
+              str(resume) if resume else None),
+        nprocs=world, join=True, start_method=start_method(),
+    )
+    return [torch.load(out / f"rank{r}.pt") for r in range(world)]
+
+
+def _max_diff(params: list[torch.Tensor], other: list[torch.Tensor]) -> float:
+    return max(float((p - q).abs().max()) for p, q in zip(params, other, strict=True))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The big-batch oracle, one process, 2 ranks (with checkpoints) and 3 ranks; then the
+    2-rank checkpoint of step 4 resumed on 1 and on 3 ranks."""
+    tmp_path = tmp_path_factory.mktemp("world")
+    oracle, oracle_losses = big_batch_training(
+        token_model(torch.float64), make_loader(worker.dataset(), worker.MICRO_BATCH, seed=worker.SEED),
+        token_loss_sum, AccumulationSchedule(worker.WINDOW), worker.EPOCHS, lr=0.2,
+    )
+    checkpoints = tmp_path / "checkpoints"
+    two = _ranks(2, tmp_path, "two", checkpoint_dir=checkpoints)
+    resume_from = checkpoints / f"{worker.CHECKPOINT_STEP}.pt"
+    return {
+        "oracle": [p.detach() for p in oracle.parameters()],
+        "oracle_losses": oracle_losses,
+        "one": worker.train(0, 1),
+        "two": two,
+        "three": _ranks(3, tmp_path, "three"),
+        "checkpoint": load_checkpoint(resume_from),
+        "resumed_one": worker.train(0, 1, resume=resume_from),
+        "resumed_three": _ranks(3, tmp_path, "resumed_three", resume=resume_from),
+    }
+
+
+def test_the_setup_has_uneven_shares_and_a_short_last_window() -> None:
+    """What the invariance below is tested on: 8 micro-batches over 3 ranks as 3, 3, 2, and a
+    short last window of 2 as 1, 1, 0; the epoch's last micro-batch holds 1 sample."""
+    shares = []
+    for rank in range(3):
+        sampler = EpochBatchSampler(worker.SAMPLES, worker.MICRO_BATCH, seed=worker.SEED, rank=rank, world=3)
+        sampler.set_window(worker.WINDOW)
+        shares.append(sampler.layout().sizes())
+    assert shares == [[3, 3, 1], [3, 3, 1], [2, 2, 0]]
+    assert worker.SAMPLES % worker.MICRO_BATCH == 1
+
+
+def test_one_two_and_three_ranks_follow_the_big_batch_trajectory(runs) -> None:
+    steps = len(runs["oracle_losses"])
+    assert steps == worker.EPOCHS * 3
+    for name in ("one", "two", "three"):
+        results = [runs[name]] if name == "one" else runs[name]
+        for result in results:
+            assert result["steps"] == list(range(1, steps + 1)), name
+            assert _max_diff(result["params"], runs["oracle"]) <= TOLERANCE, name
+            # The logged loss is the global window's mean, the same on every rank.
+            assert max(abs(a - b) for a, b in zip(result["losses"], runs["oracle_losses"], strict=True)) <= TOLERANCE
+            assert result["items"] == runs["one"]["items"], name
+    # Padding makes the windows' item counts differ: a per-window average would not be exact.
+    assert len(set(runs["one"]["items"])) > 2
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_and_on_three_ranks(runs) -> None:
+    progress = runs["checkpoint"]["progress"]
+    # Epoch 1, after its first global window of 8 micro-batches of 2 samples.
+    assert (progress["epoch"], progress["window_in_epoch"], progress["samples_in_epoch"]) == (1, 1, 16)
+    uninterrupted = runs["two"][0]["params"]
+    resumed = [runs["resumed_one"], *runs["resumed_three"]]
+    for result in resumed:
+        assert result["steps"] == list(range(worker.CHECKPOINT_STEP + 1, worker.EPOCHS * 3 + 1))
+        assert _max_diff(result["params"], uninterrupted) <= TOLERANCE
+        assert result["losses"] == pytest.approx(runs["two"][0]["losses"][worker.CHECKPOINT_STEP:], abs=TOLERANCE)
+
+
+def test_a_checkpoint_without_the_global_position_resumes_from_its_batch_count(tmp_path) -> None:
+    """A checkpoint written before progress held window_in_epoch and samples_in_epoch (same
+    format otherwise) still resumes exactly, from its batches stepped on."""
+    worker.train(0, 1, checkpoint_dir=tmp_path)
+    state = load_checkpoint(tmp_path / f"{worker.CHECKPOINT_STEP}.pt")
+    del state["progress"]["window_in_epoch"], state["progress"]["samples_in_epoch"]
+    model = token_model(torch.float64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5)
+    trainer = Trainer(model, optimizer, loss_fn=TokenCrossEntropy(), accumulation_steps=worker.WINDOW)
+    trainer.load_state_dict(state)
+    trainer.fit(make_loader(worker.dataset(), worker.MICRO_BATCH, seed=worker.SEED), epochs=worker.EPOCHS)
+    final = load_checkpoint(tmp_path / f"{worker.EPOCHS * 3}.pt")["model"]
+    assert trainer.global_step == worker.EPOCHS * 3
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in final.items())
+
+
+def test_a_loader_made_for_another_world_is_refused() -> None:
+    model = token_model(torch.float64)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=worker.WINDOW)
+    loader = make_loader(worker.dataset(), worker.MICRO_BATCH, rank=1, world=2)
+    with pytest.raises(ValueError, match=r"rank 1 of world 2 .* this process is rank 0 of 1 .*DistributedDataParallel"):
+        trainer.fit(loader)

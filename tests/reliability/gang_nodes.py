@@ -1,0 +1,39 @@
+"""Two worker processes as two nodes of one queue, for the multi-node tests (DDP and FSDP):
+each its own ACCUM_HOME and cache (no shared disk), short leases and gang formation, a
+collective timeout that notices a dead peer within a test, every node advertising 127.0.0.1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from worker_stack import Stack
+
+LEASES = {"lease_timeout_s": 5.0, "heartbeat_interval_s": 0.5, "reaper_interval_s": 0.5}
+COLLECTIVE_TIMEOUT_S = 20
+NODE_ENV = {"ACCUM_GANG_FORM_TIMEOUT_S": "4", "ACCUM_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_TIMEOUT_S),
+            "ACCUM_ADVERTISE_ADDRESS": "127.0.0.1"}
+# float32 round-off: the ranks reduce the gradients in another order than one process.
+ROUND_OFF = 1e-5
+
+
+def two_nodes(stack: Stack, tmp_path: Path, s3_url: str) -> Stack:
+    """A variant of ``stack`` with checkpoints on S3 and two nodes (node0, node1) started."""
+    own = stack.variant(tmp_path, artifacts_url=s3_url, **LEASES)
+    for home in (tmp_path / "node0", tmp_path / "node1"):
+        own.start_worker(ACCUM_HOME=str(home), ACCUM_CACHE_DIR=str(home / "cache"), **NODE_ENV)
+    return own
+
+
+def largest_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[n].double() - b[n].double()).abs().max()) for n in a)
+
+
+def single_process_reference(own: Stack, spec: dict[str, Any]) -> dict[str, Any]:
+    """The final weights of ``spec`` in one process with N = 4: the same global windows as
+    N = 2 on two ranks (the world-invariant order)."""
+    job_id = own.create(**spec, accumulation_steps=4, gpus=1)
+    job = own.wait(job_id, timeout=180)
+    assert job.status == "succeeded", (job.error, own.worker_logs())
+    return own.final_weights(job_id)
