@@ -42,6 +42,10 @@ STEPS = 30
 SPEC: dict[str, Any] = {"micro_batch_size": 16, "max_steps": STEPS, "checkpoint_every": 5,
                         "keep_checkpoints": 2, "max_restarts": 3}
 FSDP: dict[str, Any] = {**SPEC, "strategy": "fsdp", "gpus": 1, "nodes": 2, "accumulation_steps": 2}
+# The node-loss job: long enough to be training still when its node is killed (progress reaches
+# the database late; a 40-step DDP job once succeeded before the kill landed).
+LOSS_STEPS = 600
+LOSS_SPEC: dict[str, Any] = {**SPEC, "max_steps": LOSS_STEPS, "checkpoint_every": 20}
 
 
 def test_an_fsdp_job_shards_over_two_nodes_each_storing_its_own_shards(
@@ -82,10 +86,10 @@ def test_an_fsdp_job_resumes_on_the_surviving_node_from_the_two_ranks_shards(
 ) -> None:
     own = two_nodes(stack, tmp_path, s3_url)
     try:
-        reference = single_process_reference(own, SPEC)
-        job_id = own.create(**FSDP, min_nodes=1)
+        reference = single_process_reference(own, LOSS_SPEC)
+        job_id = own.create(**{**FSDP, **LOSS_SPEC}, min_nodes=1)
         job = own.wait(job_id, ("running",), timeout=120,
-                       check=lambda j: (j.progress or {}).get("optimizer_step", 0) >= 12)
+                       check=lambda j: (j.progress or {}).get("optimizer_step", 0) >= 30)
         with own.sessions() as session:
             follower = next(m for m in members_of(session, job_id, job.attempts) if m.node_rank == 1)
         victim = own.hostnames[follower.worker]
@@ -97,7 +101,7 @@ def test_an_fsdp_job_resumes_on_the_surviving_node_from_the_two_ranks_shards(
         assert "node_lost" in kinds and "world_changed" in kinds, kinds
         with own.sessions() as session:
             assert len(members_of(session, job_id, job.attempts)) == 1  # the survivor alone
-        assert [s for s, _ in own.metric_steps(job_id)] == list(range(1, STEPS + 1))  # each once
+        assert [s for s, _ in own.metric_steps(job_id)] == list(range(1, LOSS_STEPS + 1))  # each once
         difference = largest_difference(own.final_weights(job_id), reference)
         assert difference <= ROUND_OFF, difference
         assert own.checkpoint_problems(job_id) == []

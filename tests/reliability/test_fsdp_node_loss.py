@@ -26,7 +26,8 @@ from services.worker.build import build_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-SPEC = {"max_steps": 120, "checkpoint_every": 10, "keep_checkpoints": 2, "micro_batch_size": 32,
+# 600 steps: still training when the node is killed at step 15 (progress reaches the database late).
+SPEC = {"max_steps": 600, "checkpoint_every": 20, "keep_checkpoints": 2, "micro_batch_size": 32,
         "accumulation_steps": 2, "max_restarts": 4, "gpus": 2, "strategy": "fsdp"}
 LEASES = {"lease_timeout_s": 3.0, "heartbeat_interval_s": 0.5, "reaper_interval_s": 0.2}
 ROUND_OFF = 1e-5
