@@ -49,7 +49,7 @@ def test_a_double_click_resets_every_synced_chart(logged_in: Any, deployment: De
         expect(page.locator(chart)).to_have_attribute("data-points", "60", timeout=15_000)
     page.wait_for_timeout(300)  # a frame to draw
     assert [x_range(page, chart) for chart in charts] == [(1, 60)] * 3
-    hover_step(page, "#chart-grad-norm", 50)
+    hover_step(page, "#chart-grad-norm", 50, shows="50")
     assert [legend(page, chart)[:2] for chart in charts] == [["50", "0.02"], ["50", "0.05"], ["50", "52"]]
 
 
@@ -71,7 +71,7 @@ def test_y_ticks_are_short_and_distinct_for_large_and_close_values(logged_in: An
     ticks = y_ticks(page, "#chart-loss")
     assert all(re.fullmatch(r"0|\d(\.\d+)?e\d+", t) for t in ticks), ticks  # 4e20, never 400,000,000T
     assert len(set(ticks)) == len(ticks) > 2
-    hover_step(page, "#chart-loss", 50)
+    hover_step(page, "#chart-loss", 50, shows="50")
     assert legend(page, "#chart-loss")[1] == "1.25e20"
 
     page.goto(f"/#/jobs/{close.id}")
@@ -92,5 +92,5 @@ def test_every_logged_metric_gets_a_chart(logged_in: Any, deployment: Deployment
         expect(page.locator(chart)).to_have_attribute("data-points", "10")
     run.metrics("gpu_memory_bytes", {s: 2.0e9 + s for s in range(1, 11)})  # over the live stream
     expect(page.locator("#chart-gpu-memory-bytes")).to_have_attribute("data-points", "10", timeout=15_000)
-    hover_step(page, "#chart-loss", 5)
+    hover_step(page, "#chart-loss", 5, shows="5")
     assert legend(page, "#chart-step-time-s")[:2] == ["5", "5"]

@@ -7,6 +7,7 @@ the legend and in the jobs list, with the error once and its traceback folded.""
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import pytest
@@ -22,13 +23,21 @@ def x_range(page: Any, chart: str) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def hover_step(page: Any, chart: str, step: float) -> None:
-    """Put the cursor over `step` on `chart` (from the x range the chart says it draws)."""
-    low, high = x_range(page, chart)
-    over = page.locator(f"{chart} .u-over")
-    over.scroll_into_view_if_needed()  # the mouse reaches only what the viewport shows
-    box = over.bounding_box()
-    page.mouse.move(box["x"] + (step - low) / (high - low) * box["width"], box["y"] + box["height"] / 2)
+def hover_step(page: Any, chart: str, step: float, shows: str | None = None) -> None:
+    """Put the cursor over `step` on `chart` (from the x range the chart says it draws). With
+    `shows`, until the chart's legend names that step, moving again from the chart's box as it
+    is now (up to 10 s): a page still laying out after its last fetch (the error box above
+    the charts, a redraw) moves the charts between reading a box and the mouse's move."""
+    deadline = time.monotonic() + 10
+    while True:
+        low, high = x_range(page, chart)
+        over = page.locator(f"{chart} .u-over")
+        over.scroll_into_view_if_needed()  # the mouse reaches only what the viewport shows
+        box = over.bounding_box()
+        page.mouse.move(box["x"] + (step - low) / (high - low) * box["width"], box["y"] + box["height"] / 2)
+        if shows is None or legend(page, chart)[:1] == [shows] or time.monotonic() > deadline:
+            return  # (past the deadline the caller's assertion on the legend says what it shows)
+        page.wait_for_timeout(100)
 
 
 def legend(page: Any, chart: str) -> list[str]:
@@ -77,11 +86,11 @@ def test_the_legend_shows_what_was_logged_at_the_cursors_step(
     page.goto(f"/#/jobs/{run.id}")
     expect(page.locator("#chart-loss")).to_have_attribute("data-points", "22")
 
-    hover_step(page, "#chart-loss", 7)
+    hover_step(page, "#chart-loss", 7, shows="7")
     # val_loss was measured at steps 10 and 20: at step 7 it has no value, not step 10's.
     assert legend(page, "#chart-loss") == ["7", "0.1429", "–"]
     assert legend(page, "#chart-lr") == ["7", "0.07"]  # one cursor for every chart
-    hover_step(page, "#chart-loss", 10)
+    hover_step(page, "#chart-loss", 10, shows="10")
     assert legend(page, "#chart-loss") == ["10", "0.1", "0.25"]
 
 
@@ -101,7 +110,7 @@ def test_a_diverged_run_shows_nan_and_inf_as_such(
     expect(page.locator("#latest-loss")).to_have_text("NaN")
     expect(page.locator("#chart-loss")).to_have_attribute("data-nonfinite", "loss@3:NaN")
     expect(page.locator("#chart-grad-norm")).to_have_attribute("data-nonfinite", "grad_norm@3:inf")
-    hover_step(page, "#chart-loss", 3.1)  # nearest logged step: 3, where it went NaN
+    hover_step(page, "#chart-loss", 3.1, shows="3")  # nearest logged step: 3, where it went NaN
     assert legend(page, "#chart-loss")[:2] == ["3", "NaN"]
     # The error once, with its traceback folded under it; the timeline does not repeat it.
     error = page.locator("#job-error")
@@ -143,7 +152,7 @@ def test_axes_smoothing_log_scale_and_restarts(logged_in: Any, deployment: Deplo
     page.fill("#smoothing", "0.6")
     page.wait_for_timeout(200)
     assert page.locator(f"{chart} .u-legend .u-series:not([hidden])").count() == 3  # x, loss, val_loss
-    hover_step(page, chart, 4)
+    hover_step(page, chart, 4, shows="4")
     assert legend(page, chart)[:2] == ["4", "0.25"]  # the raw value, not the average
 
     page.locator(f"{chart} .log-toggle").check()

@@ -37,7 +37,7 @@ def test_the_nonfinite_value_that_stopped_a_run_is_shown_where_it_stopped(
     # The x axis reaches step 4 once the marker is drawn (read before it, 3.9 lay off the chart).
     page.wait_for_function("() => Number(document.querySelector('#chart-loss')"
                            ".getAttribute('data-x-range').split(',')[1]) >= 4")
-    hover_step(page, "#chart-loss", 3.9)  # nearest logged step: 4, the last (the x axis ends there)
+    hover_step(page, "#chart-loss", 3.9, shows="4")  # nearest logged step: 4, the last (the x axis ends there)
     assert legend(page, "#chart-loss")[:2] == ["4", "NaN"]
     shot(page, "job-stopped-by-nan")
 
