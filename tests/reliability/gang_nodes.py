@@ -4,10 +4,15 @@ collective timeout that notices a dead peer within a test, every node advertisin
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 from worker_stack import Stack
+
+from services.jobdb.gangs import members_of
+from services.jobdb.models import Job
 
 LEASES = {"lease_timeout_s": 5.0, "heartbeat_interval_s": 0.5, "reaper_interval_s": 0.5}
 COLLECTIVE_TIMEOUT_S = 20
@@ -37,3 +42,25 @@ def single_process_reference(own: Stack, spec: dict[str, Any]) -> dict[str, Any]
     job = own.wait(job_id, timeout=180)
     assert job.status == "succeeded", (job.error, own.worker_logs())
     return own.final_weights(job_id)
+
+
+def running_at_step(own: Stack, job_id: str, step: int) -> Job:
+    """The job once it is running and its progress has reached optimizer step ``step``."""
+    return own.wait(job_id, ("running",), timeout=120,
+                    check=lambda j: (j.progress or {}).get("optimizer_step", 0) >= step)
+
+
+def node_workers(own: Stack, job: Job) -> dict[int, str]:
+    """The worker of each node rank of the job's current attempt."""
+    with own.sessions() as session:
+        return {m.node_rank: m.worker for m in members_of(session, job.id, job.attempts)}
+
+
+def kill_node(own: Stack, job: Job, node_rank: int) -> dict[int, str]:
+    """SIGKILL the worker of node ``node_rank`` (its ranks die with it: PR_SET_PDEATHSIG) and
+    wait for it; returns the attempt's workers by node rank, as they were."""
+    workers = node_workers(own, job)
+    victim = own.hostnames[workers[node_rank]]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    return workers

@@ -15,8 +15,6 @@ Redis), one gloo CPU rank per node, so the model is sharded across the nodes.
 from __future__ import annotations
 
 import io
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,9 @@ from services.jobdb.gangs import members_of
 
 from .gang_nodes import (
     ROUND_OFF,
+    kill_node,
     largest_difference,
+    running_at_step,
     single_process_reference,
     two_nodes,
 )
@@ -88,13 +88,7 @@ def test_an_fsdp_job_resumes_on_the_surviving_node_from_the_two_ranks_shards(
     try:
         reference = single_process_reference(own, LOSS_SPEC)
         job_id = own.create(**{**FSDP, **LOSS_SPEC}, min_nodes=1)
-        job = own.wait(job_id, ("running",), timeout=120,
-                       check=lambda j: (j.progress or {}).get("optimizer_step", 0) >= 30)
-        with own.sessions() as session:
-            follower = next(m for m in members_of(session, job_id, job.attempts) if m.node_rank == 1)
-        victim = own.hostnames[follower.worker]
-        os.kill(victim.pid, signal.SIGKILL)  # its rank dies with it (PR_SET_PDEATHSIG)
-        victim.wait()
+        kill_node(own, running_at_step(own, job_id, 30), node_rank=1)
         job = own.wait(job_id, timeout=300)
         assert job.status == "succeeded", (job.error, own.worker_logs())
         kinds = own.event_kinds(job_id)

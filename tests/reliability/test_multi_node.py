@@ -40,7 +40,10 @@ from services.jobdb.models import JobAttempt
 from .gang_nodes import (
     COLLECTIVE_TIMEOUT_S,
     ROUND_OFF,
+    kill_node,
     largest_difference,
+    node_workers,
+    running_at_step,
     single_process_reference,
     two_nodes,
 )
@@ -83,13 +86,7 @@ def test_a_lost_node_resumes_on_the_survivor(stack: Stack, tmp_path: Path, s3_ur
     try:
         reference = single_process_reference(own, LOSS_SPEC)
         job_id = own.create(**LOSS_SPEC, accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
-        job = own.wait(job_id, ("running",), timeout=120,
-                       check=lambda j: (j.progress or {}).get("optimizer_step", 0) >= 30)
-        with own.sessions() as session:
-            follower = next(m for m in members_of(session, job_id, job.attempts) if m.node_rank == 1)
-        victim = own.hostnames[follower.worker]
-        os.kill(victim.pid, signal.SIGKILL)  # its ranks die with it (PR_SET_PDEATHSIG)
-        victim.wait()
+        kill_node(own, running_at_step(own, job_id, 30), node_rank=1)
         job = own.wait(job_id, timeout=300)
         assert job.status == "succeeded", (job.error, own.worker_logs())
         kinds = own.event_kinds(job_id)
@@ -114,13 +111,7 @@ def test_a_job_that_keeps_losing_nodes_fails_once_max_restarts_is_reached(
     try:
         job_id = own.create(**{**SPEC, "max_restarts": 0, "max_steps": HUNG_STEPS, "checkpoint_every": 100},
                             accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
-        job = own.wait(job_id, ("running",), timeout=120,
-                       check=lambda j: (j.progress or {}).get("optimizer_step", 0) >= 2)
-        with own.sessions() as session:
-            follower = next(m for m in members_of(session, job_id, job.attempts) if m.node_rank == 1)
-        victim = own.hostnames[follower.worker]
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.wait()
+        kill_node(own, running_at_step(own, job_id, 2), node_rank=1)
         job = own.wait(job_id, timeout=120)
         assert job.status == "failed", (job.status, own.worker_logs())
         assert job.error is not None and job.error["type"] == "NodeLost", job.error
@@ -140,13 +131,7 @@ def test_losing_node_0_resumes_on_the_survivor(stack: Stack, tmp_path: Path, s3_
     try:
         reference = single_process_reference(own, LOSS_SPEC)
         job_id = own.create(**LOSS_SPEC, accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
-        job = own.wait(job_id, ("running",), timeout=120,
-                       check=lambda j: (j.progress or {}).get("optimizer_step", 0) >= 30)
-        with own.sessions() as session:
-            first = {m.node_rank: m.worker for m in members_of(session, job_id, job.attempts)}
-        leader = own.hostnames[first[0]]
-        os.kill(leader.pid, signal.SIGKILL)  # the store's host and the lease holder
-        leader.wait()
+        first = kill_node(own, running_at_step(own, job_id, 30), node_rank=0)  # the store's host, the lease holder
         job = own.wait(job_id, timeout=300)
         assert job.status == "succeeded", (job.error, own.worker_logs())
         assert job.restarts == 1 and job.attempts >= 2, (job.restarts, job.attempts)
@@ -191,11 +176,8 @@ def test_a_hung_rank_ends_the_attempt_within_the_collective_timeout(
         # Long enough that the rank is stopped mid-job even when progress is read late under
         # load (a 40-step job could end between the progress read and the SIGSTOP).
         job_id = own.create(**{**SPEC, "max_steps": HUNG_STEPS}, accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
-        job = own.wait(job_id, ("running",), timeout=120,
-                       check=lambda j: (j.progress or {}).get("optimizer_step", 0) >= 2)
-        with own.sessions() as session:
-            follower = next(m for m in members_of(session, job_id, job.attempts) if m.node_rank == 1)
-        hung = rank_processes(own.hostnames[follower.worker].pid)
+        follower = node_workers(own, running_at_step(own, job_id, 2))[1]
+        hung = rank_processes(own.hostnames[follower].pid)
         assert len(hung) == 1, hung
         os.kill(hung[0], signal.SIGSTOP)
         stopped_at = time.monotonic()
