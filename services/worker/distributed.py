@@ -125,10 +125,13 @@ def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, sto
     processes = context.processes
     deadline: float | None = None
     while True:
-        failed = next((i for i, p in enumerate(processes) if p.exitcode not in (None, 0)), None)
+        # One reading per pass: a rank that exits between two readings (its sentinel is ready
+        # before it can be reaped) would be neither failed nor alive, and the job "succeeded".
+        codes = [p.exitcode for p in processes]
+        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
         if failed is not None:
             return _rank_failed(context, failed, finished, grace_s, peer_lost)
-        alive = [p for p in processes if p.exitcode is None]
+        alive = [p for p, code in zip(processes, codes) if code is None]
         if not alive:
             if any(flag == STOPPED for flag in finished):
                 return outcome(True, heartbeat)  # cancelled, timed out or handed back

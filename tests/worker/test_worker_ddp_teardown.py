@@ -9,6 +9,7 @@ is lost) are terminated. Then a real ``gpus: 2`` job, 20 times in a row."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -122,6 +123,42 @@ def test_a_rank_that_raised_is_a_lost_peer_only_when_it_said_so(said_lost: int) 
         watch_ranks(context, finished, Running(), grace_s=30, stop=_flag(), peer_lost=exits)
     assert failed.value.peer_lost is bool(said_lost)
     assert not any(p.is_alive() for p in context.processes)
+
+
+class ExitingWhileRead:
+    """A rank that dies of an error while the parent looks at it: its sentinel is ready (the
+    process closed its end at exit) but the first reading of ``exitcode`` is still None, the
+    next one its code, as when the parent wakes before the kernel lets it reap the child."""
+
+    def __init__(self) -> None:
+        self.readings = 0
+        read_end, write_end = os.pipe()
+        os.close(write_end)  # at end of file: ready at once, as a dead child's sentinel is
+        self.sentinel = read_end
+
+    @property
+    def exitcode(self) -> int | None:
+        self.readings += 1
+        return None if self.readings == 1 else 1
+
+    def is_alive(self) -> bool:
+        return False
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def test_a_rank_that_exits_while_the_parent_reads_it_fails_the_job_not_succeeds() -> None:
+    rank = ExitingWhileRead()
+    context = SimpleNamespace(processes=[rank], error_files=["/nonexistent/rank0"])
+    spawn = multiprocessing.get_context("spawn")
+    finished, lost = spawn.Array("b", 1, lock=False), spawn.Array("b", [1], lock=False)
+    try:
+        with pytest.raises(RankFailed, match="exit code 1") as failed:
+            watch_ranks(context, finished, Running(), grace_s=1, stop=_flag(), peer_lost=lost)
+    finally:
+        os.close(rank.sentinel)
+    assert failed.value.peer_lost  # it said so: the gang's job resumes (NodeLost), never "succeeded"
 
 
 @pytest.mark.reliability_slow
