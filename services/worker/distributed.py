@@ -131,7 +131,7 @@ def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, sto
         failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
         if failed is not None:
             return _rank_failed(context, failed, finished, grace_s, peer_lost)
-        alive = [p for p, code in zip(processes, codes) if code is None]
+        alive = [p for p, code in zip(processes, codes, strict=True) if code is None]
         if not alive:
             if any(flag == STOPPED for flag in finished):
                 return outcome(True, heartbeat)  # cancelled, timed out or handed back

@@ -50,6 +50,16 @@ def plain_model() -> torch.nn.Module:
     return build_model(spec.model.name, build_data(spec, None), **spec.model.options)
 
 
+def run_to_success(settings: Settings, job_id: str, worker: str = "fsdp-worker") -> None:
+    """Run the job's attempt on ``worker``; it must succeed (else: its error and events)."""
+    outcome = run_job(settings, job_id, worker)
+    if outcome != "succeeded":
+        with session_factory(settings)() as session:
+            job = jobs.load_job(session, job_id)
+            said = [(e.kind, e.message) for e in events.list_events(session, job_id, limit=1000)]
+        pytest.fail(f"job {job_id} {outcome}: {job.error if job else None}; events {said}")
+
+
 def final_weights(settings: Settings, job_id: str) -> dict[str, torch.Tensor]:
     """The job's last stored checkpoint, read the way a user reads the downloaded file: into
     the plain (unsharded) model with ``torch.load`` + ``load_state_dict``; a sharded job's from
@@ -78,8 +88,8 @@ def test_an_fsdp_job_trains_like_the_ddp_job_every_rank_storing_its_shards(
     settings: Settings, make_job: Callable[..., str]
 ) -> None:
     sharded, replicated = make_job(FSDP), make_job(SPEC)
-    assert run_job(settings, sharded, "fsdp-worker") == "succeeded"
-    assert run_job(settings, replicated, "fsdp-worker") == "succeeded"
+    run_to_success(settings, sharded)
+    run_to_success(settings, replicated)
     with session_factory(settings)() as session:
         kept = [(c.step, c.key, c.size_bytes, c.sha256) for c in checkpoints.list_checkpoints(session, sharded)]
         kinds = [e.kind for e in events.list_events(session, sharded)]
@@ -111,7 +121,7 @@ def test_init_from_a_sharded_checkpoint_loads_its_shards_into_the_plain_model(
 ) -> None:
     shards_only = settings.model_copy(update={"consolidate_max_bytes": 0})
     sharded = make_job(FSDP)
-    assert run_job(shards_only, sharded, "fsdp-worker") == "succeeded"
+    run_to_success(shards_only, sharded)
     with session_factory(settings)() as session:
         last = checkpoints.list_checkpoints(session, sharded)[-1]
         key, sha256 = last.key, last.sha256
@@ -161,8 +171,8 @@ def test_a_cancelled_fsdp_job_resumes_from_the_store_on_another_node_exactly(
     # Another node: its own cache and staging directory; only the artifact store is shared. Its
     # checkpoints are shards only: the resume loads every rank's files, not a consolidated one.
     other = settings.model_copy(update={"cache_dir": tmp_path / "other-node-cache", "consolidate_max_bytes": 0})
-    assert run_job(other, interrupted, "fsdp-worker-2") == "succeeded"
-    assert run_job(settings, straight, "fsdp-worker") == "succeeded"
+    run_to_success(other, interrupted, "fsdp-worker-2")
+    run_to_success(settings, straight)
     with sessions() as session:
         job = jobs.load_job(session, interrupted)
         assert job is not None and job.attempts == 2 and job.progress["optimizer_step"] == 80
