@@ -36,6 +36,7 @@ from services.cli.output import cut, duration, epoch, grouped, hanging, number, 
 
 RECONNECT_DELAY_S = 1.0
 MAX_RECONNECTS = 60  # consecutive failures, one second apart
+HINT_TIMEOUT_S = 3.0  # the status read after Ctrl-C
 KIND_WIDTH = 13  # "lease expired"; rarer, longer kinds push their message right
 # Checkpoint steps a folded line names before it elides the middle ones.
 CHECKPOINTS_NAMED = 4
@@ -335,8 +336,10 @@ def _follow(client: AccumClient, job_id: str, history: History, live: Live) -> d
 
 
 def _say_still_running(client: AccumClient, job_id: str, job: dict[str, Any]) -> None:
-    with contextlib.suppress(AccumAPIError):  # else say it with what we had
-        job = client.job(job_id)
+    # After Ctrl-C the user waits for the prompt: a server slow to answer gets a few seconds,
+    # not the client's 30, and the hint then says what the watcher knew last.
+    with contextlib.suppress(AccumAPIError):
+        job = client.job(job_id, timeout=HINT_TIMEOUT_S)
     err = Console(stderr=True, highlight=False)
     if job["status"] in FINAL_STATUSES:
         err.print(f"job {job_id} {job['status']}", markup=False)

@@ -302,8 +302,11 @@ class AccumClient:
         body = {k: v for k, v in {"name": name, "tags": tags, "notes": notes}.items() if v is not None}
         return self._json("PATCH", f"/v1/jobs/{job_id}", json=body)
 
-    def job(self, job_id: str) -> JSON:
-        return self._json("GET", f"/v1/jobs/{job_id}")
+    def job(self, job_id: str, timeout: float | None = None) -> JSON:
+        """The job object; ``timeout`` (seconds) in place of the client's for this one read."""
+        if timeout is None:
+            return self._json("GET", f"/v1/jobs/{job_id}")
+        return self._json("GET", f"/v1/jobs/{job_id}", timeout=timeout)
 
     def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 2.0) -> JSON:
         """Block until the job has finished (succeeded, failed or cancelled); returns it.

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections import deque
 from datetime import timedelta
@@ -20,7 +22,7 @@ from cli_helpers import accum_in_process as accum
 from rich.progress import ProgressSample, Task, TaskID
 
 from accum import AccumClient
-from services.cli.watch import JobLine
+from services.cli.watch import HINT_TIMEOUT_S, JobLine, _say_still_running
 from services.jobdb.types import utcnow
 
 WAIT_S = 30.0
@@ -141,7 +143,11 @@ def test_ctrl_c_leaves_the_job_running_and_says_how_to_come_back(
     try:
         wait_for(watcher, "created")
         watcher.send_signal(signal.SIGINT)
-        _, err = watcher.communicate(timeout=WAIT_S)
+        try:
+            _, err = watcher.communicate(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            watcher.send_signal(signal.SIGABRT)
+            pytest.fail(f"the watcher did not exit after Ctrl-C; its threads:\n{watcher.communicate(timeout=WAIT_S)[1]}")
     finally:
         watcher.kill()
 
@@ -152,6 +158,23 @@ def test_ctrl_c_leaves_the_job_running_and_says_how_to_come_back(
         f"stop it:         accum cancel {job_id[:12]}",
     ]
     assert client.job(job_id)["status"] == "queued"
+
+
+def test_ctrl_c_with_a_server_that_does_not_answer_says_what_the_watcher_knew_last(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The status read after Ctrl-C waits a few seconds (HINT_TIMEOUT_S), not the client's 30."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts connections, never answers
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    job = {"status": "running", "progress": {"optimizer_step": 7, "total_optimizer_steps": 40}}
+    said = threading.Thread(target=_say_still_running, args=(AccumClient(url, "t"), "01jobid", job), daemon=True)
+    try:
+        said.start()
+        said.join(timeout=HINT_TIMEOUT_S * 5)  # the client's own timeout is 30 s
+        assert not said.is_alive(), "the hint waited for the server past HINT_TIMEOUT_S"
+    finally:
+        silent.close()
+    assert capsys.readouterr().err.splitlines()[0] == "stopped watching; job 01jobid is still running at step 7/40."
 
 
 def test_the_progress_line_fits_80_columns_with_eta_and_average_speed() -> None:
@@ -176,7 +199,8 @@ def test_the_progress_line_fits_80_columns_with_eta_and_average_speed() -> None:
 
 def start_watch(server: Server, job_id: str) -> subprocess.Popen[str]:
     env = {**server.env, "ACCUM_URL": server.url, "ACCUM_TOKEN": server.token, "COLUMNS": "80",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1",
+           "PYTHONFAULTHANDLER": "1"}  # SIGABRT dumps every thread's stack (a hung watcher)
     env.pop("ACCUM_HOME", None)
     return subprocess.Popen(
         [ACCUM, "watch", job_id], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
