@@ -1,8 +1,8 @@
 """Ctrl-C as KeyboardInterrupt, even where the shell started us with SIGINT ignored.
 
 A shell without job control starts `cmd &` (a script, a CI job) with SIGINT ignored, and
-Python then installs no handler: Ctrl-C, or `kill -INT`, would do nothing. The commands that
-run until interrupted (`accum up`, `accum demo`, `accum watch`) take it back for their run.
+Python then installs no handler: Ctrl-C, or `kill -INT`, would do nothing. The CLI's ``main``
+takes it back for every command (`accum up`, `demo`, `watch`, `logs --follow`, ...).
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ import httpx
 
 from accum.config import read_local_config, write_local_config
 from services.cli.admin import create_token, upgrade_database
-from services.cli.interrupts import sigint_interrupts
 
 if TYPE_CHECKING:
     from services.settings import Settings
@@ -245,15 +244,14 @@ class LocalService:
 
 @contextlib.contextmanager
 def sigterm_as_exception() -> Iterator[None]:
-    """Turn SIGTERM into `Terminated` (and SIGINT into KeyboardInterrupt, even when the shell
-    started us with SIGINT ignored: ``services.cli.interrupts``) so `finally` blocks stop the children."""
+    """Turn SIGTERM into `Terminated` so `finally` blocks stop the children (SIGINT is a
+    KeyboardInterrupt for every command: ``services.cli.interrupts``, set in ``main``)."""
 
     def handler(signum: int, frame: object) -> None:
         raise Terminated()
 
     previous_term = signal.signal(signal.SIGTERM, handler)
     try:
-        with sigint_interrupts():
-            yield
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous_term)

@@ -43,6 +43,7 @@ from services.cli import (
     workers,
 )
 from services.cli.common import CommandError, UsageError, in_cli_words
+from services.cli.interrupts import sigint_interrupts
 from services.cli.output import hanging
 
 
@@ -65,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with sigint_interrupts():  # Ctrl-C ends any command, also one started as `cmd &`
+            return int(args.func(args) or 0)
     except UsageError as exc:
         print(f"accum {args.command}: {exc}", file=sys.stderr)
         return 2

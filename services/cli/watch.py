@@ -32,7 +32,6 @@ from services.cli.common import (
     resolve_job_id,
     short_id,
 )
-from services.cli.interrupts import sigint_interrupts
 from services.cli.output import cut, duration, epoch, grouped, hanging, number, parse_time
 
 RECONNECT_DELAY_S = 1.0
@@ -258,7 +257,7 @@ def watch_job(
     name = str(job.get("name") or short_id(job_id))
     epochs = (job.get("spec") or {}).get("epochs")
     try:
-        with sigint_interrupts(), progress:  # Ctrl-C stops watching, also under `cmd &`
+        with progress:
             task = progress.add_task(name, total=None, status=job["status"], epoch="-", loss="-",
                                      sps="-", width=console.width)
             live = Live(progress, task, console, epochs if isinstance(epochs, int) else None)

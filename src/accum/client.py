@@ -304,9 +304,8 @@ class AccumClient:
 
     def job(self, job_id: str, timeout: float | None = None) -> JSON:
         """The job object; ``timeout`` (seconds) in place of the client's for this one read."""
-        if timeout is None:
-            return self._json("GET", f"/v1/jobs/{job_id}")
-        return self._json("GET", f"/v1/jobs/{job_id}", timeout=timeout)
+        return self._json("GET", f"/v1/jobs/{job_id}",
+                          timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
 
     def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 2.0) -> JSON:
         """Block until the job has finished (succeeded, failed or cancelled); returns it.
