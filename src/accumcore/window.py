@@ -239,26 +239,41 @@ class WindowRunner:
         # world_size factor undoes. should_stop is polled here, once per window, so that no rank
         # leaves a window the others are in. Each rank also writes, in its own slot, 1 + the
         # windows its loader has left (0: unknown), and (FSDP) the count of its micro-batches
-        # (the window's passes: the largest).
+        # (the window's passes: the largest). FSDP also flags a rank with no micro-batch that
+        # has never seen one (a resumed process): it cannot shape its zero-weight passes.
         stop = self.should_stop is not None and self.should_stop()
+        shapeless = self.sharded and not micro_batches and self.empty_inputs is None
         world, rank = distributed.world_size(), distributed.rank()
         slots = [0.0] * (2 * world)
         slots[rank] = 0.0 if windows_left is None else windows_left + 1.0
         slots[world + rank] = float(len(micro_batches))
+        flags = [1.0 if micro_batches else 0.0, 1.0 if stop else 0.0, 1.0 if shapeless else 0.0]
         reduced = distributed.all_reduce_sum(
-            [local_items, local_samples, 1.0 if micro_batches else 0.0, 1.0 if stop else 0.0, *slots],
-            distributed.comm_device(self.model),
+            [local_items, local_samples, *flags, *slots], distributed.comm_device(self.model),
         ).tolist()  # the flags decide what every rank does next: read them here
-        total_items, total_samples, ranks_with_data, stops = reduced[:4]
+        total_items, total_samples, ranks_with_data, stops, shapeless_ranks = reduced[:5]
         if stops > 0:
             return STOPPED
         if ranks_with_data == 0:
             return EXHAUSTED
-        left = reduced[4 : 4 + world]
+        if shapeless_ranks > 0:
+            self._share_empty_inputs(micro_batches)
+        left = reduced[5 : 5 + world]
         return _Agreement(
             total_items, total_samples, world, self.ddp and ranks_with_data < world,
-            min(left) > 0 and max(left) == 1, int(max(reduced[4 + world :])),
+            min(left) > 0 and max(left) == 1, int(max(reduced[5 + world :])),
         )
+
+    def _share_empty_inputs(self, micro_batches: list[MicroBatch]) -> None:
+        """FSDP, some rank has no micro-batch in this window and has seen none: every rank
+        offers 0 rows of a micro-batch (an earlier one's, or this window's first), and a rank
+        without its own takes the first offer (a collective: every rank calls it)."""
+        offer = self.empty_inputs
+        if offer is None and micro_batches:
+            offer = items.empty_rows(micro_batches[0].load()[0])
+        offers = distributed.gather_objects(items.to_device(offer, torch.device("cpu")))
+        if self.empty_inputs is None and offers is not None:
+            self.empty_inputs = next(o for o in offers if o is not None)
 
     def _check_droppable(self, exc: RuntimeError, in_sync_backward: bool) -> None:
         """Re-raise ``exc`` unless it is an out-of-memory error a DDP window can drop (every
@@ -340,13 +355,8 @@ class WindowRunner:
 
     def _zero_weight_passes(self, done: int, passes: int) -> None:
         """FSDP: the passes this rank lacks to join the window's all-gathers and
-        reduce-scatters, each on 0 rows (an exact zero gradient); the last one syncs."""
-        if done < passes and self.empty_inputs is None:
-            raise RuntimeError(
-                "this FSDP rank has had no micro-batch yet but must join the other ranks' passes: "
-                "give every rank at least one micro-batch in the first window (shard the data so "
-                "that no rank's shard is empty)"
-            )
+        reduce-scatters, each on 0 rows (an exact zero gradient); the last one syncs. A rank
+        that has seen no micro-batch got its 0 rows from another (``_share_empty_inputs``)."""
         for index in range(done, passes):
             if self.defer_sync:
                 sharding.defer_gradient_sync(self.model, index < passes - 1)

@@ -90,6 +90,23 @@ def test_sharded_windows_equal_the_big_batch(world: int, sync: str, tmp_path) ->
         assert result["reduce_scatters"] == units * (result["steps"] if sync == "window" else passes)
 
 
+def test_a_run_resumed_into_a_window_some_ranks_have_nothing_in_stays_on_the_big_batch(tmp_path) -> None:
+    """3 ranks (3, 2 and 2 micro-batches an epoch) resume from the checkpoint after the first
+    step: in the first window of the new processes ranks 1 and 2 have no micro-batch and have
+    seen none, yet must join rank 0's pass; they take its shape from rank 0 (a 0-row batch)."""
+    _start(worker.run_shards, 3, ("window", str(tmp_path / "init"), str(tmp_path)))
+    windows = _shard_windows(3)
+    assert [len(w) for w in windows] == [6, 1]  # the 2nd window: rank 0's micro-batch only
+    reference, losses, norms = _oracle(windows, worker.EPOCHS)
+    _start(worker.run_shards, 3, ("window", str(tmp_path / "init-resumed"), str(tmp_path),
+                                  str(tmp_path / "checkpoints" / "1")))
+    for rank in range(3):
+        result = torch.load(tmp_path / f"resumed-rank{rank}.pt")
+        assert result["steps"] == worker.EPOCHS * len(windows)
+        _assert_on_trajectory({**result, "losses": losses[:1] + result["losses"],
+                               "grad_norms": norms[:1] + result["grad_norms"]}, reference, losses, norms)
+
+
 def test_a_sharded_checkpoint_resumes_at_one_and_three_ranks_and_in_a_plain_model(tmp_path) -> None:
     """2 ranks train epoch 0 and checkpoint (every rank its shards); 1 sharded rank, 3 ranks
     and a plain one-process model each continue with epoch 1 on the uninterrupted trajectory."""

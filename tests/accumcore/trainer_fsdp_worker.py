@@ -102,18 +102,25 @@ def count_reduce_scatters() -> dict[str, int]:
     return counter
 
 
-def run_shards(rank: int, world: int, sync: str, init_file: str, out_dir: str) -> None:
+def run_shards(rank: int, world: int, sync: str, init_file: str, out_dir: str, resume_from: str = "") -> None:
+    """Train every epoch, with a checkpoint after each step; or, given ``resume_from`` (one of
+    those checkpoints), a new process group resumes from it and trains the rest."""
     _init(rank, world, init_file)
     try:
         reduce_scatters = count_reduce_scatters()
         model = accumcore.shard(copy.deepcopy(token_model(torch.float64)))
-        trainer = Trainer(model, new_optimizer(model), loss_fn=TokenCrossEntropy(), accumulation_steps=ACCUMULATION,
-                          grad_clip_norm=CLIP, fsdp_sync=sync)
+        optimizer = new_optimizer(model)
+        trainer = Trainer(model, optimizer, loss_fn=TokenCrossEntropy(), accumulation_steps=ACCUMULATION,
+                          grad_clip_norm=CLIP, fsdp_sync=sync,
+                          checkpoint_dir=Path(out_dir) / ("resumed-checkpoints" if resume_from else "checkpoints"),
+                          checkpoint_every=None if resume_from else 1)
+        if resume_from:
+            trainer.load_state_dict(accumcore.load_checkpoint(resume_from, model=model, optimizer=optimizer))
         history = trainer.fit(make_loader(shard(world, rank), MICRO_BATCH, shuffle=False), epochs=EPOCHS,
                               val_loader=make_loader(val_shard(world, rank), MICRO_BATCH, shuffle=False))
         torch.save(_result(trainer, history, model, reduce_scatters=reduce_scatters["count"],
                            val_loss=history.evals[-1]["val_loss"]),
-                   Path(out_dir) / f"rank{rank}.pt")
+                   Path(out_dir) / f"{'resumed-' if resume_from else ''}rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
