@@ -32,9 +32,12 @@ def evaluate(
     use_ddp = distributed.ddp_wrapped(model) or sharded
     module = distributed.unwrap(model)
     # FSDP: each forward all-gathers, so every rank runs as many as the rank with the most
-    # batches (the loaders' lengths), the missing ones on 0 rows.
-    passes = _most_batches(loader, model) if sharded else 0
+    # batches (the loaders' lengths), the missing ones on 0 rows; a rank with no batch at all
+    # takes the 0 rows' structure from another rank's first batch.
+    passes, batchless_ranks = _most_batches(loader, model) if sharded else (0, 0)
     empty: Any = None
+    if batchless_ranks and passes:
+        empty = sharding.shared_empty_rows(_first_empty_rows(loader))
     rng = capture_rng_state()
     # Per-module modes, so a BatchNorm the user froze in eval mode stays frozen afterwards.
     modes = [(m, m.training) for m in module.modules()]
@@ -93,8 +96,16 @@ def evaluate(
     return metrics
 
 
-def _most_batches(loader: Iterable[Any], model: torch.nn.Module) -> int:
-    """The largest of the ranks' validation loader lengths (a collective)."""
+def _first_empty_rows(loader: Iterable[Any]) -> Any:
+    """0 rows of the loader's first batch's inputs; None when it has none."""
+    for batch in loader:
+        return items.empty_rows(items.unpack(batch)[0])
+    return None
+
+
+def _most_batches(loader: Iterable[Any], model: torch.nn.Module) -> tuple[int, int]:
+    """The largest of the ranks' validation loader lengths, and how many ranks have none (a
+    collective)."""
     try:
         own = len(loader)  # type: ignore[arg-type]
     except TypeError:
@@ -105,7 +116,9 @@ def _most_batches(loader: Iterable[Any], model: torch.nn.Module) -> int:
     world = distributed.world_size()
     slots = [0.0] * world
     slots[distributed.rank()] = float(own)
-    return int(max(distributed.all_reduce_sum(slots, distributed.comm_device(model)).tolist()))
+    reduced = distributed.all_reduce_sum([*slots, 1.0 if own == 0 else 0.0], distributed.comm_device(model))
+    *lengths, batchless = reduced.tolist()
+    return int(max(lengths)), int(batchless)
 
 
 def _is_classification(outputs: Any, targets: Any) -> bool:

@@ -29,6 +29,8 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from accumcore import distributed, items
+
 SYNC_MODES = ("micro_batch", "window")
 DEFAULT_SYNC = "micro_batch"
 # Where Hugging Face models keep their transformer blocks (GPT-2 and kin; Llama, Mistral, Qwen;
@@ -110,3 +112,11 @@ def defer_gradient_sync(model: nn.Module, defer: bool) -> None:
     """Before a pass: skip (``defer``) or run the reduce-scatter in its backward."""
     assert isinstance(model, FSDPModule)
     model.set_requires_gradient_sync(not defer)
+
+
+def shared_empty_rows(own: Any) -> Any:
+    """0 rows of some rank's batch, for a rank that has seen none yet (its zero-weight
+    passes need the inputs' structure): every rank offers ``own`` (its 0-row batch, or None)
+    and every rank gets the first offer. A collective: every rank calls it."""
+    offers = distributed.gather_objects(items.to_device(own, torch.device("cpu"))) or [own]
+    return next((offer for offer in offers if offer is not None), None)

@@ -271,9 +271,8 @@ class WindowRunner:
         offer = self.empty_inputs
         if offer is None and micro_batches:
             offer = items.empty_rows(micro_batches[0].load()[0])
-        offers = distributed.gather_objects(items.to_device(offer, torch.device("cpu")))
-        if self.empty_inputs is None and offers is not None:
-            self.empty_inputs = next(o for o in offers if o is not None)
+        shared = sharding.shared_empty_rows(offer)
+        self.empty_inputs = shared if self.empty_inputs is None else self.empty_inputs
 
     def _check_droppable(self, exc: RuntimeError, in_sync_backward: bool) -> None:
         """Re-raise ``exc`` unless it is an out-of-memory error a DDP window can drop (every
