@@ -72,6 +72,8 @@ class Precision:
             torch.amp.GradScaler(device.type) if name == "fp16" else None
         )
         self._null = contextlib.nullcontext()
+        self._seed: torch.Tensor | None = None  # the last backward seed (backward_weighted)
+        self._seed_weight = 0.0
 
     def autocast(self) -> Any:
         if self.name == "fp32":
@@ -90,9 +92,21 @@ class Precision:
         float reaches every parameter (the product's backward computes 1 x weight rounded to
         the loss's dtype), one multiply and torch's ``ones_like`` seed fewer a micro-batch."""
         if self.scaler is None and not isinstance(weight, torch.Tensor) and loss.dtype in _EXACT_SEED:
-            loss.backward(torch.full((), weight, dtype=loss.dtype, device=loss.device))
+            loss.backward(self._seed_for(weight, loss))
         else:
             self.backward(loss * weight)
+
+    def _seed_for(self, weight: float, loss: torch.Tensor) -> torch.Tensor:
+        """``weight`` as a 0-d tensor of the loss's dtype and device: the last seed again when
+        it matches (micro-batches of equal counts share one weight), not a new tensor (~20 us
+        of dispatch on the CPU) a micro-batch. Autograd never writes into a seed it does not
+        hold alone (it adds in place, or makes a gradient its .grad, only at a use count of 1),
+        and this one is held here."""
+        seed = self._seed
+        if seed is None or self._seed_weight != weight or seed.dtype != loss.dtype or seed.device != loss.device:
+            seed = self._seed = torch.full((), weight, dtype=loss.dtype, device=loss.device)
+            self._seed_weight = weight
+        return seed
 
     def unscale_and_clip(
         self,

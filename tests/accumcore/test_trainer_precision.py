@@ -144,3 +144,21 @@ def test_the_weight_as_the_backward_seed_gives_the_products_gradients_bitwise(dt
                 (loss * weight).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
         assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+def test_a_reused_backward_seed_is_never_written_into_by_autograd() -> None:
+    """Micro-batches of one weight share one seed tensor. A loss that passes its gradient on
+    untouched (``w + 0``, and ``w`` counted twice: autograd then adds gradients, and would
+    steal or add into a tensor it held alone) still gets exactly ``weight`` per backward."""
+    from accumcore.precision import Precision
+
+    precision = Precision("fp32", torch.device("cpu"))
+    leaf = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    for weight, expected in [(0.5, 0.5), (0.5, 1.0), (0.25, 1.25), (0.25, 1.5), (0.5, 2.0)]:
+        precision.backward_weighted(leaf + 0, weight)
+        assert float(leaf.grad) == expected
+    twice = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    for weight, expected in [(0.5, 1.0), (0.5, 2.0), (0.5, 3.0)]:
+        precision.backward_weighted((twice + 0) + (twice + 0), weight)
+        assert float(twice.grad) == expected
+    assert float(precision._seed_for(0.5, twice)) == 0.5
