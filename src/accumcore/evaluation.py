@@ -36,9 +36,10 @@ def evaluate(
     # takes the 0 rows' structure from another rank's first batch.
     passes, batchless_ranks = _most_batches(loader, model) if sharded else (0, 0)
     empty: Any = None
+    rng = capture_rng_state()
     if batchless_ranks and passes:
         empty = sharding.shared_empty_rows(_first_empty_rows(loader))
-    rng = capture_rng_state()
+        restore_rng_state(rng)  # the loop below reads that batch again, drawing the same
     # Per-module modes, so a BatchNorm the user froze in eval mode stays frozen afterwards.
     modes = [(m, m.training) for m in module.modules()]
     module.eval()

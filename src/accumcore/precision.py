@@ -98,7 +98,7 @@ class Precision:
 
     def _seed_for(self, weight: float, loss: torch.Tensor) -> torch.Tensor:
         """``weight`` as a 0-d tensor of the loss's dtype and device: the last seed again when
-        it matches (micro-batches of equal counts share one weight), not a new tensor (~20 us
+        it matches (micro-batches of equal counts share one weight), not a new tensor (~2 us
         of dispatch on the CPU) a micro-batch. Autograd never writes into a seed it does not
         hold alone (it adds in place, or makes a gradient its .grad, only at a use count of 1),
         and this one is held here."""

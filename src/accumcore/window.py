@@ -19,6 +19,7 @@ from accumcore import distributed, items, sharding
 from accumcore.device_feed import DeviceFeed
 from accumcore.oom import MicroBatchTooSmall, is_oom, release_memory
 from accumcore.precision import Precision
+from accumcore.rng import capture_rng_state, restore_rng_state
 from accumcore.window_source import PendingBatch, split_indices
 
 
@@ -270,7 +271,9 @@ class WindowRunner:
         without its own takes the first offer (a collective: every rank calls it)."""
         offer = self.empty_inputs
         if offer is None and micro_batches:
+            rng = capture_rng_state()  # loading may draw random transforms: the pass loads it again
             offer = items.empty_rows(micro_batches[0].load()[0])
+            restore_rng_state(rng)
         shared = sharding.shared_empty_rows(offer)
         self.empty_inputs = shared if self.empty_inputs is None else self.empty_inputs
 
