@@ -275,7 +275,8 @@ class WindowRunner:
             offer = items.empty_rows(micro_batches[0].load()[0])
             restore_rng_state(rng)
         shared = sharding.shared_empty_rows(offer)
-        self.empty_inputs = shared if self.empty_inputs is None else self.empty_inputs
+        if self.empty_inputs is None:
+            self.empty_inputs = shared
 
     def _check_droppable(self, exc: RuntimeError, in_sync_backward: bool) -> None:
         """Re-raise ``exc`` unless it is an out-of-memory error a DDP window can drop (every

@@ -94,11 +94,11 @@ def test_a_run_resumed_into_a_window_some_ranks_have_nothing_in_stays_on_the_big
     """3 ranks (3, 2 and 2 micro-batches an epoch) resume from the checkpoint after the first
     step: in the first window of the new processes ranks 1 and 2 have no micro-batch and have
     seen none, yet must join rank 0's pass; they take its shape from rank 0 (a 0-row batch)."""
-    _start(worker.run_shards, 3, ("window", str(tmp_path / "init"), str(tmp_path)))
+    _start(worker.run_shards, 3, ("window", str(tmp_path / "init"), str(tmp_path), 1))
     windows = _shard_windows(3)
     assert [len(w) for w in windows] == [6, 1]  # the 2nd window: rank 0's micro-batch only
     reference, losses, norms = _oracle(windows, worker.EPOCHS)
-    _start(worker.run_shards, 3, ("window", str(tmp_path / "init-resumed"), str(tmp_path),
+    _start(worker.run_shards, 3, ("window", str(tmp_path / "init-resumed"), str(tmp_path), 0,
                                   str(tmp_path / "checkpoints" / "1")))
     for rank in range(3):
         result = torch.load(tmp_path / f"resumed-rank{rank}.pt")

@@ -104,18 +104,18 @@ def count_reduce_scatters() -> dict[str, int]:
     return counter
 
 
-def run_shards(rank: int, world: int, sync: str, init_file: str, out_dir: str, resume_from: str = "") -> None:
-    """Train every epoch, with a checkpoint after each step; or, given ``resume_from`` (one of
-    those checkpoints), a new process group resumes from it and trains the rest."""
+def run_shards(rank: int, world: int, sync: str, init_file: str, out_dir: str, checkpoint_every: int = 0,
+               resume_from: str = "") -> None:
+    """Train every epoch (with a checkpoint every ``checkpoint_every`` steps when given); or,
+    given ``resume_from`` (one of those checkpoints), resume from it and train the rest."""
     _init(rank, world, init_file)
     try:
         reduce_scatters = count_reduce_scatters()
         model = accumcore.shard(copy.deepcopy(token_model(torch.float64)))
         optimizer = new_optimizer(model)
         trainer = Trainer(model, optimizer, loss_fn=TokenCrossEntropy(), accumulation_steps=ACCUMULATION,
-                          grad_clip_norm=CLIP, fsdp_sync=sync,
-                          checkpoint_dir=Path(out_dir) / ("resumed-checkpoints" if resume_from else "checkpoints"),
-                          checkpoint_every=None if resume_from else 1)
+                          grad_clip_norm=CLIP, fsdp_sync=sync, checkpoint_every=checkpoint_every or None,
+                          checkpoint_dir=Path(out_dir) / "checkpoints" if checkpoint_every else None)
         if resume_from:
             trainer.load_state_dict(accumcore.load_checkpoint(resume_from, model=model, optimizer=optimizer))
         history = trainer.fit(make_loader(shard(world, rank), MICRO_BATCH, shuffle=False), epochs=EPOCHS,
