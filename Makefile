@@ -23,8 +23,15 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "browser tests need Debian's chromium: sudo apt-get install chromium" >&2; fi; }
 
+# The whole suite on two processes that steal work from each other, one intra-op thread each
+# (their workers and ranks too), as test-fast; every test is safe for it (free ports, own
+# databases, Redis databases and homes). It writes each test's seconds, CPU seconds and lane
+# to build/test-durations.json: `python tools/durations_report.py` keeps that record in
+# bench/results/ and rewrites its section of docs/development.md.
+TEST_WORKERS ?= 2
 test: install browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal \
+	  --durations-record build/test-durations.json $(PYTEST_ARGS)
 
 # The inner loop: everything but tests/reliability (faults, load, fuzzing; the two-node tests
 # too), tests/bench (the benches' smoke runs), the browser tests and the extra cases of sweeps

@@ -6,7 +6,8 @@
 #    from Debian packages (docker/debian_base.sh);
 # 3. accum-api, accum-worker (docker/Dockerfile, from the wheel) and accum-standins, with pip's
 #    cache in a BuildKit cache mount and this machine's local wheel index served on loopback;
-# 4. tests/deploy/test_compose_stack.py: the stack up, a job through it, torn down.
+# 4. tests/deploy/test_compose_stack.py: the stack up, a job through it, torn down;
+# 5. tests/deploy/test_wheel.py: the worker image (the wheel alone) runs `accum demo` in an empty folder.
 # Each step's seconds are printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,4 +58,5 @@ COMPOSE=${COMPOSE:-docker-compose}
 $COMPOSE version >/dev/null 2>&1 || COMPOSE="$DOCKER compose"
 export COMPOSE
 step "compose stack test" "$PYTHON" -m pytest -m compose -x -q -s -p no:cacheprovider tests/deploy/test_compose_stack.py
+step "wheel demo in the worker image" "$PYTHON" -m pytest -m compose -x -q -s -p no:cacheprovider tests/deploy/test_wheel.py
 printf '%s\n' "${TIMES[@]}"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
+from durations_record import pytest_addoption, pytest_configure  # noqa: F401  (--durations-record)
 from skips import services_required
 from worker_stack import stack  # noqa: F401  (the fixture, for integration and reliability tests)
 
