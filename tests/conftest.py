@@ -37,13 +37,19 @@ HOW_TO_START = {
 # one that needs no server: SQLite as database and broker; for the worker's pool, prefork, the
 # one with more moving parts), and the others are marked ``sweep``.
 FAST_LANE_CASES = {"database_backend": "sqlite", "stack": "sqlite", "pool": "prefork"}
+# A module's own stack fixture parametrised over the deployments (tests/integration/test_job_logs.py's
+# ``chatty``) is a backend sweep too, whatever its name: its server cases are marked ``sweep``.
+SERVER_CASES = {"postgresql", "postgres_redis"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the other backends' cases of each backend sweep ``sweep`` (see FAST_LANE_CASES)."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if any(name in params and params[name] != case for name, case in FAST_LANE_CASES.items()):
+        if any(name in params and params[name] != case for name, case in FAST_LANE_CASES.items()) or any(
+            name not in FAST_LANE_CASES and isinstance(value, str) and value in SERVER_CASES
+            for name, value in params.items()
+        ):
             item.add_marker(pytest.mark.sweep)
 
 
