@@ -59,13 +59,20 @@ from accumcore.fast_path import host_loader
 from accumcore.loss import ModelLossOrCrossEntropy, check_loss_fn, check_mean_over_items
 from accumcore.oom import MicroBatchTooSmall, is_oom, next_split, release_memory
 from accumcore.precision import Precision
-from accumcore.rng import capture_rng_state, restore_rng_state, serialise_rng_state
+from accumcore.rng import (
+    capture_rng_state,
+    epoch_key,
+    micro_batch_seed,
+    restore_rng_state,
+    serialise_rng_state,
+)
 from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
 from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
 from accumcore.verify_window import check_option, verify
 from accumcore.window import EXHAUSTED, STOPPED, WindowRunner, make_micro_batches
 from accumcore.window_source import PendingBatch, target_source
+from accumcore.world_order import WindowLayout
 
 NONFINITE_POLICIES = ("fail", "skip")
 
@@ -159,6 +166,15 @@ class Trainer:
             gradients only), ``"window"`` once per window (unsharded gradients held through
             the window). Both are exact; see ``accumcore.sharding``. Sharded models write
             checkpoint directories (``accumcore.sharded_checkpoint``).
+        seed: keys each micro-batch's randomness (dropout, stochastic depth, ``torch.rand*`` in
+            the forward): global micro-batch i of epoch e runs its forward and backward on
+            the CPU generator (and the model's CUDA device's) seeded from (seed, e, i), and
+            the previous states are put back after (``accumcore.rng.KeyedRng``, ~2.4 us a
+            micro-batch). The same micro-batch then draws the same masks on any rank, so a
+            dropout model follows one trajectory on 1, 2 or 8 ranks, and no two ranks share
+            masks. None: ``torch.initial_seed()`` (what ``torch.manual_seed`` set), rank
+            0's under DDP/FSDP (agreed at the first fit). A resumed run uses the
+            checkpoint's.
 
     Raises:
         TypeError: no model or no optimizer.
@@ -189,6 +205,7 @@ class Trainer:
         verify_window: bool | str = False,
         verify_memory_limit_bytes: int | None = None,
         fsdp_sync: str = sharding.DEFAULT_SYNC,
+        seed: int | None = None,
     ) -> None:
         _check_model_and_optimizer(model, optimizer, loss_fn)
         _check_settings(on_nonfinite=on_nonfinite, max_consecutive_skips=max_consecutive_skips,
@@ -221,6 +238,7 @@ class Trainer:
             self.callbacks.should_stop if self.callbacks.can_stop else None, fsdp_sync,
         )
         self._reset_progress()
+        self.seed = seed  # None until the first fit agrees on one (``_agree_seed``)
         # DDP or FSDP: the ranks agree on each window's counts and on the epoch's end.
         self._ddp = distributed.ddp_wrapped(self.model) or self.sharded
         self._history = FitHistory()
@@ -272,6 +290,7 @@ class Trainer:
         self.window_in_epoch = 0  # windows (optimizer steps) of the current epoch, the same on every rank
         self.samples_in_epoch = 0  # samples of those windows over all ranks: the global position
         self._window_sizes: list[int] | None = None  # this rank's batches per window (epoch_windows)
+        self._layout: WindowLayout | None = None  # ... and the global micro-batches of each (rule 14)
         self._pending_position: dict[str, Any] | None = None  # a checkpoint's progress, to place the resume
         self.global_step = 0
         self.skipped_steps = 0
@@ -334,6 +353,8 @@ class Trainer:
                 f"{loader_state.PERSISTENT_WORKERS}"
             )
         history = self._history = FitHistory()
+        if self.seed is None:
+            self.seed = self._agree_seed()
         self._verify_pending = bool(self.verify_window) and self.global_step == 0
         self._verify_ran = False
         self.callbacks.on_fit_start(self)
@@ -403,7 +424,7 @@ class Trainer:
                 left = max(len(sizes) - self.window_in_epoch - 1, 0)
             elif self._ddp and batches_per_epoch is not None:
                 left = math.ceil(max(batches_per_epoch - self.batch_in_epoch - len(window), 0) / steps_per_window)
-            outcome = self._run_window(window, left)
+            outcome = self._run_window(window, left, self._rng_keys(len(window)))
             if outcome == STOPPED:
                 return "stopped"
             if outcome == EXHAUSTED:
@@ -483,17 +504,39 @@ class Trainer:
         if position is not None and int(position.get("batch_in_epoch", 0)) > 0:
             _check_world_carries_over(position, sampler is not None and epoch_windows.covers_world(sampler))
         if sampler is None:
-            self._window_sizes = None
+            self._window_sizes = self._layout = None
             return
         layout = epoch_windows.configure(sampler, self.schedule.at(self.epoch), self._ddp)
         self._window_sizes = layout.sizes()
+        global_order = epoch_windows.covers_world(sampler)
+        self._layout = layout if global_order else None  # a per-rank shard's positions are not global
         if position is None or not (self.batch_in_epoch or position.get("window_in_epoch")):
             return
-        global_order = epoch_windows.covers_world(sampler)
         self.window_in_epoch = epoch_windows.resume_window(layout, position, self.batch_in_epoch, global_order)
         self.batch_in_epoch = sum(self._window_sizes[: self.window_in_epoch])
         if global_order:
             self.samples_in_epoch = layout.samples_before(self.window_in_epoch)
+
+    def _agree_seed(self) -> int:
+        """``torch.initial_seed()``, rank 0's under DDP/FSDP (ranks seeded apart still key
+        micro-batches alike): one object all-gather, at the first fit only."""
+        seed = torch.initial_seed()
+        ranks = distributed.gather_objects(seed) if self._ddp else None
+        return int(ranks[0]) if ranks else seed
+
+    def _rng_keys(self, count: int) -> list[int]:
+        """The RNG keys of the window's ``count`` loaded batches: seed, epoch and each one's
+        global micro-batch position (a windowed sampler's layout), the same on any number of
+        ranks. Another loader numbers its batches per rank: its keys add the rank."""
+        assert self.seed is not None
+        base = epoch_key(self.seed, self.epoch)
+        layout = self._layout
+        if layout is not None:
+            positions = layout.rank_batches(self.window_in_epoch)
+            if len(positions) == count:
+                return [micro_batch_seed(base, position) for position in positions]
+        stream = distributed.rank()
+        return [micro_batch_seed(base, self.batch_in_epoch + i, stream) for i in range(count)]
 
     def _iterate(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
         """A new iterator over the loader, past its first ``skip`` batches (skipped now)."""
@@ -513,7 +556,9 @@ class Trainer:
             next(batches, None)
         return batches
 
-    def _run_window(self, window: list[Any], windows_left: int | None = None) -> StepOutcome | str:
+    def _run_window(
+        self, window: list[Any], windows_left: int | None = None, keys: list[int] | None = None
+    ) -> StepOutcome | str:
         """Run the window and close it with one optimizer step; on out-of-memory (on any rank,
         under DDP) split every batch in two and start the window over."""
         self._window_was_last = False
@@ -522,7 +567,7 @@ class Trainer:
         if self._detect_shift and window:
             self._set_shift_labels(window[0])
         while True:
-            micro_batches = make_micro_batches(window, self.oom_split, self.count_items)
+            micro_batches = make_micro_batches(window, self.oom_split, self.count_items, keys)
             if self._check_loss_scale:
                 self._check_loss_scale = not check_mean_over_items(
                     distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
@@ -794,6 +839,7 @@ class Trainer:
                 "step": self.global_step,
                 "skipped_steps": self.skipped_steps,
                 "consecutive_skips": self.consecutive_skips,
+                "rng_seed": self.seed,  # the micro-batches' RNG keys (``seed``)
             },
             "sampler": self._sampler_state,
             "loader": {"epoch_start": self._epoch_start, "exact": self._resume_exact,
@@ -825,6 +871,8 @@ class Trainer:
         self.global_step = int(progress["step"])
         self.skipped_steps = int(progress["skipped_steps"])
         self.consecutive_skips = int(progress.get("consecutive_skips", 0))  # format 1 had none
+        if progress.get("rng_seed") is not None:  # absent before keyed RNG: this trainer's own
+            self.seed = int(progress["rng_seed"])
         self.oom_split = int(state["accumulation"]["oom_split"])
         self._rng_at_boundary = state["rng"]
         self._pending_rng = state["rng"]

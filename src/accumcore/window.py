@@ -9,7 +9,7 @@ the window's mean loss, whatever the sizes and padding of the micro-batches (rul
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from accumcore import distributed, items, sharding
 from accumcore.device_feed import DeviceFeed
 from accumcore.oom import MicroBatchTooSmall, is_oom, release_memory
 from accumcore.precision import Precision
-from accumcore.rng import capture_rng_state, restore_rng_state
+from accumcore.rng import KeyedRng, capture_rng_state, micro_batch_seed, restore_rng_state
 from accumcore.window_source import PendingBatch, split_indices
 
 
@@ -42,6 +42,7 @@ class MicroBatch:
     items: int | float | torch.Tensor
     samples: int
     pending: PendingBatch | None = None
+    rng_key: int | None = None  # its forward's and backward's RNG seed (``rng.KeyedRng``); None: unkeyed
 
     def load(self) -> tuple[Any, Any]:
         """(inputs, targets) of this micro-batch, loading them now if they are pending."""
@@ -66,29 +67,41 @@ def _same_count(a: Any, b: Any) -> bool:
 
 
 def make_micro_batches(
-    window: list[Any], split: int, counter: Callable[[Any, Any], int | torch.Tensor]
+    window: list[Any], split: int, counter: Callable[[Any, Any], int | torch.Tensor],
+    keys: Sequence[int] | None = None,
 ) -> list[MicroBatch]:
-    """Unpack loaded batches, split each into ``split`` chunks (OOM back-off), count items."""
+    """Unpack loaded batches, split each into ``split`` chunks (OOM back-off), count items.
+    ``keys``: each loaded batch's RNG key (``rng.micro_batch_seed``); a split batch's pieces
+    get keys of their own."""
     result = []
-    for batch in window:
+    for number, batch in enumerate(window):
+        key = keys[number] if keys is not None and number < len(keys) else None
         if isinstance(batch, PendingBatch):
-            result += _pending_micro_batches(batch, split, counter)
+            result += _pending_micro_batches(batch, split, counter, key)
             continue
         inputs, targets = items.unpack(batch)
         if split == 1:
             pieces = [(inputs, targets)]
         else:
             pieces = list(zip(items.split(inputs, split), items.split(targets, split), strict=True))
-        for chunk_inputs, chunk_targets in pieces:
+        for part, (chunk_inputs, chunk_targets) in enumerate(pieces):
             if items.first_dim(chunk_inputs) == 0:
                 continue  # a batch smaller than the split leaves empty chunks
             count = items.normalise_count(counter(chunk_inputs, chunk_targets))
-            result.append(MicroBatch(chunk_inputs, chunk_targets, count, items.first_dim(chunk_inputs)))
+            result.append(MicroBatch(chunk_inputs, chunk_targets, count, items.first_dim(chunk_inputs),
+                                     rng_key=_part_key(key, split, part)))
     return result
 
 
+def _part_key(key: int | None, split: int, part: int) -> int | None:
+    """The key of piece ``part`` of a batch split in ``split`` (the batch's own when unsplit)."""
+    if key is None or split == 1:
+        return key
+    return micro_batch_seed(key, 0, part=part + 1)
+
+
 def _pending_micro_batches(
-    batch: PendingBatch, split: int, counter: Callable[[Any, Any], int | torch.Tensor]
+    batch: PendingBatch, split: int, counter: Callable[[Any, Any], int | torch.Tensor], key: int | None = None,
 ) -> list[MicroBatch]:
     """Micro-batches counted from targets alone; each loads its own indices when it runs."""
     if split == 1:  # the common case: the loaded batch is the micro-batch, no new objects
@@ -99,14 +112,15 @@ def _pending_micro_batches(
             count: int | float | torch.Tensor = source.count_for(batch.indices)  # no targets read
         else:
             count = items.normalise_count(counter(None, batch.targets))
-        return [MicroBatch(None, None, count, len(batch.indices), batch)]
+        return [MicroBatch(None, None, count, len(batch.indices), batch, key)]
     result = []
-    for indices, targets in zip(split_indices(batch.indices, split), items.split(batch.targets, split), strict=True):
+    pieces = zip(split_indices(batch.indices, split), items.split(batch.targets, split), strict=True)
+    for part, (indices, targets) in enumerate(pieces):
         if not indices:
             continue
         count = items.normalise_count(counter(None, targets))
         pending = PendingBatch(indices, targets, batch.source)
-        result.append(MicroBatch(None, None, count, len(indices), pending))
+        result.append(MicroBatch(None, None, count, len(indices), pending, _part_key(key, split, part)))
     return result
 
 
@@ -163,6 +177,7 @@ class WindowRunner:
         self.collective = self.ddp or self.sharded  # the window's counts are all-reduced
         self.empty_inputs: Any = None  # FSDP: 0 rows of an earlier micro-batch, for extra passes
         self.feed = DeviceFeed(device)
+        self.keyed_rng = KeyedRng(device)  # each micro-batch's own RNG stream (``MicroBatch.rng_key``)
 
     def run(self, micro_batches: list[MicroBatch], windows_left: int | None = None) -> WindowResult | str:
         """Forward+backward every micro-batch; ``STOPPED`` when ``should_stop`` asked to stop,
@@ -205,13 +220,19 @@ class WindowRunner:
                 loaded, inputs, targets = next(feed)
                 if self.defer_sync:
                     sharding.defer_gradient_sync(self.model, index < passes - 1)
-                with distributed.no_sync(self.model, synced and index < last):
-                    with self.precision.autocast():
-                        outputs = items.forward(module, inputs)
-                        loss = self.loss_fn(outputs, targets)
-                    _check_scalar(loss)
-                    in_sync_backward = synced and index == last
-                    self._backward(mb, loss, outputs, weight_factor, divisor, losses, counts)
+                # Its forward and backward (a checkpointed recompute) draw from generators
+                # seeded by the micro-batch, not the rank; the rank's own states come back after.
+                keyed = self.keyed_rng.enter(mb.rng_key)
+                try:
+                    with distributed.no_sync(self.model, synced and index < last):
+                        with self.precision.autocast():
+                            outputs = items.forward(module, inputs)
+                            loss = self.loss_fn(outputs, targets)
+                        _check_scalar(loss)
+                        in_sync_backward = synced and index == last
+                        self._backward(mb, loss, outputs, weight_factor, divisor, losses, counts)
+                finally:
+                    self.keyed_rng.exit(keyed)
             except RuntimeError as exc:
                 self._check_droppable(exc, in_sync_backward)
                 inputs = targets = outputs = loss = None

@@ -129,3 +129,27 @@ def test_ddp_checkpoint_holds_every_ranks_states(tmp_path) -> None:
     for rank in range(2):
         assert torch.equal(ranks[rank]["torch"], torch.load(tmp_path / f"rank{rank}.rng"))
     assert not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
+
+
+def test_a_keyed_micro_batch_draws_by_its_key_and_puts_the_process_stream_back() -> None:
+    """``KeyedRng``: the same key draws the same numbers whatever the process drew before, the
+    process's CPU generator is where it was after, and keys of other positions, ranks (a
+    per-rank loader's stream) and split pieces differ."""
+    keyed = rng.KeyedRng(torch.device("cpu"))
+    base = rng.epoch_key(7, 1)
+    key = rng.micro_batch_seed(base, 5)
+    draws = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        before = torch.get_rng_state()
+        saved = keyed.enter(key)
+        try:
+            draws.append(torch.rand(4))
+        finally:
+            keyed.exit(saved)
+        assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(draws[0], draws[1])
+    keys = {rng.micro_batch_seed(rng.epoch_key(s, e), p, r, part)
+            for s in (0, 7) for e in (0, 1) for p in range(4) for r in range(3) for part in range(3)}
+    assert len(keys) == 2 * 2 * 4 * 3 * 3 and all(0 <= k < 2**63 for k in keys)
+    assert keyed.enter(None) is None
