@@ -3,17 +3,27 @@
 Everything a resumed attempt must rebuild identically is derived from the spec alone (model
 initialisation seeded by ``spec.seed``, loader order by (seed, epoch)), so restoring the
 checkpoint into these objects continues the run exactly.
+
+Randomness, rank by rank: the model is initialised from ``spec.seed`` on every rank (one set of
+weights); the forward's draws (dropout) are keyed by the global micro-batch and
+``spec.seed`` (``Trainer(seed=)``), the same on any number of ranks; what is left, each
+rank's own streams (random transforms in the main process or in DataLoader workers, whose
+seeds ``make_loader(rank=)`` sets apart), is seeded ``rank_seed(spec.seed, rank)`` after the
+model is built, so no two ranks draw one stream. Rank 0 keeps ``spec.seed``: a one-GPU job is
+what it was.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
@@ -114,6 +124,23 @@ def make_train_loader(
         # Any batch shape the trainer takes (a tuple, or a dict of keyword inputs): items.unpack.
         loader.targets_for = lambda indices: unpack(collate([train[i] for i in indices]))[1]
     return loader
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s own streams: ``seed`` on rank 0, apart from it on the others."""
+    return seed if rank == 0 else (seed * 1_000_003 + 7_919 * rank) % (2**32)
+
+
+def seed_rank_streams(seed: int, rank: int) -> None:
+    """Seed this rank's torch, numpy and Python streams with ``rank_seed``. Every rank seeded
+    ``spec.seed`` for the model's weights; left so, k ranks would draw one stream (random
+    transforms, anything unkeyed): the bug of issue 41, where every rank drew rank 0's masks."""
+    if rank == 0:
+        return  # already seeded with spec.seed by build_model_on
+    own = rank_seed(seed, rank)
+    torch.manual_seed(own)
+    np.random.seed(own)
+    random.seed(own)
 
 
 def loader_workers() -> int:
@@ -246,6 +273,7 @@ def make_trainer(spec: JobSpec, model: Model, optimizer: torch.optim.Optimizer, 
         # trainer skips the fsyncs at the window boundary (most of its time per checkpoint).
         checkpoint_fsync=False,
         on_nonfinite=spec.on_nonfinite,
+        seed=spec.seed,  # dropout keyed by (seed, epoch, global micro-batch): any rank count, one trajectory
         **strategy.trainer_options(spec, model.module),  # verify_window, FSDP's sync mode
         # A causal LM's loss scores labels[..., 1:]: count those (docs/accumulation.md rule 1).
         shift_labels=model.keywords and model.bundle.info.task == "language_modeling",
@@ -309,6 +337,7 @@ def build_run(
         probe=lambda: micro_batch.probe_on_device(spec, model.module, train, bundle.collate_fn,
                                                   model.loss_fn, device, optimizer),
     )
+    seed_rank_streams(spec.seed, rank)  # after every rank built the same model and its wrapping
     notes: list[tuple[str, str, dict[str, Any]]] = []
     train_loader = make_train_loader(spec, train, bundle, micro, device, notes, rank=rank, world=world)
     window = global_window(steps, world_size(spec))

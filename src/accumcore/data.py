@@ -24,6 +24,9 @@ from accumcore.world_order import WindowLayout
 # Mixes seed and epoch into one generator seed; any odd multiplier larger than the epoch
 # count keeps (seed, epoch) pairs apart.
 _EPOCH_MIX = 1_000_003
+# Sets each rank's DataLoader worker seeds apart: the base seed a loader draws for rank r
+# comes from a generator seeded r x this past rank 0's, not from rank 0's own.
+_RANK_MIX = 7_919 << 32
 
 
 class EpochBatchSampler(Sampler[list[int]]):
@@ -62,15 +65,17 @@ class EpochBatchSampler(Sampler[list[int]]):
         self.epoch = 0
         self._skip = 0
         # The DataLoader's generator seeds worker processes; re-seeding it per epoch makes
-        # worker-side randomness a function of (seed, epoch) too, and keeps the loader from
-        # drawing on the global torch RNG (which would break exact resume).
+        # worker-side randomness a function of (seed, epoch, rank) too, and keeps the loader
+        # from drawing on the global torch RNG (which would break exact resume). The rank is
+        # mixed in (rank 0 keeps the one-process seed): worker w of every rank would otherwise
+        # start from one seed and draw the same random transforms as rank 0's worker w.
         self._loader_generator = generator
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self._skip = 0  # a skip is for the epoch it was asked in, even if that was never read
         if self._loader_generator is not None:
-            self._loader_generator.manual_seed(self._mixed_seed() + 1)
+            self._loader_generator.manual_seed(self._mixed_seed() + 1 + self.rank * _RANK_MIX)
 
     def set_window(self, micro_batches: int) -> None:
         """G: the micro-batches of one optimizer step over all ranks (the trainer's

@@ -130,3 +130,29 @@ def test_ddp_ranks_evaluate_disjoint_shares_of_the_validation_set() -> None:
     full = build_run(single, callbacks=[], checkpoint_dir=None, device="cpu").val_loader.dataset
     assert abs(len(shares[0]) - len(shares[1])) <= 1 and len(shares[0]) + len(shares[1]) == len(full)
     assert set(shares[0].indices).isdisjoint(shares[1].indices)
+
+
+def test_ranks_draw_their_own_streams_and_the_trainer_keys_masks_by_the_spec_seed() -> None:
+    """Issue 41: every rank seeded spec.seed (one set of weights) and was left so, so k ranks
+    drew one stream. Now the Trainer's masks are keyed by spec.seed, and after building each
+    rank's torch, numpy and Python streams and its DataLoader's worker seed differ (rank 0's
+    are the one-process ones)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from services.worker.build import build_run
+
+    spec = parse_spec({**BASE, "seed": 5, "gpus": 2})
+    draws, worker_seeds = [], []
+    for rank in range(2):
+        run = build_run(spec, callbacks=[], checkpoint_dir=None, device="cpu", rank=rank, world=2)
+        assert run.trainer.seed == 5
+        draws.append((torch.rand(3).tolist(), np.random.rand(), random.random()))
+        worker_seeds.append(run.train_loader.generator.initial_seed())
+    one = build_run(parse_spec({**BASE, "seed": 5, "gpus": 1}), callbacks=[], checkpoint_dir=None, device="cpu")
+    one_draws = (torch.rand(3).tolist(), np.random.rand(), random.random())
+    assert all(a != b for a, b in zip(*draws, strict=True))
+    assert one_draws[0] == draws[0][0]  # rank 0's torch stream is the one-GPU job's
+    assert worker_seeds[0] == one.train_loader.generator.initial_seed() != worker_seeds[1]

@@ -8,6 +8,11 @@ micro-batch): it contributes zero items and still joins the collectives. Two glo
 run ``build_run`` (the worker's own objects: model, loader order, optimizer, Trainer) with the
 model in float64, and the result equals a single-process float64 big-batch step per global
 window, the same windows a `gpus: 1, N: 4` job trains on.
+
+The same ranks then train the model with dropout 0.3 in front of it (issue 41): the worker's
+Trainer keys each micro-batch's masks by (spec seed, epoch, global micro-batch), so the
+2-rank job ends where the `gpus: 1, N: 4` job does, and the two ranks never draw one mask
+(before, every rank drew rank 0's).
 """
 
 from __future__ import annotations
@@ -45,6 +50,32 @@ class Float64(nn.Module):
         return self.inner(x.double())
 
 
+class DropoutFloat64(Float64):
+    """Float64 with dropout 0.3 on its inputs, keeping every training forward's mask."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__(inner)
+        self.dropout = nn.Dropout(0.3)
+        self.masks: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.double() + 1.0  # no zero pixel: a zero after dropout is the mask's
+        dropped = self.dropout(x)
+        if self.training:
+            self.masks.append((dropped == 0).clone())
+        return self.inner(dropped)
+
+
+def _dropout_fit(spec: dict[str, Any], rank: int = 0, world: int = 1) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Train the job with ``DropoutFloat64`` (DDP-wrapped on several ranks): weights, masks."""
+    wrap = (lambda m: DistributedDataParallel(DropoutFloat64(m))) if world > 1 else DropoutFloat64
+    run = build_run(parse_spec(spec), callbacks=[], checkpoint_dir=None, device="cpu", rank=rank, world=world,
+                    wrap_model=wrap)
+    run.trainer.fit(run.train_loader, **{**run.fit_kwargs, "val_loader": None})
+    module = run.trainer.model.module if world > 1 else run.trainer.model
+    return [p.detach() for p in module.inner.parameters()], module.masks
+
+
 def _rank(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
@@ -52,8 +83,10 @@ def _rank(rank: int, init_file: str, out_dir: str) -> None:
         run = build_run(parse_spec(SPEC), callbacks=[], checkpoint_dir=None, device="cpu", rank=rank, world=WORLD,
                         wrap_model=lambda m: DistributedDataParallel(Float64(m)))
         run.trainer.fit(run.train_loader, **{**run.fit_kwargs, "val_loader": None})
+        dropout_params, masks = _dropout_fit(SPEC, rank, WORLD)
         torch.save({"params": [p.detach() for p in run.trainer.model.module.inner.parameters()],
-                    "steps": run.trainer.global_step, "total": run.total_steps}, Path(out_dir) / f"rank{rank}.pt")
+                    "steps": run.trainer.global_step, "total": run.total_steps,
+                    "dropout_params": dropout_params, "masks": masks}, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -101,14 +134,29 @@ def test_too_few_validation_samples_for_the_ranks_is_a_clear_error() -> None:
         rank_shard(list(range(2)), 0, 3)  # type: ignore[arg-type]
 
 
-def test_a_two_rank_job_equals_the_single_process_big_batch(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict[str, Any]]:
     import torch._dynamo  # noqa: F401  # imported before forking, as tests/accumcore/test_trainer_ddp.py does
 
+    tmp_path = tmp_path_factory.mktemp("ddp")
     mp.start_processes(_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True,
                        start_method=start_method())
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def test_a_two_rank_job_equals_the_single_process_big_batch(results) -> None:
     reference, steps = _big_batch_reference()
     for result in results:
         assert result["steps"] == steps == result["total"] == 4  # 2 windows per epoch, as the spec predicts
         for p, q in zip(result["params"], reference.parameters(), strict=True):
             assert float((p - q.detach()).abs().max()) <= 1e-12
+
+
+def test_a_two_rank_dropout_job_equals_the_one_gpu_job_and_its_ranks_share_no_mask(results) -> None:
+    one_gpu, one_masks = _dropout_fit({**SPEC, "gpus": 1, "accumulation_steps": 2 * WORLD})
+    for result in results:
+        for p, q in zip(result["dropout_params"], one_gpu, strict=True):
+            assert float((p - q).abs().max()) <= 1e-12
+    keys = [(tuple(m.shape), m.numpy().tobytes()) for result in results for m in result["masks"]]
+    assert len(keys) == len(one_masks) == 10 and len(set(keys)) == len(keys)  # 5 micro-batches x 2 epochs
+    assert set(keys) == {(tuple(m.shape), m.numpy().tobytes()) for m in one_masks}
