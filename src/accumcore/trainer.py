@@ -169,7 +169,7 @@ class Trainer:
         seed: keys each micro-batch's randomness (dropout, stochastic depth, ``torch.rand*`` in
             the forward): global micro-batch i of epoch e runs its forward and backward on
             the CPU generator (and the model's CUDA device's) seeded from (seed, e, i), and
-            the previous states are put back after (``accumcore.rng.KeyedRng``, ~2.4 us a
+            the previous states are put back after (``accumcore.rng.KeyedRng``, a few us a
             micro-batch). The same micro-batch then draws the same masks on any rank, so a
             dropout model follows one trajectory on 1, 2 or 8 ranks, and no two ranks share
             masks. None: ``torch.initial_seed()`` (what ``torch.manual_seed`` set), rank
