@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from held_jobs import Hold
 from worker_stack import Stack
 
 from services.jobdb.gangs import members_of
@@ -20,13 +21,21 @@ NODE_ENV = {"ACCUM_GANG_FORM_TIMEOUT_S": "4", "ACCUM_COLLECTIVE_TIMEOUT_S": str(
             "ACCUM_ADVERTISE_ADDRESS": "127.0.0.1"}
 # float32 round-off: the ranks reduce the gradients in another order than one process.
 ROUND_OFF = 1e-5
+# A node-loss job is held (tests/held_jobs.py) once step HOLD_STEP is done, past its checkpoint
+# at HELD_CHECKPOINT (checkpoint_every 5), until its node is killed or stopped: so the fault
+# lands mid-job however late progress is read, with the job still to train afterwards. Each
+# node's rank loads N = 2 micro-batches a step.
+HOLD_STEP = 12
+HELD_CHECKPOINT = 10
+HELD_DATASET = Hold.dataset(HOLD_STEP, micro_batches=2)
 
 
-def two_nodes(stack: Stack, tmp_path: Path, s3_url: str) -> Stack:
-    """A variant of ``stack`` with checkpoints on S3 and two nodes (node0, node1) started."""
+def two_nodes(stack: Stack, tmp_path: Path, s3_url: str, **env: str) -> Stack:
+    """A variant of ``stack`` with checkpoints on S3 and two nodes (node0, node1) started,
+    ``env`` set for both (``Hold.env()``)."""
     own = stack.variant(tmp_path, artifacts_url=s3_url, **LEASES)
     for home in (tmp_path / "node0", tmp_path / "node1"):
-        own.start_worker(ACCUM_HOME=str(home), ACCUM_CACHE_DIR=str(home / "cache"), **NODE_ENV)
+        own.start_worker(ACCUM_HOME=str(home), ACCUM_CACHE_DIR=str(home / "cache"), **NODE_ENV, **env)
     return own
 
 
@@ -44,12 +53,6 @@ def single_process_reference(own: Stack, spec: dict[str, Any]) -> dict[str, Any]
     return own.final_weights(job_id)
 
 
-def running_at_step(own: Stack, job_id: str, step: int) -> Job:
-    """The job once it is running and its progress has reached optimizer step ``step``."""
-    return own.wait(job_id, ("running",), timeout=120,
-                    check=lambda j: (j.progress or {}).get("optimizer_step", 0) >= step)
-
-
 def node_workers(own: Stack, job: Job) -> dict[int, str]:
     """The worker of each node rank of the job's current attempt."""
     with own.sessions() as session:
@@ -63,4 +66,19 @@ def kill_node(own: Stack, job: Job, node_rank: int) -> dict[int, str]:
     victim = own.hostnames[workers[node_rank]]
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
+    return workers
+
+
+def held_on_both_nodes(own: Stack, hold: Hold, job_id: str, checkpoint: int | None = HELD_CHECKPOINT) -> Job:
+    """The job once both nodes' ranks wait at ``hold``'s gate after step HOLD_STEP (and the
+    checkpoint of step ``checkpoint`` is listed)."""
+    return hold.wait_held(own, job_id, processes=2, step=HOLD_STEP, checkpoint=checkpoint)
+
+
+def kill_held_node(own: Stack, hold: Hold, job_id: str, node_rank: int,
+                   checkpoint: int | None = HELD_CHECKPOINT) -> dict[int, str]:
+    """``kill_node`` once the job is held on both nodes; then the gate opens and the other
+    node's rank trains on into its lost peer. Returns the attempt's workers by node rank."""
+    workers = kill_node(own, held_on_both_nodes(own, hold, job_id, checkpoint), node_rank)
+    hold.release()
     return workers

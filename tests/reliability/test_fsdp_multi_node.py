@@ -9,7 +9,11 @@ Redis), one gloo CPU rank per node, so the model is sharded across the nodes.
   that ``torch.load`` reads into the plain model.
 - Node 1's worker SIGKILLed mid-job with ``min_nodes: 1``: the job resumes on the survivor
   alone, a world of 1 loading the 2-rank shards from S3 (DCP reshards them), and ends with the
-  uninterrupted run's weights, every loss step once.
+  uninterrupted run's weights, every loss step once. The job is 30 steps (was 600): held after
+  step 12, both ranks waiting at a test-only gate (tests/held_jobs.py) with the 2-rank
+  checkpoint of step 10 listed, until the node is killed; then it trains the 18 steps left on
+  the survivor. The kill lands mid-job by construction, not by length; the assertions are as
+  before.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from held_jobs import Hold, plugin_on_path
 from worker_stack import Stack
 
 from services.artifacts import open_store
@@ -27,10 +32,10 @@ from services.jobdb import checkpoints
 from services.jobdb.gangs import members_of
 
 from .gang_nodes import (
+    HELD_DATASET,
     ROUND_OFF,
-    kill_node,
+    kill_held_node,
     largest_difference,
-    running_at_step,
     single_process_reference,
     two_nodes,
 )
@@ -42,10 +47,8 @@ STEPS = 30
 SPEC: dict[str, Any] = {"micro_batch_size": 16, "max_steps": STEPS, "checkpoint_every": 5,
                         "keep_checkpoints": 2, "max_restarts": 3}
 FSDP: dict[str, Any] = {**SPEC, "strategy": "fsdp", "gpus": 1, "nodes": 2, "accumulation_steps": 2}
-# The node-loss job: long enough to be training still when its node is killed (progress reaches
-# the database late; a 40-step DDP job once succeeded before the kill landed).
-LOSS_STEPS = 600
-LOSS_SPEC: dict[str, Any] = {**SPEC, "max_steps": LOSS_STEPS, "checkpoint_every": 20}
+# The node-loss job: held after step 12 (past the checkpoint at 10) until its node is killed.
+LOSS_SPEC: dict[str, Any] = {**SPEC, "dataset": HELD_DATASET}
 
 
 def test_an_fsdp_job_shards_over_two_nodes_each_storing_its_own_shards(
@@ -84,20 +87,23 @@ def test_an_fsdp_job_shards_over_two_nodes_each_storing_its_own_shards(
 def test_an_fsdp_job_resumes_on_the_surviving_node_from_the_two_ranks_shards(
     stack: Stack, tmp_path: Path, s3_url: str
 ) -> None:
-    own = two_nodes(stack, tmp_path, s3_url)
+    hold = Hold(tmp_path / "gate")
+    own = two_nodes(stack, tmp_path, s3_url, **hold.env())
     try:
-        reference = single_process_reference(own, LOSS_SPEC)
-        job_id = own.create(**{**FSDP, **LOSS_SPEC}, min_nodes=1)
-        kill_node(own, running_at_step(own, job_id, 30), node_rank=1)
+        with plugin_on_path():
+            reference = single_process_reference(own, LOSS_SPEC)
+        job_id = hold.create(own, **{**FSDP, **LOSS_SPEC}, min_nodes=1)
+        kill_held_node(own, hold, job_id, node_rank=1)
         job = own.wait(job_id, timeout=300)
         assert job.status == "succeeded", (job.error, own.worker_logs())
         kinds = own.event_kinds(job_id)
         assert "node_lost" in kinds and "world_changed" in kinds, kinds
         with own.sessions() as session:
             assert len(members_of(session, job_id, job.attempts)) == 1  # the survivor alone
-        assert [s for s, _ in own.metric_steps(job_id)] == list(range(1, LOSS_STEPS + 1))  # each once
+        assert [s for s, _ in own.metric_steps(job_id)] == list(range(1, STEPS + 1))  # each once
         difference = largest_difference(own.final_weights(job_id), reference)
         assert difference <= ROUND_OFF, difference
         assert own.checkpoint_problems(job_id) == []
     finally:
+        hold.release()
         own.stop_workers()

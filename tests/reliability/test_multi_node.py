@@ -19,6 +19,15 @@ per node, every node advertising 127.0.0.1.
 - Node 1's rank hung (SIGSTOP): node 0's collective times out after ACCUM_COLLECTIVE_TIMEOUT_S,
   the attempt ends on both nodes (node 1 ends its stuck rank once the job moved on), and the
   job resumes and succeeds.
+
+The faulted jobs are 40 steps (were 2,000 and 4,000): each is held after step 12, both nodes'
+ranks waiting at a test-only gate (tests/held_jobs.py, the digits through a plugin the test
+owns), until the node is killed or its rank stopped; then the gate opens. So every fault lands
+mid-job, past the checkpoint at step 10, deterministically rather than by length, and the job
+still trains 28 steps afterwards: what is asserted of the resumed job (every step's loss once,
+the single-process weights, the world change, the attempts' outcomes) is as before. The length
+had been a guard against a fault that seemed to land after the end; that was watch_ranks' race
+(3aa0656), fixed.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from held_jobs import Hold, plugin_on_path
 from worker_stack import Stack
 
 from services.jobdb.gangs import members_of
@@ -39,11 +49,12 @@ from services.jobdb.models import JobAttempt
 
 from .gang_nodes import (
     COLLECTIVE_TIMEOUT_S,
+    HELD_DATASET,
     ROUND_OFF,
-    kill_node,
+    held_on_both_nodes,
+    kill_held_node,
     largest_difference,
     node_workers,
-    running_at_step,
     single_process_reference,
     two_nodes,
 )
@@ -53,12 +64,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.parametrize("stack", ["postgres_redi
 STEPS = 40
 SPEC: dict[str, Any] = {"micro_batch_size": 16, "max_steps": STEPS, "checkpoint_every": 5,
                         "keep_checkpoints": 2, "max_restarts": 3}
-# Jobs whose node is stopped or killed mid-job: still training when it happens, though progress
-# reaches the database a few seconds late (400 steps ran out first on a quiet machine, and a
-# 40-step job once succeeded before its node was killed at step 12).
-HUNG_STEPS = 4000
-LOSS_STEPS = 2000
-LOSS_SPEC = {**SPEC, "max_steps": LOSS_STEPS, "checkpoint_every": 20}
+# Jobs whose node is stopped or killed mid-job: the same, held after step 12 until it happens.
+LOSS_SPEC = {**SPEC, "dataset": HELD_DATASET}
 HANG_SLACK_S = 40
 
 
@@ -82,11 +89,13 @@ def test_a_two_node_job_trains_the_single_process_trajectory(stack: Stack, tmp_p
 
 
 def test_a_lost_node_resumes_on_the_survivor(stack: Stack, tmp_path: Path, s3_url: str) -> None:
-    own = two_nodes(stack, tmp_path, s3_url)
+    hold = Hold(tmp_path / "gate")
+    own = two_nodes(stack, tmp_path, s3_url, **hold.env())
     try:
-        reference = single_process_reference(own, LOSS_SPEC)
-        job_id = own.create(**LOSS_SPEC, accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
-        kill_node(own, running_at_step(own, job_id, 30), node_rank=1)
+        with plugin_on_path():
+            reference = single_process_reference(own, LOSS_SPEC)
+        job_id = hold.create(own, **LOSS_SPEC, accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
+        kill_held_node(own, hold, job_id, node_rank=1)
         job = own.wait(job_id, timeout=300)
         assert job.status == "succeeded", (job.error, own.worker_logs())
         kinds = own.event_kinds(job_id)
@@ -96,22 +105,24 @@ def test_a_lost_node_resumes_on_the_survivor(stack: Stack, tmp_path: Path, s3_ur
             assert len(members_of(session, job_id, job.attempts)) == 1  # the survivor alone
             first = session.query(JobAttempt).filter_by(job_id=job_id, attempt=1).one()
         assert first.outcome == "node_lost" and first.ended_at is not None
-        assert [s for s, _ in own.metric_steps(job_id)] == list(range(1, LOSS_STEPS + 1))  # each once
+        assert [s for s, _ in own.metric_steps(job_id)] == list(range(1, STEPS + 1))  # each once
         difference = largest_difference(own.final_weights(job_id), reference)
         assert difference <= ROUND_OFF, difference
         assert own.checkpoint_problems(job_id) == []
     finally:
+        hold.release()
         own.stop_workers()
 
 
 def test_a_job_that_keeps_losing_nodes_fails_once_max_restarts_is_reached(
     stack: Stack, tmp_path: Path, s3_url: str,
 ) -> None:
-    own = two_nodes(stack, tmp_path, s3_url)
+    hold = Hold(tmp_path / "gate")
+    own = two_nodes(stack, tmp_path, s3_url, **hold.env())
     try:
-        job_id = own.create(**{**SPEC, "max_restarts": 0, "max_steps": HUNG_STEPS, "checkpoint_every": 100},
-                            accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
-        kill_node(own, running_at_step(own, job_id, 2), node_rank=1)
+        job_id = hold.create(own, **{**LOSS_SPEC, "max_restarts": 0}, accumulation_steps=2, gpus=1, nodes=2,
+                             min_nodes=1)
+        kill_held_node(own, hold, job_id, node_rank=1, checkpoint=None)
         job = own.wait(job_id, timeout=120)
         assert job.status == "failed", (job.status, own.worker_logs())
         assert job.error is not None and job.error["type"] == "NodeLost", job.error
@@ -123,15 +134,18 @@ def test_a_job_that_keeps_losing_nodes_fails_once_max_restarts_is_reached(
             only = session.query(JobAttempt).filter_by(job_id=job_id).one()
         assert only.outcome == "failed" and only.ended_at is not None
     finally:
+        hold.release()
         own.stop_workers()
 
 
 def test_losing_node_0_resumes_on_the_survivor(stack: Stack, tmp_path: Path, s3_url: str) -> None:
-    own = two_nodes(stack, tmp_path, s3_url)
+    hold = Hold(tmp_path / "gate")
+    own = two_nodes(stack, tmp_path, s3_url, **hold.env())
     try:
-        reference = single_process_reference(own, LOSS_SPEC)
-        job_id = own.create(**LOSS_SPEC, accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
-        first = kill_node(own, running_at_step(own, job_id, 30), node_rank=0)  # the store's host, the lease holder
+        with plugin_on_path():
+            reference = single_process_reference(own, LOSS_SPEC)
+        job_id = hold.create(own, **LOSS_SPEC, accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
+        first = kill_held_node(own, hold, job_id, node_rank=0)  # the store's host, the lease holder
         job = own.wait(job_id, timeout=300)
         assert job.status == "succeeded", (job.error, own.worker_logs())
         assert job.restarts == 1 and job.attempts >= 2, (job.restarts, job.attempts)
@@ -144,11 +158,12 @@ def test_losing_node_0_resumes_on_the_survivor(stack: Stack, tmp_path: Path, s3_
         outcomes = [a.outcome for a in attempts]
         assert outcomes[0] == "lost" and outcomes[-1] == "succeeded", outcomes
         assert all(a.ended_at is not None for a in attempts), outcomes
-        assert [s for s, _ in own.metric_steps(job_id)] == list(range(1, LOSS_STEPS + 1))  # each once
+        assert [s for s, _ in own.metric_steps(job_id)] == list(range(1, STEPS + 1))  # each once
         difference = largest_difference(own.final_weights(job_id), reference)
         assert difference <= ROUND_OFF, difference
         assert own.checkpoint_problems(job_id) == []
     finally:
+        hold.release()
         own.stop_workers()
 
 
@@ -170,17 +185,18 @@ def rank_processes(worker_pid: int) -> list[int]:
 def test_a_hung_rank_ends_the_attempt_within_the_collective_timeout(
     stack: Stack, tmp_path: Path, s3_url: str, record_figure: Callable[..., None],
 ) -> None:
-    own = two_nodes(stack, tmp_path, s3_url)
+    hold = Hold(tmp_path / "gate")
+    own = two_nodes(stack, tmp_path, s3_url, **hold.env())
     hung: list[int] = []
     try:
-        # Long enough that the rank is stopped mid-job even when progress is read late under
-        # load (a 40-step job could end between the progress read and the SIGSTOP).
-        job_id = own.create(**{**SPEC, "max_steps": HUNG_STEPS}, accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
-        follower = node_workers(own, running_at_step(own, job_id, 2))[1]
+        # Held after step 12 until the rank is stopped: mid-job however late progress is read.
+        job_id = hold.create(own, **LOSS_SPEC, accumulation_steps=2, gpus=1, nodes=2, min_nodes=1)
+        follower = node_workers(own, held_on_both_nodes(own, hold, job_id, checkpoint=None))[1]
         hung = rank_processes(own.hostnames[follower].pid)
-        assert len(hung) == 1, hung
+        assert len(hung) == 1 and hung[0] in hold.held(), (hung, hold.held())
         os.kill(hung[0], signal.SIGSTOP)
         stopped_at = time.monotonic()
+        hold.release()  # node 0's rank trains on into the collective its stopped peer never joins
         own.wait(job_id, ("queued", "running", "succeeded", "failed"), timeout=120,
                  check=lambda j: "node_lost" in own.event_kinds(job_id))
         noticed_s = time.monotonic() - stopped_at
@@ -193,13 +209,14 @@ def test_a_hung_rank_ends_the_attempt_within_the_collective_timeout(
             "multi_node_hung_rank", area="fault",
             check=f"nodes: 2 job, node 1's rank SIGSTOPped mid-job, ACCUM_COLLECTIVE_TIMEOUT_S={COLLECTIVE_TIMEOUT_S}",
             figure=f"attempt ended {noticed_s:.1f} s after the SIGSTOP; job {job.status}, "
-                   f"{len(steps)}/{HUNG_STEPS} loss steps, each once",
-            passed=held and steps == list(range(1, HUNG_STEPS + 1)),
+                   f"{len(steps)}/{STEPS} loss steps, each once",
+            passed=held and steps == list(range(1, STEPS + 1)),
         )
         assert noticed_s <= COLLECTIVE_TIMEOUT_S + HANG_SLACK_S, noticed_s
         assert job.status == "succeeded", (job.error, own.worker_logs())
-        assert steps == list(range(1, HUNG_STEPS + 1))
+        assert steps == list(range(1, STEPS + 1))
     finally:
+        hold.release()
         for pid in hung:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
