@@ -34,11 +34,16 @@ def run(args: list[str | Path], timeout: float, **kwargs: object) -> subprocess.
 
 
 def test_the_package_list_names_every_package_in_the_tree() -> None:
+    """Each folder of code, and each folder of data files Python could import as a namespace
+    package (setuptools prints "Package would be ignored" for one left out, at every install)."""
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     in_tree = {
-        ".".join((name, *init.parent.relative_to(root).parts))
+        ".".join((name, *folder.relative_to(root).parts))
         for name, root in PACKAGE_ROOTS.items()
-        for init in root.rglob("__init__.py")
+        for folder in [root, *root.rglob("*")]
+        if folder.is_dir() and folder.name != "__pycache__"
+        and all(part.isidentifier() for part in folder.relative_to(root).parts)
+        and any(f.is_file() for f in folder.iterdir())
     }
     assert in_tree - listed == set(), "add them to [tool.setuptools] packages in pyproject.toml"
 
