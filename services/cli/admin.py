@@ -4,14 +4,21 @@
     accum token create alice [--admin]     # prints the token once, on stdout
     accum token list [alice] [--all]       # owner, prefix, created, last used (--all: revoked too, and when)
     accum token revoke accum_AbCdEf        # the prefix or the whole token; refused at once
+
+From any folder they use the database of the service `accum up` ran (store_settings); none is
+made by accident.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from services.cli.common import CommandError
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -50,15 +57,58 @@ class Failed(int):
     """The exit code of a store command that failed (its one line is already on stderr)."""
 
 
+def store_settings(command: str, create: bool = False) -> Settings:
+    """The database the store commands use: ACCUM_HOME / ACCUM_DATABASE_URL when set; else the
+    one of the service `accum up` ran, from any folder: ./.accum or the nearest parent folder's,
+    else the one the per-user record names (accum.config). None found: `create` (db upgrade)
+    makes ./.accum's, the others say where they looked (they never make an empty database)."""
+    from accum.config import DEFAULT_HOME, folder_homes, read_config_file, user_config_path
+    from services.settings import Settings, get_settings
+
+    if os.environ.get("ACCUM_HOME") or os.environ.get("ACCUM_DATABASE_URL"):
+        return get_settings()
+    for home in folder_homes():
+        if (home / "local.json").is_file() or (home / "accum.sqlite").is_file():
+            settings = Settings(home=home)
+            break
+    else:
+        record = read_config_file(user_config_path())
+        if record.get("home"):
+            settings = Settings(home=Path(record["home"]),
+                                database_url=record.get("database_url", ""))
+        elif create:
+            return get_settings()
+        else:
+            raise CommandError(
+                f"no accum service found: no {DEFAULT_HOME}/ here or in a parent folder, and no "
+                f"{user_config_path()}; run `accum up` first (it records where its database "
+                "is), or set ACCUM_HOME to the folder it used (ACCUM_DATABASE_URL for PostgreSQL)"
+            )
+    if Path.cwd() / DEFAULT_HOME != settings.home:
+        print(f"accum {command}: using database {redacted(settings.database_url)}", file=sys.stderr)
+    return settings
+
+
 def in_store(command: str, work: Callable[[Session], T]) -> T | Failed:
-    """`work(session)` in one committed transaction on ACCUM_DATABASE_URL. A ValueError
-    (bad argument) is exit 2, an unmigrated or unreachable database exit 1: one line each."""
+    """`work(session)` in one committed transaction on the store_settings() database. A
+    ValueError (bad argument) is exit 2, a missing, unmigrated or unreachable database exit 1:
+    one line each."""
+    from sqlalchemy.engine import make_url
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
     from services.jobdb.db import make_engine, make_session_factory
-    from services.settings import get_settings
 
-    settings = get_settings()
+    settings = store_settings(command)
+    url = make_url(settings.database_url)
+    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
+        # Connecting would make an empty file: a second database, beside the service's.
+        print(
+            f"accum {command}: no database at {url.database}; run `accum db upgrade` first to "
+            "create it (`accum up` does too), or set ACCUM_HOME to the folder a running "
+            "`accum up` uses",
+            file=sys.stderr,
+        )
+        return Failed(1)
     engine = make_engine(settings)
     try:
         with make_session_factory(engine).begin() as session:
@@ -140,9 +190,7 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from services.settings import get_settings
-
-    settings = get_settings()
+    settings = store_settings("db upgrade", create=True)
     upgrade_database(settings)
     print(f"database at {redacted(settings.database_url)} is at the latest schema", file=sys.stderr)
     return 0

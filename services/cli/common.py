@@ -3,12 +3,12 @@ and API messages put in the CLI's words."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from typing import Any
 
 from accum import AccumClient
-from accum.config import resolve_client_config
 from accum.spec_file import SpecFileError, parse_spec_text, read_spec
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -28,9 +28,28 @@ class CommandError(Exception):
     """A command that cannot do what was asked (exit code 1), said in one line."""
 
 
+# What `pip install 'accum[worker]'` adds (pyproject): the commands that train need them.
+WORKER_PACKAGES = ("torch", "torchvision", "numpy")
+
+
+def require_worker_extra() -> None:
+    """One line naming the extra, where `accum demo|up|worker` would end in a traceback."""
+    missing = []
+    for name in WORKER_PACKAGES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise CommandError(f"needs {' and '.join(missing)}, not installed here: "
+                           "pip install 'accum[worker]'")
+
+
 def make_client() -> AccumClient:
-    config = resolve_client_config()
-    return AccumClient(config.url, config.token)
+    """URL and token found as accum.config says (its errors say where they came from)."""
+    return AccumClient()
 
 
 def load_spec(path: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.cli.common import load_spec
+from services.cli.common import load_spec, require_worker_extra
 from services.packaged import packaged_dir
 from services.ports import free_port
 
@@ -37,6 +37,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from services.cli.watch import watch_job
     from services.settings import get_settings
 
+    require_worker_extra()
     spec = load_spec(args.spec)
     settings = get_settings()
     started = time.monotonic()

@@ -1,9 +1,10 @@
 """The embedded local service behind `accum up` and `accum demo`.
 
-Migrates the database, makes sure ACCUM_HOME/local.json holds a token that works, and runs the
-API (uvicorn, real HTTP) and one worker as child processes. Children get their own session, so
-Ctrl-C reaches only this process, which then stops them in order: a SIGTERM, and after a grace
-period SIGKILL (a job that was running is picked up again through its lease).
+Migrates the database, makes sure ACCUM_HOME/local.json holds a token that works (`accum up`:
+the per-user record too, see accum.config), and runs the API (uvicorn, real HTTP) and one
+worker as child processes. Children get their own session, so Ctrl-C reaches only this
+process, which then stops them in order: a SIGTERM, and after a grace period SIGKILL (a job
+that was running is picked up again through its lease).
 
 The worker starts first and the API only once the worker is in the registry: from the API's
 first answer, a submit is checked against the fleet (services/fleet.py) that will run it; a
@@ -27,7 +28,7 @@ from typing import IO, TYPE_CHECKING
 
 import httpx
 
-from accum.config import read_local_config, write_local_config
+from accum.config import read_local_config, user_config_path, write_config_file, write_local_config
 from services.cli.admin import create_token, upgrade_database
 
 if TYPE_CHECKING:
@@ -79,6 +80,9 @@ class LocalService:
     port: int = 8000
     log_dir: Path | None = None
     cpu_ranks: int | None = None  # the worker's --cpu-ranks
+    # `accum up`: also record URL, token and database in the per-user config, where the CLI
+    # and AccumClient() find them from any folder (accum.config); `accum demo` stops at once.
+    record_for_user: bool = False
     children: list[Child] = field(default_factory=list)
     token: str = ""
 
@@ -102,6 +106,11 @@ class LocalService:
         self._wait_ready()
         self.token = self._working_token()
         write_local_config(self.url, self.token, home)
+        if self.record_for_user:
+            write_config_file(user_config_path(), {
+                "url": self.url, "token": self.token, "home": str(home),
+                "database_url": self.settings.database_url,
+            })
         return self.token
 
     def stop(self) -> None:

@@ -11,10 +11,11 @@
     accum token create NAME [--admin] | token list [NAME] | token revoke PREFIX|TOKEN
     accum db upgrade | api | worker | demo
 
-Server URL and token come from ACCUM_URL / ACCUM_TOKEN, else from ACCUM_HOME/local.json
-(written by `accum up`). Exit codes: 0 ok, 1 error (on stderr), 2 usage; `watch`
-exits 3 when the job failed and 4 when it was cancelled, 130 on Ctrl-C. Epochs are counted
-from 1 in everything printed (the API's `epoch` fields count from 0).
+Server URL and token come from ACCUM_URL / ACCUM_TOKEN, else from a local.json that `accum up`
+wrote: ACCUM_HOME's, ./.accum's or a parent folder's, else ~/.config/accum/ (accum.config).
+Exit codes: 0 ok, 1 error (on stderr), 2 usage; `watch` exits 3 when the job failed and 4 when
+it was cancelled, 130 on Ctrl-C. Epochs are counted from 1 in everything printed (the API's
+`epoch` fields count from 0).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accum",
         description="Submit and follow training jobs with exact gradient accumulation.",
-        epilog="Server and token: ACCUM_URL / ACCUM_TOKEN, else ACCUM_HOME/local.json "
-        "(written by `accum up`).",
+        epilog="Server and token: ACCUM_URL / ACCUM_TOKEN, else the local.json `accum up` "
+        "wrote: ./.accum's or a parent folder's, else ~/.config/accum/ (from any folder).",
     )
     parser.add_argument("--version", action="version", version=f"accum {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -58,8 +58,9 @@ def register(commands: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from accum.config import local_config_path
+    from accum.config import local_config_path, user_config_path
     from services.cli.admin import redacted
+    from services.cli.common import require_worker_extra
     from services.cli.local import (
         LocalService,
         LocalServiceError,
@@ -68,19 +69,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     from services.settings import get_settings
 
+    require_worker_extra()  # its worker trains
     settings = get_settings()
     # Quiet by default: the token and the URL are what a person needs from this terminal; the
     # children's banners, access lines (the dashboard polls) and task lines go to files.
     log_dir = None if args.verbose else (args.log_dir or Path(settings.home) / "logs")
     service = LocalService(settings, host=args.host, port=args.port, log_dir=log_dir,
-                           cpu_ranks=args.cpu_ranks)
+                           cpu_ranks=args.cpu_ranks, record_for_user=True)
     with sigterm_as_exception():
         try:
             token = service.start()
             print(
                 f"accum is up at {service.url}\n"
                 f"  token:    {token}\n"
-                f"  config:   {local_config_path(settings.home)} (the accum CLI reads it)\n"
+                f"  config:   {local_config_path(settings.home)} (the accum CLI reads it here)\n"
+                f"            {user_config_path()} (from any other folder)\n"
                 f"  database: {redacted(settings.database_url)}\n"
                 f"  artifacts: {settings.artifacts_url}\n"
                 + (f"  logs:     {log_dir} (accum up --verbose prints them here)\n" if log_dir else "")
@@ -126,6 +129,10 @@ def _exit_cleanly(signum: int, frame: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from services.cli.common import require_worker_extra
+
+    require_worker_extra()  # one line naming the extra, before the imports that load torch
+
     from celery.utils.nodenames import host_format
 
     from services.settings import get_settings

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from accum.config import resolve_client_config
+from accum.config import ClientConfig, resolve_client_config
 from accum.spec_file import read_spec
 
 JSON = dict[str, Any]
@@ -194,12 +194,15 @@ class AccumClient:
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        """`url` and `token` left out are found as the CLI finds them: ACCUM_URL and
-        ACCUM_TOKEN, else the ACCUM_HOME/local.json that `accum up` wrote."""
+        """`url` and `token` left out are found as the CLI finds them (accum.config): ACCUM_URL
+        and ACCUM_TOKEN, else the local.json of ACCUM_HOME, of ./.accum or a parent folder's,
+        else the per-user one that `accum up` wrote; a token found goes only to its own URL."""
+        # Kept to say, when nothing answers or the token is refused, where the values came from.
+        self._found: ClientConfig | None = None
         if url is None or token is None:
-            config = resolve_client_config()
-            url = config.url if url is None else url
-            token = config.token if token is None else token
+            self._found = resolve_client_config(url)
+            url = self._found.url if url is None else url
+            token = self._found.token if token is None else token
         self.url = url.rstrip("/")
         headers = {"Accept": "application/json", "User-Agent": f"accum-client/{__version__}"}
         if token:
@@ -229,14 +232,24 @@ class AccumClient:
         except httpx.HTTPError as exc:
             raise self._unreachable(method, path, exc) from exc
         if response.is_error:
-            raise AccumAPIError.from_response(response)
+            raise self._error(response)
         return response
 
+    def _error(self, response: httpx.Response) -> AccumAPIError:
+        """The answer's error; a 401 also says where the token came from and what to do."""
+        error = AccumAPIError.from_response(response)
+        if error.status != 401 or self._found is None:
+            return error
+        detail = "; ".join(filter(None, (error.detail, self._found.refused_hint())))
+        return AccumAPIError(401, error.title, detail, error.errors, error.method, error.url)
+
     def _unreachable(self, method: str, path: str, exc: Exception) -> AccumAPIError:
+        found = self._found
         return AccumAPIError(
             0,
             f"cannot reach the accum API at {self.url} ({type(exc).__name__}: {exc})",
-            "start it with `accum up`, or set ACCUM_URL to a running server",
+            found.unreachable_hint() if found and found.source != "the URL given"
+            else "start it with `accum up`, or set ACCUM_URL to a running server",
             method=method,
             url=f"{self.url}{path}",
         )
@@ -388,7 +401,7 @@ class AccumClient:
             with self._http.stream("GET", url, timeout=_STREAM_TIMEOUT) as response:
                 if response.is_error:
                     response.read()
-                    raise AccumAPIError.from_response(response)
+                    raise self._error(response)
                 etag = response.headers.get("ETag", "").strip('"').removeprefix("W/").strip('"')
                 expected = expected or etag or None
                 if response.status_code == 307:  # a presigned URL: no token goes there
@@ -479,7 +492,7 @@ class AccumClient:
                                    timeout=_STREAM_TIMEOUT) as resp:
                 if resp.is_error:
                     resp.read()
-                    raise AccumAPIError.from_response(resp)
+                    raise self._error(resp)
                 for event, data in parse_sse(resp.iter_lines()):
                     yield event, data
                     if event == "end":

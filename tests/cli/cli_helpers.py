@@ -25,14 +25,20 @@ class Server:
 
 
 def accum_env(home: Path) -> dict[str, str]:
+    """ACCUM_HOME=home, and a per-user config dir of its own (what `accum up` records there
+    never reaches the real ~/.config/accum, nor another test's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCUM_")}
     env["ACCUM_HOME"] = str(home)
+    env["XDG_CONFIG_HOME"] = str(home / "user-config")
     return env
 
 
-def run_accum(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_accum(
+    *args: str, env: dict[str, str], timeout: float = 60, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [ACCUM, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        [ACCUM, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=cwd,
     )
 
 

@@ -23,6 +23,12 @@ from services.ports import free_port
 
 START_TIMEOUT_S = 30.0
 
+
+@pytest.fixture(autouse=True)
+def own_user_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each test its own per-user config dir (accum.config): never the real ~/.config/accum."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user-config"))
+
 @pytest.fixture(scope="session")
 def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("cli-home")

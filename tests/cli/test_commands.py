@@ -164,32 +164,50 @@ def test_yaml_numbers_with_an_exponent_are_numbers(
     assert client.job(job["id"])["spec"]["optimizer"]["lr"] == 3e-4
 
 
-def test_url_and_token_resolution_order(
+def test_the_cli_finds_the_service_from_any_folder(
     api_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """ACCUM_URL / ACCUM_TOKEN first, then ACCUM_HOME/local.json (each value on its own)."""
-    from accum.config import resolve_client_config, write_local_config
+    """ACCUM_URL / ACCUM_TOKEN, else ./.accum/local.json or the nearest parent folder's, else
+    the per-user record `accum up` writes; a file's token goes only to its own URL."""
+    from accum.config import (
+        resolve_client_config,
+        user_config_path,
+        write_config_file,
+        write_local_config,
+    )
 
-    home = tmp_path / "home"
-    for key in ("ACCUM_URL", "ACCUM_TOKEN"):
+    for key in ("ACCUM_URL", "ACCUM_TOKEN", "ACCUM_HOME"):
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("ACCUM_HOME", str(home))
-    assert resolve_client_config().url == "http://127.0.0.1:8000"  # nothing configured
+    project = tmp_path / "project"
+    (project / "src" / "deep").mkdir(parents=True)
+    monkeypatch.chdir(project / "src" / "deep")
+    nothing = resolve_client_config()
+    assert (nothing.url, nothing.token, nothing.source) == ("http://127.0.0.1:8000", None, "defaults")
+    assert "start one with `accum up`" in nothing.unreachable_hint()
 
-    path = write_local_config(api_server.url, api_server.token, home)
-    assert path.stat().st_mode & 0o777 == 0o600, "the token file is private"
-    assert accum(capsys, "jobs")[0] == 0  # works from local.json alone
+    record = write_config_file(user_config_path(), {"url": api_server.url, "token": api_server.token})
+    assert record.stat().st_mode & 0o777 == 0o600, "the token file is private"
+    assert accum(capsys, "jobs")[0] == 0  # the service `accum up` recorded, from any folder
+    monkeypatch.setenv("ACCUM_URL", api_server.url)
+    assert accum(capsys, "jobs")[0] == 0  # the URL given, the record's token for it
 
-    monkeypatch.setenv("ACCUM_TOKEN", "not-a-token")
+    stale = write_local_config("http://127.0.0.1:9", "accum_elsewhere", project / ".accum")
+    assert accum(capsys, "jobs")[0] == 0, "the folder's token is not sent to another URL"
+    monkeypatch.delenv("ACCUM_URL")
+    code, _, err = accum(capsys, "jobs")  # a parent folder's .accum wins over the record
+    assert code == 1 and "cannot reach the accum API at http://127.0.0.1:9" in unwrapped(err)
+    assert f"the URL is from {stale}, written by `accum up`" in unwrapped(err)
+
+    record.unlink()
+    monkeypatch.setenv("ACCUM_URL", api_server.url)
     code, _, err = accum(capsys, "jobs")
-    assert code == 1 and "401" in err  # the environment wins over local.json
-    assert resolve_client_config().url == api_server.url  # ... for the token only
-
-    monkeypatch.setenv("ACCUM_URL", "http://127.0.0.1:9")
+    assert code == 1 and f"no token for {api_server.url} (from ACCUM_URL): set ACCUM_TOKEN" in unwrapped(err)
+    monkeypatch.setenv("ACCUM_TOKEN", "accum_not-a-token")
+    code, _, err = accum(capsys, "jobs")
+    assert code == 1 and "401" in err and "refused ACCUM_TOKEN" in unwrapped(err)
     monkeypatch.setenv("ACCUM_TOKEN", api_server.token)
-    code, _, err = accum(capsys, "jobs")
-    assert code == 1 and "cannot reach" in unwrapped(err) and "http://127.0.0.1:9" in unwrapped(err)
+    assert accum(capsys, "jobs")[0] == 0
 
 
 def test_console_script_usage_error_exits_2(api_server: Any) -> None:
@@ -201,13 +219,19 @@ def test_console_script_usage_error_exits_2(api_server: Any) -> None:
     assert result.returncode == 2 and "usage: accum status" in result.stderr
 
 
-def test_token_create_before_migration_says_what_to_run(
+def test_token_create_makes_no_database_and_says_what_to_run(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv("ACCUM_DATABASE_URL", raising=False)
+    for key in ("ACCUM_DATABASE_URL", "ACCUM_HOME"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(tmp_path)  # no .accum here or above, no `accum up` recorded
+    code, out, err = accum(capsys, "token", "create", "bob")
+    assert code == 1 and out == "" and not (tmp_path / ".accum").exists()
+    assert "no accum service found" in err and "run `accum up` first" in unwrapped(err)
+
     monkeypatch.setenv("ACCUM_HOME", str(tmp_path / "fresh"))
     code, out, err = accum(capsys, "token", "create", "bob")
-    assert code == 1 and out == ""
+    assert code == 1 and out == "" and not (tmp_path / "fresh" / "accum.sqlite").exists()
     assert "run `accum db upgrade` first" in unwrapped(err)
     assert accum(capsys, "db", "upgrade")[0] == 0
     code, out, _ = accum(capsys, "token", "create", "bob")

@@ -1,16 +1,18 @@
 """The CLI's errors at 80 columns: one line in its own words (each field error once, by the
-spec's path; commands, not API routes), a metric that does not exist, `--version`, and a
-bad output path."""
+spec's path; commands, not API routes), a metric that does not exist, `--version`, a bad
+output path, and the commands that train without the `[worker]` extra."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import accum_env, assert_fits, one_entry, unwrapped
 from cli_helpers import accum_in_process as accum
-from cli_helpers import assert_fits, one_entry, unwrapped
 
 from accum import AccumClient
 
@@ -122,3 +124,18 @@ def test_a_bad_output_path_is_one_line(
     assert code == 1 and out == ""
     assert unwrapped(err) == f"accum download: cannot save to {target}: there is no directory {target.parent}"
     assert not target.parent.exists()
+
+
+def test_commands_that_train_name_the_worker_extra_when_torch_is_missing(tmp_path: Path) -> None:
+    """`pip install accum` without `[worker]`: one line each, nothing started or written."""
+    script = ("import sys; sys.modules['torch'] = None\n"  # `import torch` fails, as uninstalled
+              "from services.cli.main import main\n"
+              "print([main([command]) for command in ('demo', 'up', 'worker')])")
+    ran = subprocess.run([sys.executable, "-c", script], env=accum_env(tmp_path / "home"),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert ran.stdout.strip() == "[1, 1, 1]", ran.stdout + ran.stderr
+    assert ran.stderr.splitlines() == [
+        f"accum {command}: needs torch, not installed here: pip install 'accum[worker]'"
+        for command in ("demo", "up", "worker")
+    ]
+    assert list(tmp_path.iterdir()) == []

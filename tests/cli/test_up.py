@@ -1,7 +1,9 @@
 """End to end: `accum up` (real API + worker processes) runs a job that `accum watch` follows.
 
-A tiny job (MLP on digits, one epoch) goes through `accum submit`; `accum watch` must exit 0
-when it succeeds; SIGTERM to `accum up` must stop the API and the worker and exit 0.
+A tiny job (MLP on digits, one epoch) goes through `accum submit`, from another folder (the
+per-user record `accum up` wrote), as does `accum token create`, into the service's own
+database; `accum watch` must exit 0 when it succeeds; SIGTERM to `accum up` must stop the API
+and the worker and exit 0.
 """
 
 from __future__ import annotations
@@ -72,19 +74,34 @@ def test_up_runs_a_job_that_watch_follows_to_success(
         assert config["token"] in log.read_text(), "up prints the token it wrote"
         assert config_file.stat().st_mode & 0o777 == 0o600
 
+        # Every other command from another folder, without ACCUM_HOME: through the per-user
+        # record `accum up` wrote (XDG_CONFIG_HOME, the test's own).
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        env = {k: v for k, v in env.items() if k != "ACCUM_HOME"}
+        record = json.loads((home / "user-config" / "accum" / "local.json").read_text())
+        assert record == {**config, "home": str(home), "database_url": record["database_url"]}
+        created = run_accum("token", "create", "from-elsewhere", env=env, cwd=elsewhere)
+        assert created.returncode == 0, created.stderr
+        assert f"using database sqlite:///{home / 'accum.sqlite'}" in created.stderr
+        assert not (elsewhere / ".accum").exists(), "no second database"
+        assert httpx.get(f"{config['url']}/v1/me", headers={
+            "Authorization": f"Bearer {created.stdout.strip()}"}).json()["name"] == "from-elsewhere"
+
         spec = tmp_path / "tiny.json"
         spec.write_text(json.dumps(tiny_spec))
-        submitted = run_accum("submit", str(spec), "--json", env=env)
+        submitted = run_accum("submit", str(spec), "--json", env=env, cwd=elsewhere)
         assert submitted.returncode == 0, submitted.stderr
         job_id = json.loads(submitted.stdout)["id"]
 
-        watched = run_accum("watch", job_id, env=env, timeout=120)
+        watched = run_accum("watch", job_id, env={**env, "ACCUM_URL": config["url"]}, timeout=120,
+                            cwd=elsewhere)  # the URL given: the token recorded for it
         assert watched.returncode == 0, watched.stdout + watched.stderr
         assert f"job {job_id} succeeded" in watched.stdout
         # Lifecycle events and the epoch-end evaluation came through the SSE stream.
         assert "  started  " in watched.stdout and "val_accuracy" in watched.stdout
 
-        metrics = run_accum("metrics", job_id, "--name", "loss", "--csv", env=env)
+        metrics = run_accum("metrics", job_id, "--name", "loss", "--csv", env=env, cwd=elsewhere)
         steps = [int(line.split(",")[1]) for line in metrics.stdout.splitlines()[1:]]
         assert steps == list(range(1, len(steps) + 1)) and steps, metrics.stdout
     finally:
