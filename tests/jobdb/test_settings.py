@@ -92,3 +92,9 @@ def test_multi_node_settings_default_to_one_machine(
     monkeypatch.setenv("ACCUM_RENDEZVOUS_PORTS", "40000")
     settings = get_settings()
     assert (settings.advertise_address, settings.rendezvous_ports) == ("node2.example.org", "40000")
+
+
+def test_every_setting_is_in_the_configuration_page() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    missing = [name for name in Settings.model_fields if f"`ACCUM_{name.upper()}`" not in page]
+    assert missing == [], "add a row to docs/configuration.md for each"
