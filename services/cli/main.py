@@ -9,6 +9,7 @@
     accum metrics ID [--name loss] [--all] [--csv] | checkpoints ID | download ID [STEP] -o model.pt
     accum catalog [models|datasets] | workers [--all]
     accum token create NAME [--admin] | token list [NAME] | token revoke PREFIX|TOKEN
+    accum login URL [--token T]      # remember a server and token for every folder
     accum db upgrade | api | worker | demo
 
 Server URL and token come from ACCUM_URL / ACCUM_TOKEN, else from a local.json that `accum up`
@@ -37,6 +38,7 @@ from services.cli import (
     edit,
     events,
     jobs,
+    login,
     logs,
     results,
     server,
@@ -57,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"accum {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (server, jobs, edit, watch, events, logs, results, catalog, workers, admin, demo,
-                   completion):
+    for module in (server, jobs, edit, watch, events, logs, results, catalog, workers, admin, login,
+                   demo, completion):
         module.register(commands)
     return parser
 

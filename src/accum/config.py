@@ -5,7 +5,7 @@
 2. ACCUM_HOME/local.json when ACCUM_HOME is set (and nothing else);
 3. ./.accum/local.json, else the nearest parent folder's (a project's `accum up`);
 4. the per-user record, $XDG_CONFIG_HOME/accum/local.json (default ~/.config/accum/): the
-   service `accum up` started last, from whichever folder (or `accum login`);
+   service `accum up` started last, from whichever folder, or the server of `accum login`;
 5. http://127.0.0.1:8000 and no token.
 
 `accum up` writes its ACCUM_HOME/local.json and the per-user record (mode 0600: the token is a

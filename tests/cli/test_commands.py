@@ -169,13 +169,9 @@ def test_the_cli_finds_the_service_from_any_folder(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """ACCUM_URL / ACCUM_TOKEN, else ./.accum/local.json or the nearest parent folder's, else
-    the per-user record `accum up` writes; a file's token goes only to its own URL."""
-    from accum.config import (
-        resolve_client_config,
-        user_config_path,
-        write_config_file,
-        write_local_config,
-    )
+    the per-user record `accum up` or `accum login` writes; a file's token goes only to its
+    own URL."""
+    from accum.config import resolve_client_config, user_config_path, write_local_config
 
     for key in ("ACCUM_URL", "ACCUM_TOKEN", "ACCUM_HOME"):
         monkeypatch.delenv(key, raising=False)
@@ -186,7 +182,11 @@ def test_the_cli_finds_the_service_from_any_folder(
     assert (nothing.url, nothing.token, nothing.source) == ("http://127.0.0.1:8000", None, "defaults")
     assert "start one with `accum up`" in nothing.unreachable_hint()
 
-    record = write_config_file(user_config_path(), {"url": api_server.url, "token": api_server.token})
+    code, _, err = accum(capsys, "login", api_server.url, "--token", "accum_not-a-token")
+    assert code == 1 and "401" in err and not user_config_path().exists()  # checked first
+    code, _, err = accum(capsys, "login", api_server.url, "--token", api_server.token)
+    record = user_config_path()
+    assert code == 0 and f"as cli-tests; saved in {record}" in unwrapped(err)
     assert record.stat().st_mode & 0o777 == 0o600, "the token file is private"
     assert accum(capsys, "jobs")[0] == 0  # the service `accum up` recorded, from any folder
     monkeypatch.setenv("ACCUM_URL", api_server.url)
