@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from accumcore import checkpoint, sharded_checkpoint, sharding
+from accumcore import checkpoint, distributed, sharded_checkpoint, sharding
 
 FULL = StateDictOptions(full_state_dict=True)
 
@@ -40,7 +40,13 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: ``path`` is neither a checkpoint file nor a checkpoint directory.
+
+    A ``DistributedDataParallel`` model is loaded through its ``module`` (the trainer saves the
+    bare module's state, without the ``module.`` prefix), and the state's ``model`` entry is
+    the bare module's too, as ``Trainer.load_state_dict`` expects.
     """
+    if model is not None:
+        model = distributed.unwrap(model)
     if Path(path).is_dir():
         return sharded_checkpoint.load(path, model, optimizer)
     state = checkpoint.load_checkpoint(path, map_location=map_location)

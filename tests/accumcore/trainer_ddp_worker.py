@@ -18,7 +18,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from trainer_reference import TokenCrossEntropy, token_dataset, token_model
 
-from accumcore import Callback, Trainer
+from accumcore import Callback, Trainer, load_checkpoint, save_checkpoint
 from accumcore.data import make_loader
 
 WORLD = 2
@@ -50,6 +50,15 @@ def run(rank: int, init_file: str, out_dir: str) -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
         trainer = Trainer(model, optimizer, loss_fn=TokenCrossEntropy(), accumulation_steps=ACCUMULATION)
         history = trainer.fit(make_loader(shard(rank), MICRO_BATCH, shuffle=False), epochs=EPOCHS)
+        # accumcore.load_checkpoint into a DDP-wrapped model (issue 41: the module. prefix).
+        saved = Path(out_dir) / f"state{rank}.pt"
+        save_checkpoint(trainer.state_dict(), saved)
+        fresh = DistributedDataParallel(copy.deepcopy(token_model(torch.float64)))
+        fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.5)
+        loaded = load_checkpoint(saved, model=fresh, optimizer=fresh_optimizer)
+        Trainer(fresh, fresh_optimizer, loss_fn=TokenCrossEntropy(), accumulation_steps=ACCUMULATION).load_state_dict(loaded)
+        assert all(torch.equal(p, q) for p, q in zip(fresh.parameters(), model.parameters(), strict=True))
+        assert str(fresh_optimizer.state_dict()) == str(optimizer.state_dict())
         torch.save(
             {"params": [p.detach() for p in model.module.parameters()], "allreduces": state["count"],
              "losses": [s["loss"] for s in history.steps], "items_per_step": [s["items_per_s"] * s["step_time_s"] for s in history.steps]},
