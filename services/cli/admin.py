@@ -100,10 +100,11 @@ def in_store(command: str, work: Callable[[Session], T]) -> T | Failed:
 
     settings = store_settings(command)
     url = make_url(settings.database_url)
-    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
+    db_file = url.database if url.get_backend_name() == "sqlite" and not url.query.get("uri") else ""
+    if db_file and db_file != ":memory:" and not Path(db_file).exists():
         # Connecting would make an empty file: a second database, beside the service's.
         print(
-            f"accum {command}: no database at {url.database}; run `accum db upgrade` first to "
+            f"accum {command}: no database at {db_file}; run `accum db upgrade` first to "
             "create it (`accum up` does too), or set ACCUM_HOME to the folder a running "
             "`accum up` uses",
             file=sys.stderr,
