@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,11 @@ import pytest
 from durations_record import pytest_addoption, pytest_configure  # noqa: F401  (--durations-record)
 from skips import services_required
 from worker_stack import stack  # noqa: F401  (the fixture, for integration and reliability tests)
+
+# No test reads or writes the user's own per-user record (`accum up` writes
+# $XDG_CONFIG_HOME/accum/local.json and the CLI and AccumClient() read it): each test process
+# (each xdist worker) gets a folder of its own, which the subprocesses it starts inherit.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="accum-test-config-")
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "ACCUM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
