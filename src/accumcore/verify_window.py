@@ -303,10 +303,20 @@ def _big_batch(
             return (big, targets), ""
         except ValueError as exc:
             reason = str(exc)
+    why = ""
+    if all(isinstance(mb.inputs, tuple | list | torch.Tensor) for mb in loaded):
+        # Positional batches are not padded again: nothing says which tensor is an attention
+        # mask or what pads a row, and without a mask padding changes what most models compute.
+        why = ("; positional (tuple) batches padded per micro-batch are not padded again, since "
+               "nothing names their attention mask and pad value (a mapping with input_ids, "
+               "attention_mask and labels is)")
     return None, (
         f"the micro-batches cannot be concatenated ({reason}) and the loader gives no sample "
-        "indices to collate the window as one batch: give the DataLoader a targets_for(indices) "
-        "hook (accumcore.window_source) so the check can use its collate_fn"
+        "indices to collate the window as one batch: a loader with a collate_fn of its own "
+        "(make_loader(collate_fn=...) too) is read a window ahead, without indices, unless it "
+        f"has a targets_for(indices) hook{why}; give the DataLoader a targets_for(indices) hook "
+        "(loader.targets_for = lambda indices: the targets collate_fn makes of those samples; "
+        "accumcore.window_source) so the check can use its collate_fn"
     )
 
 
