@@ -230,6 +230,8 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     f"<= {_fmt(1 / int(k) + 0.10)}", value,
                     "pass" if value <= 1 / int(k) + 0.10 else "miss")
                 for k, value in r["measured"].items()]
+    if name == "job_start":
+        return job_start_rows(r)
     if name == "multi_node":
         return [row("max abs distance of final weights (float32), gpus: 2 and nodes: 2 (N: 2) vs one process "
                     f"(N: 4), {r['steps']} steps", f"<= {_fmt(r['target'])}", r["measured"], r["verdict"]),
@@ -241,6 +243,31 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         return [(figure, "(in name)", f"see bench/results/{name}.jsonl", str(verdict))
                 for figure, verdict in r["targets"].items()]
     return [(r.get("figure", name), "-", "see bench/results/" + name + ".jsonl", "-")]
+
+
+def job_start_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench/service/job_start.py: the issue's four targets, then each way's seconds and the
+    embedded worker's phases."""
+    figures, verdicts = r["figures"], list(r["targets"].values())
+    emb = figures["embedded"]
+    lines = [
+        ("46-step digits job, submit -> first step, warm embedded worker (s)", "<= 0.5",
+         _fmt(emb["first_step_s"]), verdicts[0]),
+        ("  same, submit -> succeeded / the bare script", "<= 1.5", _fmt(emb["total_over_bare"]), verdicts[1]),
+        ("  same, trackers [mlflow, tensorboard] on - off (s)", "<= 0.5", _fmt(r.get("trackers_extra_s")),
+         verdicts[2]),
+        ("  same, PostgreSQL + Redis - embedded (s)", "<= 0.3", _fmt(r.get("postgres_extra_s")), verdicts[3]),
+    ]
+    for way, values in figures.items():
+        extra = f", overhead over bare {_fmt(values['overhead_s'])} s" if "overhead_s" in values else ""
+        lines.append((f"  {way}: submit -> first step / -> succeeded (s){extra}", "(shown)",
+                      f"{_fmt(values['first_step_s'])} / {_fmt(values['total_s'])}", "-"))
+    for way in ("embedded", "embedded_trackers"):
+        taken = figures.get(way, {}).get("phases")
+        if taken:
+            lines.append((f"  {way}: the worker's phases (s), queued {_fmt(figures[way].get('queued_s'))}",
+                          "(shown)", ", ".join(f"{k} {v:.3f}" for k, v in taken.items()), "-"))
+    return lines
 
 
 def tracker_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:

@@ -47,7 +47,7 @@ def throughput_spec(steps: int, gpus: int) -> dict[str, Any]:
 class Deployment:
     """A database + broker + one warm worker process, torn down on exit."""
 
-    def __init__(self, kind: str, threads: int) -> None:
+    def __init__(self, kind: str, threads: int, env: dict[str, str] | None = None) -> None:
         from services.jobdb.migrate import upgrade
         from services.settings import Settings
 
@@ -64,7 +64,7 @@ class Deployment:
             self.settings = Settings(home=self.tmp, database_url=db, broker_url=REDIS)
         upgrade(self.settings.database_url)
         env = dict(os.environ, ACCUM_HOME=str(self.tmp), ACCUM_DATABASE_URL=self.settings.database_url,
-                   ACCUM_BROKER_URL=self.settings.broker_url, OMP_NUM_THREADS=str(threads))
+                   ACCUM_BROKER_URL=self.settings.broker_url, OMP_NUM_THREADS=str(threads), **(env or {}))
         self.log = open(self.tmp / "worker.log", "wb")  # noqa: SIM115 - closed in close()
         self.worker = subprocess.Popen(
             [sys.executable, "-m", "services.worker", "--queues", self.queue, "--loglevel", "WARNING"],

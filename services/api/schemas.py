@@ -121,6 +121,12 @@ class AttemptPublic(BaseModel):
         None, description="How its process died, when its worker saw it die (a prefork child): "
         "e.g. `killed by signal 9 (SIGKILL)`, `out of memory (the kernel's OOM killer): ...`"
     )
+    phases: dict[str, float] | None = Field(
+        None, description="Where the attempt's time went, in seconds, in order, as its worker "
+        "timed it: claim, admit (the spec checked again), build (data, model, store and trackers "
+        "opened), checks (the first-window exactness check), train, final_writes, tracker_end, "
+        "finish; a phase left out added its time to the next. Null while it runs"
+    )
 
     _running_if_open = field_validator("outcome", mode="before")(
         lambda outcome: outcome or "running"

@@ -205,7 +205,9 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     if job.get("started_at") and job["status"] in FINAL_STATUSES and job.get("finished_at"):
         start, end = parse_time(job["started_at"]), parse_time(job["finished_at"])
         if start and end:
-            fields.append(("took", duration((end - start).total_seconds())))
+            fields.append(("took", took((end - start).total_seconds())))
+        if (line := phases_line(job)) is not None:
+            fields.append(("phases", line))
     elif job.get("started_at") and job["status"] == "running":
         start = parse_time(job["started_at"])
         if start:
@@ -221,6 +223,30 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     if stop.get("metric") and stop["metric"] not in names:
         fields.append((stop["metric"], f"{stop.get('value')}{stopped_here(stop, stop['metric'])}"))
     return fields
+
+
+def took(seconds: float) -> str:
+    """A short job's time to a tenth of a second (``1.3 s``), a longer one as ``duration``."""
+    return f"{seconds:.1f} s" if seconds < 59.95 else duration(seconds)
+
+
+def phases_line(job: dict[str, Any]) -> str | None:
+    """Where the last attempt's time went, as its worker timed it (the API's ``phases``):
+    ``queued 0.02 s, claim 0.01 s, build 0.21 s, ...``; None from servers without it."""
+    attempts = job.get("attempts")
+    if not isinstance(attempts, list) or not attempts or not isinstance(attempts[-1], dict):
+        return None
+    last = attempts[-1]
+    phases = last.get("phases")
+    if not isinstance(phases, dict) or not phases:
+        return None
+    parts = []
+    created, started = parse_time(job.get("created_at")), parse_time(last.get("started_at"))
+    if created and started and len(attempts) == 1:
+        parts.append(f"queued {max((started - created).total_seconds(), 0.0):.2f} s")
+    parts += [f"{name.replace('_', ' ')} {float(seconds):.2f} s" for name, seconds in phases.items()
+              if isinstance(seconds, int | float)]
+    return ", ".join(parts)
 
 
 def stopped_here(stop: dict[str, Any], name: str) -> str:

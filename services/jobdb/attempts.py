@@ -77,6 +77,18 @@ def close_attempt(
     )
 
 
+def record_phases(session: Session, job_id: str, attempt: int, phases: dict[str, float]) -> None:
+    """Where the attempt's time went (``services.worker.phases``), on its row. Does not commit."""
+    if not phases:
+        return
+    session.execute(
+        update(JobAttempt)
+        .where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt)
+        .values(phases=phases)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def record_process_death(
     session: Session, job_id: str, worker_name: str, cause: str, now: datetime | None = None
 ) -> int | None:

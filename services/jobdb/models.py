@@ -182,6 +182,10 @@ class JobAttempt(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cause: Mapped[str | None] = mapped_column(Text)
+    # Where the attempt's time went, as its worker timed it: {"claim": s, "admit": s, "build": s,
+    # "checks": s, "train": s, "final_writes": s, "tracker_end": s, "finish": s} in that order
+    # (``services.worker.phases``); written with its outcome, null before (or from an older worker).
+    phases: Mapped[dict[str, float] | None] = mapped_column(JSON(none_as_null=True))
     # A multi-node attempt's rendezvous endpoint (torch.distributed's TCPStore), chosen by the
     # worker of node rank 0 on its advertised address (services.worker.gang); null otherwise.
     master_addr: Mapped[str | None] = mapped_column(String(200))

@@ -37,6 +37,7 @@ from services.jobdb.leases import update_progress
 from services.jobdb.metrics import metric_rows, write_metrics
 from services.jobdb.nonfinite import json_safe
 from services.jobdb.retention import owner_artifact_bytes
+from services.worker import phases
 from services.worker.checkpoints.shards import ShardedUploads
 from services.worker.checkpoints.uploads import ArtifactQuotaExceeded, CheckpointUploads
 from services.worker.heartbeat import Heartbeat
@@ -245,6 +246,7 @@ class StoreCallback(Callback):
 
     def on_event(self, trainer: Any, kind: str, message: str, data: dict[str, Any]) -> None:
         if kind == "exactness_check":
+            phases.mark("checks")
             # The check's figure as a metric at the step it ran before (0: the first window; a
             # pending check runs again on later windows), and the event's data JSON-safe (an
             # infinite error as its label).
@@ -262,6 +264,7 @@ class StoreCallback(Callback):
         self._retrying(write, f"{kind} event")
 
     def on_fit_end(self, trainer: Any, history: Any) -> None:
+        phases.mark("train")
         self.close()
 
     # ---------------------------------------------------------------------- writing

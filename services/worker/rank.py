@@ -30,7 +30,7 @@ from services.jobdb.sessions import session_factory
 from services.jobdb.status import resume_hint
 from services.settings import Settings
 from services.spec import JobSpec
-from services.worker import micro_batch
+from services.worker import micro_batch, phases
 from services.worker.attempt import Attempt, Outcome, outcome
 from services.worker.build import Run, build_run
 from services.worker.callbacks import StoreCallback
@@ -80,6 +80,7 @@ def run_attempt(place: Place, settings: Settings, spec: JobSpec, attempt: Attemp
         writer.record_start(run, spec, attempt)
         if checkpoint is not None:
             run.trainer.load_state_dict(restored(run, checkpoint))
+        phases.mark("build")
         stopped = fit(run, attempt, settings, lease_lost=lambda: heartbeat is not None and heartbeat.lease_lost)
     except BaseException:
         writer.fail()
@@ -188,11 +189,13 @@ class Writer:
             self.store.close()
         if self.shards is not None:
             self.shards.shards.wait()
+        phases.mark("final_writes")
         if self.trackers is not None:
             if heartbeat is not None:
                 self.trackers.end(TRACKED_END.get(outcome(stopped, heartbeat)))
             else:
                 self.trackers.end(None if stopped else "succeeded")
+            phases.mark("tracker_end")
 
     def fail(self) -> None:
         if self.store is not None:

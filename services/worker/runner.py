@@ -31,6 +31,7 @@ from services.admission.pipeline import preflight
 from services.artifacts import ArtifactStoreError
 from services.data_roots import is_s3
 from services.dispatch.enqueue import enqueue_job
+from services.jobdb.attempts import record_phases
 from services.jobdb.events import add_event
 from services.jobdb.leases import (
     NODE_LOST,
@@ -51,7 +52,7 @@ from services.jobdb.types import utcnow
 from services.jobdb.workers import queue_offers
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
-from services.worker import shutdown
+from services.worker import phases, shutdown
 from services.worker.attempt import Attempt, NodeLost, Outcome
 from services.worker.datasets import named_as_synced, with_local_data_root
 from services.worker.gang import GangPlace
@@ -148,6 +149,7 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
     again), ``SKIPPED`` (not claimable: the message is dropped) or ``LEASE_LOST`` (someone
     else owns the job now)."""
     gang: GangPlace | None = None
+    phases.begin()
     if is_multi_node(settings, job_id):
         joined = join(settings, job_id, worker_name, describe_gpu(), ranks_here(settings))
         if joined is not None and joined.place.node_rank > 0:
@@ -158,6 +160,7 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
     if attempt is None:
         log.info("job %s is not claimable (cancelled, finished or running elsewhere): skipped", job_id)
         return Outcome.SKIPPED
+    phases.mark("claim")
     sessions = session_factory(settings)
     heartbeat = Heartbeat(
         lambda: _renew(sessions, attempt, settings.lease_timeout_s),
@@ -293,7 +296,11 @@ def _after_fault(settings: Settings, sessions: sessionmaker[Session], attempt: A
 def _finish(sessions: sessionmaker[Session], attempt: Attempt, outcome: Outcome,
             error: dict[str, Any] | None) -> bool:
     with sessions.begin() as session:
-        return finish_job(session, attempt.job_id, attempt.worker_id, JobStatus(outcome), error=error)
+        finished = finish_job(session, attempt.job_id, attempt.worker_id, JobStatus(outcome), error=error)
+        if finished:  # in the outcome's transaction: no round trip of its own
+            phases.mark("finish")
+            record_phases(session, attempt.job_id, attempt.attempt, phases.taken())
+        return finished
 
 
 def _hand_back(sessions: sessionmaker[Session], attempt: Attempt) -> str | None:
@@ -314,6 +321,7 @@ def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartb
     # direct insert), before its s3 root is synced or its ranks are started.
     preflight(Admission(spec, settings, Phase.START, job_id=attempt.job_id,
                         ranks=lambda: ranks_here(settings)))
+    phases.mark("admit")
     if is_s3(spec.dataset.data_root):
         spec = with_local_data_root(settings, spec)  # our own cache, trusted as the s3 root
         # DDP ranks build from the attempt's spec: they read the local copy too.

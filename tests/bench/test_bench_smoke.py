@@ -23,7 +23,7 @@ from bench import run_all
 ROOT = Path(__file__).resolve().parents[2]
 IN_PROCESS = ["trainer_vs_loop", "trainer_vs_lightning", "exactness", "memory",
               "accumulation_cost", "auto_micro_batch", "resnet50_h100", "prefetch_memory", "host_cost",
-              "fit_setup"]
+              "fit_setup", "job_start"]
 PEERS_HERE = all(importlib.util.find_spec(name) for name in ("lightning", "accelerate"))
 
 
@@ -76,6 +76,11 @@ def test_bench_script_prints_valid_json_in_quick_mode(name: str, capsys, monkeyp
             else:
                 assert row["caught"] and fixes[row["cause"]] in row["fix"], (name, row)
         assert result["detection"]["row_mean_counted_as_tokens_first_window_full_rows"]["at_window"] == 2
+    if name == "job_start":  # a job through the worker's run_job, its phases as the worker timed them
+        embedded = result["figures"]["embedded"]
+        assert 0 < embedded["first_step_s"] < embedded["total_s"]
+        assert {"claim", "build", "train", "finish"} <= set(embedded["phases"])
+        assert run_all.job_start_rows(result)[0][2] == f"{embedded['first_step_s']:.3f}"
     if name == "prefetch_memory":  # the device-resident peak no longer grows with N
         assert result["measured"] < result["before_fix_max_ratio"]
     if name == "resnet50_h100" and result["machine"]["device"] == "cpu":

@@ -119,3 +119,21 @@ def test_a_process_death_seen_by_its_worker_is_the_attempts_cause(
     with session_factory.begin() as session:
         requeued, _ = leases.reap_expired_leases(session, now=utcnow() + timedelta(seconds=1))
     assert requeued == [job_id]
+
+
+def test_an_attempts_phases_are_answered_in_the_order_its_worker_timed_them(
+    client: TestClient, alice: dict[str, str], submitted: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    from services.jobdb.attempts import record_phases
+
+    job_id = submitted["id"]
+    claim(session_factory, job_id, "gpu0@node1")
+    assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["attempts"][0]["phases"] is None
+    taken = {"claim": 0.012, "admit": 0.003, "build": 0.2, "checks": 0.05, "train": 0.9,
+             "final_writes": 0.04, "finish": 0.006}
+    with session_factory.begin() as session:
+        assert leases.finish_job(session, job_id, "gpu0@node1/x", "succeeded")
+        record_phases(session, job_id, 1, taken)
+    (attempt,) = client.get(f"/v1/jobs/{job_id}", headers=alice).json()["attempts"]
+    assert list(attempt["phases"].items()) == list(taken.items())

@@ -44,6 +44,25 @@ const CHECKPOINTS_NAMED = 4;
 const ATTEMPT_COLUMNS = ["Attempt", "Worker", "Started", "Ended", "Outcome", "From step", "Steps"];
 const CHECKPOINT_COLUMNS = ["Step", "Epoch", "Size", "val_loss", "sha256", "File"];
 
+// A finished short job's time to a tenth of a second (a demo job takes about one).
+function tookText(seconds, job) {
+  return FINISHED.has(job.status) && seconds < 59.95 ? `${seconds.toFixed(1)} s` : duration(seconds);
+}
+
+// Where the last attempt's time went, as its worker timed it (the API's `phases`, in order):
+// "queued 0.02 s · claim 0.01 s · build 0.21 s · ...".
+function phasesText(job) {
+  const attempts = job.attempts ?? [];
+  const last = attempts[attempts.length - 1];
+  if (!last?.phases || !Object.keys(last.phases).length) return null;
+  const parts = [];
+  if (attempts.length === 1 && job.created_at && last.started_at) {
+    parts.push(`queued ${Math.max((Date.parse(last.started_at) - Date.parse(job.created_at)) / 1000, 0).toFixed(2)} s`);
+  }
+  for (const [name, seconds] of Object.entries(last.phases)) parts.push(`${name.replace("_", " ")} ${Number(seconds).toFixed(2)} s`);
+  return parts.join(" · ");
+}
+
 export async function render({ root, id, signal }) {
   let job;
   try {
@@ -176,7 +195,8 @@ class JobPage {
       ["Owner", job.owner ?? "–"],
       ...(job.trackers?.length ? [["Trackers", trackerLinks(job.trackers)]] : []),
       ["Created", dateTime(job.created_at)],
-      [FINISHED.has(job.status) ? "Took" : "Running for", took === null ? "–" : duration(took)],
+      [FINISHED.has(job.status) ? "Took" : "Running for", took === null ? "–" : tookText(took, job)],
+      ...(phasesText(job) ? [["Phases", el("span", { id: "phases", class: "small" }, phasesText(job))]] : []),
     ];
     clear(this.summary, rows.filter(Boolean).map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
     this.showError();
