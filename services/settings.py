@@ -22,6 +22,8 @@ from urllib.parse import unquote, urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.data_root_entries import DataRootEntry
+
 DATABASE_SCHEMES = ("sqlite", "postgresql+psycopg")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # The experiment trackers a worker can log a job to (services.worker.trackers).
@@ -84,6 +86,8 @@ class Settings(BaseSettings):
     # worker (before reading) check, so give them the same. Empty: <home>/data, which is the
     # same directory only where API and workers share a home (one host, `accum up`).
     # Env: a JSON list, ACCUM_DATA_ROOTS='["/datasets", "/mnt/shared/data", "s3://datasets/public"]'.
+    # An entry may name its readers: "alice:/data/alice", "alice,bob:/data/team", or hold
+    # {owner} ("/data/users/{owner}"); a plain one is everyone's (services/data_roots.py).
     # An s3:// entry allows that bucket and prefix: without one, no s3 data_root is allowed (a
     # worker would otherwise sync whatever bucket its credentials read, checkpoints included).
     data_roots: list[Path | str] = Field(
@@ -253,15 +257,19 @@ class Settings(BaseSettings):
 
     @field_validator("data_roots", mode="before")
     @classmethod
-    def _s3_roots_stay_urls(cls, roots: Any) -> Any:
-        # A Path would fold "s3://b/p" into "s3:/b/p"; keep those entries as URLs.
+    def _data_root_entries(cls, roots: Any) -> Any:
+        # A plain path stays a Path (the format before owners); an entry with owners, {owner}
+        # or s3:// stays the text it is (a Path would fold "s3://b/p" into "s3:/b/p").
         if not isinstance(roots, list):
             return roots
+        entries: list[Path | str] = []
         for root in roots:
-            if isinstance(root, str) and root.startswith("s3://") \
-                    and not root.removeprefix("s3://").split("/")[0]:
-                raise ValueError(f"ACCUM_DATA_ROOTS entry {root!r} names no bucket; use s3://bucket/prefix")
-        return [root if isinstance(root, str) and root.startswith("s3://") else Path(root) for root in roots]
+            if isinstance(root, str):
+                entry = DataRootEntry.parse(root)  # ValueError: how to write the entry
+                entries.append(Path(root) if entry.is_plain and not entry.is_s3 else root)
+            else:
+                entries.append(root)
+        return entries
 
     @model_validator(mode="after")
     def _defaults_under_home_and_sane_timing(self) -> Settings:

@@ -10,7 +10,7 @@ runs at its start too.
 from __future__ import annotations
 
 from services.admission.context import Admission, Phase
-from services.data_roots import allowed_data_roots, data_root_refusal, worker_refusal
+from services.data_roots import data_root_refusal, reader_roots, worker_refusal
 from services.fleet import fleet_refusals
 from services.fleet_nodes import nodes_refusals
 from services.jobdb.job_ids import AmbiguousJobId, find_job
@@ -21,12 +21,13 @@ from services.spec.refusal import Refusal
 
 def data_roots(ctx: Admission) -> list[Refusal]:
     """The first local path the spec reads (`dataset.data_root`, an `hf:/dir` model, `model.weights`,
-    `init_from.uri`) outside ACCUM_DATA_ROOTS. The roots are the servers' paths: only an admin
+    `init_from.uri`) outside the roots of ACCUM_DATA_ROOTS its owner may read; another owner's
+    path gets the message a missing one would. The roots are the servers' paths: only an admin
     is told them at submit (in the message and `allowed`); a worker names them in its log only."""
     paths = ctx.spec.local_paths()
     if not paths:
         return []
-    roots = allowed_data_roots(ctx.settings)
+    roots = reader_roots(ctx.settings, ctx.reader())
     admin = ctx.phase is Phase.SUBMIT and ctx.needs(ctx.owner, "the owner").is_admin
     for where, path in paths:
         if ctx.phase is Phase.START:
@@ -34,7 +35,7 @@ def data_roots(ctx: Admission) -> list[Refusal]:
         else:
             reason = data_root_refusal(path, roots, show_roots=admin)
         if reason is not None:
-            return [Refusal(where, reason, path, [str(r) for r in roots] if admin else None)]
+            return [Refusal(where, reason, path, [str(r) for r in roots.readable()] if admin else None)]
     return []
 
 

@@ -1,7 +1,8 @@
 """What an admission check reads: the spec, where it is checked, and who asks.
 
     ctx = Admission(spec, settings, Phase.SUBMIT, owner=owner, session=session, fleet=fleet)
-    ctx = Admission(spec, settings, Phase.START, job_id=job_id, ranks=lambda: ranks_here(settings))
+    ctx = Admission(spec, settings, Phase.START, job_id=job_id, owner_name="alice",
+                    ranks=lambda: ranks_here(settings))
 
 At submit the API fills the caller, the request's session and its cached view of the fleet; at
 a job's start the worker fills the job id and the ranks it offers (read only by a check that
@@ -46,7 +47,13 @@ class Admission:
     session: Session | None = None  # submit: the request's session
     fleet: FleetView | None = None  # submit: the API's view of the registered workers
     job_id: str | None = None  # start: the stored job
+    owner_name: str | None = None  # start: the job's owner (whose data roots it may read)
     ranks: Callable[[], int] | None = None  # start: the ranks this worker offers
+
+    def reader(self) -> str | None:
+        """The name of the owner the job reads data for: the caller at submit, the job's owner
+        at start (None, for a job claimed without it: everyone's roots only)."""
+        return self.owner.name if self.owner is not None else self.owner_name
 
     def needs(self, value: T | None, what: str) -> T:
         """``value``, which a check of this phase must be given (a bug in the caller if not)."""

@@ -61,6 +61,9 @@ class Attempt:
     # (m, N) that ``micro_batch_size: "auto"`` chose at the job's first attempt, read from the
     # job row at the claim (``services.worker.micro_batch``); None until one chose.
     micro_batch: tuple[int, int] | None = None
+    # The job's owner's name: the data roots it may read (services.data_roots), checked again
+    # on every node before anything is read. None: everyone's roots only.
+    owner: str | None = None
 
 
 class Flags(Protocol):

@@ -22,11 +22,11 @@ from services.data_roots import require_allowed_data_root
 log = logging.getLogger(__name__)
 
 
-def synced_data_root(settings: Any, data_root: str) -> str:
+def synced_data_root(settings: Any, data_root: str, owner: str | None = None) -> str:
     """The local directory holding ``data_root``'s objects (synced now if not yet); raises
     ``DataRootNotAllowed`` before it asks the store anything when ACCUM_DATA_ROOTS does not
-    allow ``data_root``."""
-    require_allowed_data_root(data_root, settings)
+    let ``owner`` (a name; None: everyone's roots only) read ``data_root``."""
+    require_allowed_data_root(data_root, settings, owner)
     bucket_and_prefix = data_root.removeprefix("s3://").strip("/")
     local = settings.cache_path / "data" / bucket_and_prefix
     if local.is_dir():
@@ -51,10 +51,10 @@ def synced_data_root(settings: Any, data_root: str) -> str:
     return str(local)
 
 
-def with_local_data_root(settings: Any, spec: Any) -> Any:
+def with_local_data_root(settings: Any, spec: Any, owner: str | None) -> Any:
     """The spec with an ``s3://`` data_root replaced by its synced local copy: a directory of
     this node's cache, outside ACCUM_DATA_ROOTS, trusted as the root it was synced from."""
-    local = synced_data_root(settings, spec.dataset.data_root)
+    local = synced_data_root(settings, spec.dataset.data_root, owner)
     return spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"data_root": local})})
 
 

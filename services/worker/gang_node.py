@@ -22,10 +22,12 @@ from dataclasses import dataclass, replace
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from services.admission.checks import data_roots
+from services.admission.context import Admission, Phase
 from services.data_roots import is_s3
 from services.jobdb.events import add_event
 from services.jobdb.gangs import members_of, nodes_of
-from services.jobdb.models import Job
+from services.jobdb.models import Job, Owner
 from services.jobdb.sessions import session_factory
 from services.settings import Settings
 from services.spec import parse_spec
@@ -68,7 +70,8 @@ def join(settings: Settings, job_id: str, worker_name: str, gpu: str | None, ran
     with session_factory(settings).begin() as session:
         job = session.execute(select(Job).where(Job.id == seat.job_id)).scalar_one()
         attempt = Attempt(job.id, job.attempts, seat.worker_id, job.resume_step, dict(job.spec),
-                          used_s=float(job.run_seconds or 0.0), micro_batch=chosen_of(job))
+                          used_s=float(job.run_seconds or 0.0), micro_batch=chosen_of(job),
+                          owner=session.scalar(select(Owner.name).where(Owner.id == job.owner_id)))
         if place.node_rank == 0:
             record_world(session, attempt, place)
     return Joined(attempt, place)
@@ -100,8 +103,16 @@ def follow(settings: Settings, joined: Joined) -> Outcome:
     the reaper, when node 0 is the one lost) puts the job back for its next attempt."""
     spec = parse_spec(joined.attempt.spec)
     attempt = joined.attempt
+    # Node 0 checks the paths too, but this node reads them itself (its own settings, a job
+    # stored past the API): the owner's data roots again, before anything is read or synced.
+    refused = data_roots(Admission(spec, settings, Phase.START, job_id=attempt.job_id,
+                                   owner_name=attempt.owner))
+    if refused:
+        log.warning("job %s: node %d refused the job's paths: %s", attempt.job_id,
+                    joined.place.node_rank, "; ".join(refusal.message for refusal in refused))
+        return Outcome.FOLLOWED
     if is_s3(spec.dataset.data_root):
-        spec = with_local_data_root(settings, spec)
+        spec = with_local_data_root(settings, spec, attempt.owner)
         attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
     try:
         launch(settings, spec, attempt, FollowerFlags(settings, attempt), joined.place)

@@ -43,7 +43,7 @@ from services.jobdb.leases import (
     renew_lease,
     requeue_after_fault,
 )
-from services.jobdb.models import Job
+from services.jobdb.models import Job, Owner
 from services.jobdb.nonfinite import label
 from services.jobdb.queue_order import PRIORITIES, held_by_running_cap, next_in_line
 from services.jobdb.sessions import session_factory
@@ -140,7 +140,13 @@ def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
         if job is None:
             return None
         return Attempt(job.id, job.attempts, worker_id, job.resume_step, dict(job.spec),
-                       used_s=float(job.run_seconds or 0.0), micro_batch=chosen_of(job))
+                       used_s=float(job.run_seconds or 0.0), micro_batch=chosen_of(job),
+                       owner=owner_name(session, job.owner_id))
+
+
+def owner_name(session: Session, owner_id: int) -> str | None:
+    """The job's owner's name: whose data roots the job may read."""
+    return session.scalar(select(Owner.name).where(Owner.id == owner_id))
 
 
 def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
@@ -319,11 +325,11 @@ def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartb
     returns ``SUCCEEDED``, ``CANCELLED``, ``HANDED_BACK``, ``TIMED_OUT`` or ``LEASE_LOST``."""
     # The API admitted the spec; a stored job is checked again here (an older allow-list, a
     # direct insert), before its s3 root is synced or its ranks are started.
-    preflight(Admission(spec, settings, Phase.START, job_id=attempt.job_id,
+    preflight(Admission(spec, settings, Phase.START, job_id=attempt.job_id, owner_name=attempt.owner,
                         ranks=lambda: ranks_here(settings)))
     phases.mark("admit")
     if is_s3(spec.dataset.data_root):
-        spec = with_local_data_root(settings, spec)  # our own cache, trusted as the s3 root
+        spec = with_local_data_root(settings, spec, attempt.owner)  # our own cache, trusted as the s3 root
         # DDP ranks build from the attempt's spec: they read the local copy too.
         attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
     return launch(settings, spec, attempt, heartbeat, gang)

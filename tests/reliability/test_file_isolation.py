@@ -11,6 +11,12 @@ secret in its environment. Alice trains a job, so her checkpoint sits in the wor
   config key, a plugin option, an option of a saved `hf:` directory): 422 at `model.<option>`
   listing what is accepted, nothing stored. A job stored past the API (an older spec, another
   allow-list) fails on the worker before anything is built.
+- Issue 42 item 1, owners' data roots: `data/users/{owner}` and `s3://datasets/users/{owner}`
+  are each owner's own. bob names alice's files by every route (data_root, an `hf:` directory,
+  `init_from.uri`, a link in his own folder, an s3 prefix, a folder holding hers): each is
+  refused with the message a missing path gets; one stored past the API fails on the worker with
+  it; alice's own job trains. (A tokenizer or data file is relative to data_root, and a link to
+  hers is refused below, item 2.)
 - Item 2, files under a data root: bob's data root holds links out of it (to the worker's
   `/proc/self/environ`, to alice's images, tokenizer and saved dataset), an image column naming
   alice's image, and a CSV whose parse error would quote its line. Each job fails naming the
@@ -46,8 +52,9 @@ TINY = {"micro_batch_size": 8, "accumulation_steps": 1, "max_steps": 4, "checkpo
 
 
 class Service:
-    def __init__(self, stack: Stack, api: ApiProcess, alice: str, bob: str) -> None:
+    def __init__(self, stack: Stack, api: ApiProcess, alice: str, bob: str, names: tuple[str, str]) -> None:
         self.stack, self.api = stack, api
+        self.alice_name, self.bob_name = names
         self.alice, self.bob = {"Authorization": f"Bearer {alice}"}, {"Authorization": f"Bearer {bob}"}
         self.data = stack.settings.home / "data"
 
@@ -83,16 +90,21 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     ensure_example_plugin()  # before the API and the worker start, so they see its entry points
     stack = make_stack("postgres_redis", tmp_path_factory.mktemp("isolation"), request)
     stack.settings = stack.settings.model_copy(update={"artifacts_url": s3_server.url()})
+    names = (f"alice-{uuid.uuid4().hex[:6]}", f"bob-{uuid.uuid4().hex[:6]}")
     with stack.sessions.begin() as session:
-        _, alice = tokens.create_owner_with_token(session, f"alice-{uuid.uuid4().hex[:6]}")
-        stack.owner, bob = tokens.create_owner_with_token(session, f"bob-{uuid.uuid4().hex[:6]}")
-    stack.start_worker(**{**s3_server.env, "AWS_SECRET_ACCESS_KEY": SECRET})
+        _, alice = tokens.create_owner_with_token(session, names[0])
+        stack.owner, bob = tokens.create_owner_with_token(session, names[1])
+    # <home>/data is everyone's, as by default; data/users/<owner> and an s3 prefix per owner
+    # are each owner's own (issue 42).
+    data = stack.settings.home / "data"
+    roots = json.dumps([str(data), f"{data}/users/{{owner}}", "s3://datasets/users/{owner}"])
+    stack.start_worker(**{**s3_server.env, "AWS_SECRET_ACCESS_KEY": SECRET, "ACCUM_DATA_ROOTS": roots})
     try:
         # The stacks of one test session share a database, so other queues' workers are
         # registered: this queue is allowed before its own worker has registered too.
-        env = {**stack.env(), **s3_server.env, "ACCUM_ALLOW_EMPTY_QUEUES": "1"}
+        env = {**stack.env(), **s3_server.env, "ACCUM_ALLOW_EMPTY_QUEUES": "1", "ACCUM_DATA_ROOTS": roots}
         with running_api(env, stack.logs / "api.log") as api:
-            yield Service(stack, api, alice, bob)
+            yield Service(stack, api, alice, bob, names)
     finally:
         stack.stop_workers()
 
@@ -225,3 +237,76 @@ def test_files_a_data_root_links_to_are_never_read(service: Service, record_figu
         passed=failed_safely == len(attacks) and not leaked,
     )
     assert not leaked, leaked
+
+
+def test_another_owners_files_are_refused_as_missing_ones_are(service: Service, record_figure: Any) -> None:
+    users = service.data / "users"
+    hers, his = users / service.alice_name, users / service.bob_name
+    write_text(hers / "text", "jsonl", repeat=2)
+    (hers / "model.pt").write_bytes(b"alice's weights")
+    (hers / "hf").mkdir()
+    his.mkdir(parents=True)
+    (his / "link").symlink_to(hers / "text", target_is_directory=True)
+    (his / "dangling").symlink_to(users / "nobody" / "text")
+    text = {"name": "files", "data_files": "text.jsonl", "columns": {"text": "body"}, "tokenizer": "bytes",
+            "max_len": 16}
+
+    def data(root: str) -> dict[str, Any]:
+        return {"model": "tiny_transformer", "dataset": {**text, "data_root": root}}
+
+    def hf(root: str) -> dict[str, Any]:
+        return {"model": f"hf:{root}", "dataset": {**text, "data_root": str(his)}}
+
+    def init_from(uri: str) -> dict[str, Any]:
+        return {**data(str(his)), "init_from": {"uri": uri}}
+
+    nobody = users / "nobody"  # no such owner, no such folder
+    routes = [  # (spec for a path, alice's path, a missing path, the field refused)
+        (data, hers / "text", nobody / "text", "body.dataset.data_root"),
+        (hf, hers / "hf", nobody / "hf", "body.model.name"),
+        (init_from, hers / "model.pt", nobody / "model.pt", "body.init_from.uri"),
+        (data, his / "link", his / "dangling", "body.dataset.data_root"),
+        (data, f"s3://datasets/users/{service.alice_name}/text", "s3://datasets/users/nobody/text",
+         "body.dataset.data_root"),
+        (data, users, nobody, "body.dataset.data_root"),  # a folder holding hers
+    ]
+    def bobs_jobs() -> list[str]:
+        listed = httpx.get(f"{service.api.url}/v1/jobs?limit=500", headers=service.bob, timeout=30).json()
+        return [job["id"] for job in listed["items"]]
+
+    before, same = bobs_jobs(), 0
+    for spec, theirs, missing, field in routes:
+        said = [errors_at(service.submit(service.bob, **spec(str(path))))[field]["msg"].replace(str(path), "<path>")
+                for path in (theirs, missing)]
+        assert said[0] == said[1] and "outside the allowed data roots" in said[0], said
+        assert str(hers) not in said[0] and service.alice_name not in said[0], said
+        same += 1
+    assert bobs_jobs() == before  # nothing stored
+
+    # Stored past the API: the worker refuses it with the same message, before reading anything.
+    with service.stack.sessions.begin() as session:
+        stored = jobs.create_job(session, owner=service.stack.owner, queue=service.stack.queue, max_restarts=0,
+                                 spec={**TINY, **data(str(hers / "text")), "queue": service.stack.queue})[0].id
+    from services.dispatch.enqueue import enqueue_job
+
+    enqueue_job(service.stack.settings, stored, service.stack.queue)
+    refused = service.finished(stored, service.bob)
+    submitted = errors_at(service.submit(service.bob, **data(str(hers / "text"))))["body.dataset.data_root"]
+    assert refused["status"] == "failed" and refused["error"]["type"] == "DataRootNotAllowed", refused
+    assert refused["error"]["message"] == submitted["msg"], (refused["error"], submitted)
+    assert "alice's weights" not in service.everything_recorded(stored, refused)
+
+    response = service.submit(service.alice, **data(str(hers / "text")))
+    assert response.status_code == 201, response.text
+    trained = service.finished(response.json()["id"], service.alice)
+    assert trained["status"] == "succeeded", (trained["error"], service.stack.worker_logs()[-3000:])
+    record_figure(
+        "owner_data_roots", area="bad input",
+        check="Owners' data roots (issue 42 item 1): data/users/{owner} and s3://datasets/users/{owner} are each "
+              "owner's own; bob names alice's files by data_root, an hf: directory, init_from.uri, a link in his "
+              "own folder, an s3 prefix and the folder holding hers, and one such job is stored past the API",
+        figure=f"{same}/{len(routes)} refused at submit with the message a missing path gets; the stored job "
+               f"failed on the worker ({refused['error']['type']}) with the same message; alice's own job "
+               f"{trained['status']}",
+        passed=same == len(routes) and trained["status"] == "succeeded",
+    )

@@ -9,7 +9,7 @@ from services.api.auth import CurrentOwner
 from services.api.deps import SettingsDep
 from services.api.errors import problem_responses
 from services.api.schemas import OwnerPublic
-from services.data_roots import allowed_data_roots
+from services.data_roots import configured_data_roots
 
 router = APIRouter(
     prefix="/v1/me",
@@ -22,5 +22,5 @@ router = APIRouter(
 async def read_me(*, owner: CurrentOwner, settings: SettingsDep) -> OwnerPublic:
     """The token's owner: name, whether it is an admin (admins see every job), and for admins
     the directories a job's data_root may name."""
-    roots = [str(root) for root in allowed_data_roots(settings)] if owner.is_admin else None
+    roots = configured_data_roots(settings) if owner.is_admin else None
     return OwnerPublic(name=owner.name, is_admin=owner.is_admin, data_roots=roots)
