@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -79,7 +80,7 @@ def start_worker(
     app = make_celery(settings, queues=names)
     register_tasks(app, settings)
     if preload:
-        preload_runner()
+        preload_runner(pool)
     connect_stop_signals()
     reaper = LeaseReaper(settings, queues=names)
     reaper.start()
@@ -107,12 +108,27 @@ def checked_settings(settings: Settings, pool: str, cpu_ranks: int | None) -> Se
     return settings
 
 
-def preload_runner() -> None:
+def preload_runner(pool: str = "solo") -> None:
     """Import torch and the runner now, in this idle parent, so the first job does not pay for
     it (queue-to-running latency). Importing torch does not initialise CUDA, so a prefork pool
     still forks a CUDA-free parent. Lazy, not at the top: torch stays out until --gpus has
-    pinned CUDA_VISIBLE_DEVICES."""
+    pinned CUDA_VISIBLE_DEVICES.
+
+    The built-in catalog's builders too (torchvision with them: 0.5-1.7 s the first job's build
+    paid, issue 45): in a thread beside the start-up for ``solo`` (the worker registers as
+    soon as it consumes; a job that comes first waits on the same imports), here for
+    ``prefork``, whose children must be forked from a parent without a thread mid-import."""
     import services.worker.runner  # noqa: F401  (and rank, launch)
+
+    if pool == "prefork":
+        import_builders()
+    else:
+        threading.Thread(target=import_builders, name="accum-preload", daemon=True).start()
+
+
+def import_builders() -> None:
+    import services.catalog.builders.datasets  # noqa: F401
+    import services.catalog.builders.models  # noqa: F401
 
 
 def connect_stop_signals() -> None:

@@ -18,6 +18,7 @@ labels[:, 1:])`, the catalog's `text` form. Padding labels are -100 either way.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -223,7 +224,7 @@ class Tokenizer:
             self.eos: int | None = 10  # a newline between documents
             self.pad: int | None = None
             return
-        from tokenizers import Tokenizer as HFTokenizer
+        import tokenizers  # noqa: F401  (not installed: the ImportError here, not in the parse below)
 
         path = inside(root, spec, "tokenizer")
         file = inside(root, path / "tokenizer.json", "tokenizer") if path.is_dir() else path
@@ -233,7 +234,8 @@ class Tokenizer:
                 'Tokenizer.save or a transformers tokenizer\'s save_pretrained), or use tokenizer: "bytes"'
             )
         try:
-            self._tok = HFTokenizer.from_file(str(file))
+            stat = file.stat()
+            self._tok = tokenizer_file(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
         except Exception as exc:  # noqa: BLE001 - the parser's message may quote the file
             raise ValueError(
                 f"tokenizer {spec!r}: not a tokenizers tokenizer.json ({type(exc).__name__}; the message "
@@ -247,6 +249,16 @@ class Tokenizer:
         if self._tok is None:
             return [list(text.encode("utf-8")) for text in texts]
         return [e.ids for e in self._tok.encode_batch(texts)]
+
+
+@functools.lru_cache(maxsize=8)
+def tokenizer_file(path: str, mtime_ns: int, size: int) -> Any:
+    """A `tokenizers` tokenizer.json, parsed once per process while the file is unchanged (its
+    modification time and size are the key): a warm worker's next job on the same data reuses
+    it (issue 45). Encoding does not change a tokenizer, so jobs share it."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return HFTokenizer.from_file(path)
 
 
 class TokenRows(Dataset[torch.Tensor]):
