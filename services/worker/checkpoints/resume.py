@@ -44,6 +44,10 @@ def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, store: Art
     every rank's files), if any. A checkpoint
     that cannot be fetched raises ``ArtifactStoreError``: a transient fault."""
     shutil.rmtree(cache.staging_dir(attempt.job_id), ignore_errors=True)
+    if attempt.attempt == 1 and attempt.resume_step is None:
+        # The job's first start: no predecessor logged a metric or stored an object, so there
+        # is nothing to drop (a transaction and a store listing saved: issue 45).
+        return None
     with sessions.begin() as session:
         delete_metrics_after(session, attempt.job_id, attempt.resume_step)
         listed = [c.step for c in list_checkpoints(session, attempt.job_id)]
