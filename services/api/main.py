@@ -16,11 +16,12 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from services.api.auth_failures import AuthFailureLimiter, shared_failure_log
 from services.api.body_limit import BodySizeLimitMiddleware
+from services.api.control_text import refuse_control_characters
 from services.api.errors import install_error_handlers
 from services.api.routes import (
     api_docs,
@@ -106,6 +107,8 @@ def create_app(settings: Settings | None = None, *, run_reaper: bool = True) -> 
         # FastAPI's own load them from a CDN.
         docs_url=None,
         redoc_url=None,
+        # No control character in any string of a JSON body (they reach people's terminals).
+        dependencies=[Depends(refuse_control_characters)],
     )
     app.state.settings = settings
     app.state.run_reaper = run_reaper

@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rich.console import Console
-
 from services.cli.common import make_client, resolve_job_id
-from services.cli.output import print_json
+from services.cli.output import console, print_json
 from services.cli.watch import History
 
 
@@ -30,7 +28,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     if args.json:
         print_json(items)
         return 0
-    history = History(Console(highlight=False), tracebacks=True)
+    history = History(console(), tracebacks=True)
     for event in items:
         history.event(event)
     history.finish()

@@ -47,7 +47,7 @@ from services.cli import (
 )
 from services.cli.common import CommandError, UsageError, in_cli_words
 from services.cli.interrupts import sigint_interrupts
-from services.cli.output import hanging
+from services.cli.output import hanging, safe_terminal
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command, with every character it prints terminal-safe: a control character in a
+    note, a path, an error or a job's output is shown escaped (services/cli/output.py)."""
+    with safe_terminal():
+        return run(argv)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

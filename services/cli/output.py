@@ -2,22 +2,97 @@
 numbers (NaN and infinities by name), sizes, durations, and epochs counted from 1.
 
 The API counts epochs from 0 (the trainer's index); everything printed here counts from 1.
+
+Nothing a user or a job wrote drives the terminal (issue 42 item 2): `main` runs every command
+inside ``safe_terminal()``, which shows each control character other than newline and tab
+escaped (ESC as ``\x1b``, as git and kubectl do) in everything printed to stdout and stderr;
+rich's consoles come from ``console()``, which escapes the text and keeps rich's own styles
+and cursor moves. Notes, names, paths, events, errors and a job's own output are all covered,
+whichever command prints them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
+import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, Any
+
+from rich.console import Console
+from rich.segment import Segment
 
 # The terminal's width: $COLUMNS, else the terminal's own, else 80 (a pipe or a log).
 DEFAULT_WIDTH = 80
 GAP = "  "
 ELLIPSIS = "…"
+
+
+# C0 but newline and tab, DEL, and C1 (0x9b is a CSI on some terminals): shown as \xNN.
+_ESCAPED = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7f, 0xa0)] if chr(code) not in "\n\t"}
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every control character other than newline and tab shown escaped:
+    ``"\x1b]0;title\x07"`` prints as ``\x1b]0;title\x07``, inert."""
+    return text.translate(_ESCAPED)
+
+
+class SafeStream:
+    """A text stream that writes everything `terminal_safe`; the rest is the stream's own."""
+
+    def __init__(self, raw: IO[str]) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(terminal_safe(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
+def raw_stream(stream: IO[str] | SafeStream) -> IO[str]:
+    return stream.raw if isinstance(stream, SafeStream) else stream
+
+
+@contextlib.contextmanager
+def safe_terminal() -> Iterator[None]:
+    """stdout and stderr as `SafeStream`s while a command runs."""
+    before = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = before
+
+
+class SafeConsole(Console):
+    """A rich Console that shows control characters in the text escaped, while its own styles
+    and cursor moves (added after this, or control segments) reach the terminal as they are."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(terminal_safe(segment.text), segment.style)
+            for segment in buffer
+        )
+
+    @property
+    def file(self) -> IO[str]:
+        return raw_stream(super().file)
+
+    @file.setter
+    def file(self, new_file: IO[str]) -> None:
+        self._file = new_file
+
+
+def console(*, stderr: bool = False) -> Console:
+    """The console every rich output of the CLI goes through (`SafeConsole`)."""
+    return SafeConsole(stderr=stderr, highlight=False)
 
 
 def terminal_width() -> int:

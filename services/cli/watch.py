@@ -32,6 +32,7 @@ from services.cli.common import (
     resolve_job_id,
     short_id,
 )
+from services.cli.output import console as safe_console
 from services.cli.output import cut, duration, epoch, grouped, hanging, number, parse_time
 
 RECONNECT_DELAY_S = 1.0
@@ -246,7 +247,7 @@ def watch_job(
 ) -> dict[str, Any]:
     """Print the job's history, follow it until it is final; returns the final job object.
     On Ctrl-C (with `interrupt_hint`) says how to pick it up again, then re-raises."""
-    console = console or Console(highlight=False)
+    console = console or safe_console()
     history = History(console)
     job = client.job(job_id)
     if job["status"] in FINAL_STATUSES:
@@ -340,7 +341,7 @@ def _say_still_running(client: AccumClient, job_id: str, job: dict[str, Any]) ->
     # not the client's 30, and the hint then says what the watcher knew last.
     with contextlib.suppress(AccumAPIError):
         job = client.job(job_id, timeout=HINT_TIMEOUT_S)
-    err = Console(stderr=True, highlight=False)
+    err = safe_console(stderr=True)
     if job["status"] in FINAL_STATUSES:
         err.print(f"job {job_id} {job['status']}", markup=False)
         return

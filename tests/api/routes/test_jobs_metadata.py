@@ -71,3 +71,25 @@ def test_bad_edits_are_422_at_their_field_and_others_jobs_404(
     assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["name"] == "mine"
     assert "at most 20" in field_error(
         client.get("/v1/jobs", params={"tag": [f"t{i}" for i in range(21)]}, headers=alice), "query.tag")["msg"]
+
+
+def test_control_characters_in_any_text_are_422_at_their_field(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any]
+) -> None:
+    """Issue 42 item 2: notes, names and data paths that would drive a viewer's terminal (a
+    window title, an OSC 52 clipboard write, a bell) are refused where they are set; newline and
+    tab stay allowed in notes."""
+    job_id = submit(client, alice, spec, "plain")
+    title = "\x1b]0;pwned\x07"
+    patched = client.patch(f"/v1/jobs/{job_id}", headers=alice, json={"notes": f"see {title}", "name": "ok\x9bname"})
+    assert patched.status_code == 422, patched.text
+    assert field_error(patched, "body.notes")["msg"].startswith("control character U+001B (ESC) at offset 4")
+    assert "U+009B (CSI)" in field_error(patched, "body.name")["msg"]
+    data_root = {**spec, "dataset": {"name": "mnist", "data_root": "/data/\x1b]52;c;ZWNobyBoaQ==\x07"}}
+    assert "ESC" in field_error(client.post("/v1/jobs", json=data_root, headers=alice),
+                                "body.dataset.data_root")["msg"]
+    keyed = client.post("/v1/jobs", json={**spec, "accumulation_schedule": {"0\x1b": 2}}, headers=alice)
+    assert keyed.status_code == 422 and "ESC" in field_error(keyed, "body.accumulation_schedule.0\x1b")["msg"]
+    assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["notes"] is None  # nothing stored
+    fine = client.patch(f"/v1/jobs/{job_id}", headers=alice, json={"notes": "line one\n\tline two"})
+    assert fine.status_code == 200 and fine.json()["notes"] == "line one\n\tline two"
