@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.data_root_entries import DataRootEntry
@@ -95,6 +95,9 @@ class Settings(BaseSettings):
         description="Directories or s3://bucket/prefix a job's dataset.data_root may be in "
                     "(default: <home>/data).",
     )
+    # GET /metrics wants "Authorization: Bearer <this>" when set (a scraper's own secret, no
+    # owner's token); empty: /metrics is open, as before (keep it off the public network then).
+    metrics_token: SecretStr | None = None
     # Per-owner cap on jobs that are queued or running; a submit past it is 429.
     max_active_jobs_per_owner: int = Field(default=1000, gt=0)
     # Failed token checks allowed per client address in a sliding window before 429.

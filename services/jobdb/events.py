@@ -82,10 +82,15 @@ def death_label(cause: str) -> str:
     return "exit_code" if cause.startswith("exited with code") else "other"
 
 
+# Why a job was queued again (a ``requeued`` event's ``reason``; none: the reaper found its
+# lease expired).
+RESTART_CAUSES = ("lease_expired", "worker_shutdown", "node_lost", "store_fault")
+
+
 def lifecycle_counts(session: Session) -> dict[str, dict[str, int]]:
     """Totals for Prometheus counters, read from the event log (every process writes it, so it
     counts what workers and reapers did too): events by kind, restarts by cause
-    (``lease_expired`` or ``worker_shutdown``), lease expiries by whether the lost attempt had
+    (``RESTART_CAUSES``), lease expiries by whether the lost attempt had
     written a checkpoint, failures by ``failure_reason``, attempts' process deaths by
     ``death_label``."""
     by_kind = dict.fromkeys(TRANSITION_KINDS, 0)
@@ -95,7 +100,8 @@ def lifecycle_counts(session: Session) -> dict[str, dict[str, int]]:
         .group_by(JobEvent.kind)
     ):
         by_kind[kind] = count
-    restarts = {"lease_expired": 0, "worker_shutdown": 0}
+    # A requeue's cause by its own name: node_lost and store_fault restarts are no lease expiry.
+    restarts = dict.fromkeys(RESTART_CAUSES, 0)
     expiries = {"no_progress": 0, "after_checkpoint": 0}
     failures: dict[str, int] = {}
     deaths: dict[str, int] = {}
@@ -110,7 +116,8 @@ def lifecycle_counts(session: Session) -> dict[str, dict[str, int]]:
             label = death_label(str(data.get("cause", "")))
             deaths[label] = deaths.get(label, 0) + 1
         elif kind == "requeued":
-            restarts["worker_shutdown" if data.get("reason") == "worker_shutdown" else "lease_expired"] += 1
+            cause = str(data.get("reason") or "lease_expired")
+            restarts[cause] = restarts.get(cause, 0) + 1
         elif kind == "lease_expired":
             expiries["no_progress" if data.get("no_progress") else "after_checkpoint"] += 1
         else:

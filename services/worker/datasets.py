@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import uuid
+from pathlib import Path
 from typing import Any
 
 from services.artifacts import open_store
@@ -59,6 +60,12 @@ def with_local_data_root(settings: Any, spec: Any, owner: str | None) -> Any:
 
 
 def named_as_synced(settings: Any, text: str) -> str:
-    """``text`` (a job's error, its traceback) with this node's synced copies named by the s3
-    root they came from: the cache's paths are the server's, not for the job's owner."""
-    return text.replace(f"{settings.cache_path / 'data'}/", "s3://")
+    """``text`` (a job's error, its traceback, its output) with this node's synced copies named
+    by the s3 root they came from, and the worker's own home directory (its caches:
+    ``/root/.cache/huggingface/hub``) shown as ``~``: those paths are the server's, not for the
+    job's owner."""
+    text = text.replace(f"{settings.cache_path / 'data'}/", "s3://")
+    home = os.path.expanduser("~")
+    if len(Path(home).parts) > 1:  # a service user whose home is / keeps its paths
+        text = text.replace(f"{home.rstrip('/')}/", "~/")
+    return text

@@ -174,15 +174,15 @@ def _failure(context: Any, index: int) -> str:
     if os.access(path, os.R_OK) and os.path.getsize(path):
         with open(path, "rb") as handle:
             text = str(pickle.load(handle)).strip()  # the rank's traceback, written by torch's wrapper
-        return f"a DDP rank failed: {text.splitlines()[-1] if text else 'no message'}"
+        return f"a training rank failed: {text.splitlines()[-1] if text else 'no message'}"
     code = context.processes[index].exitcode
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return f"a DDP rank died: process {index} terminated with signal {name}"
-    return f"a DDP rank died: process {index} terminated with exit code {code}"
+        return f"a training rank died: process {index} terminated with signal {name}"
+    return f"a training rank died: process {index} terminated with exit code {code}"
 
 
 def _await_exit(context: Any, timeout_s: float) -> None:

@@ -16,7 +16,7 @@ from services.jobdb.events import list_events
 from services.jobdb.jobs import load_job
 from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.worker.datasets import synced_data_root
+from services.worker.datasets import named_as_synced, synced_data_root
 from services.worker.runner import run_job
 
 
@@ -116,3 +116,15 @@ def test_a_failure_on_the_synced_copy_names_the_s3_root_not_the_cache(
     assert len(shown) == 2 and s3_url in shown[0]  # the owner's own root, as given
     for text in shown:
         assert str(settings.cache_path) not in text, text
+
+
+def test_job_visible_text_names_the_workers_own_paths_as_the_owner_may_read_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42 item 4: a worker run as root outside Docker put /root/.cache/... in job errors."""
+    monkeypatch.setenv("HOME", str(tmp_path / "root"))
+    settings = Settings(home=tmp_path / "home")
+    text = (f"OSError: {tmp_path}/root/.cache/huggingface/hub/models--x not found; "
+            f"no file {settings.cache_path}/data/datasets/mnist/x.csv")
+    assert named_as_synced(settings, text) == (
+        "OSError: ~/.cache/huggingface/hub/models--x not found; no file s3://datasets/mnist/x.csv")

@@ -103,7 +103,7 @@ def test_a_rank_dying_in_teardown_after_every_rank_finished_is_not_a_failure() -
 
 def test_a_rank_dying_before_it_finished_fails_the_job_and_stops_the_others() -> None:
     context, finished, exits = _start(ranks.abort_before_finishing)
-    with pytest.raises(RuntimeError, match="a DDP rank died: .*SIGABRT"):
+    with pytest.raises(RuntimeError, match="a training rank died: .*SIGABRT"):
         watch_ranks(context, finished, Running(), grace_s=30, stop=_flag())
     assert not any(p.is_alive() for p in context.processes)
     assert exits[0] == 0  # stopped, not left training

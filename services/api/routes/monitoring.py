@@ -5,7 +5,9 @@ docs/operations.md)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+import hmac
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -21,7 +23,23 @@ from services.jobdb.status import JobStatus
 router = APIRouter(tags=["monitoring"])
 
 
-@router.get("/metrics", response_class=Response, include_in_schema=False)
+def require_metrics_token(settings: SettingsDep, request: Request) -> None:
+    """With ACCUM_METRICS_TOKEN set, a scrape must bring it as a bearer token (401 otherwise)."""
+    if settings.metrics_token is None or not settings.metrics_token.get_secret_value():
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    expected = settings.metrics_token.get_secret_value()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "GET /metrics needs the scraper's token (ACCUM_METRICS_TOKEN): send "
+            '"Authorization: Bearer <token>" (Prometheus: authorization: {credentials: ...})',
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+@router.get("/metrics", response_class=Response, include_in_schema=False,
+            dependencies=[Depends(require_metrics_token)])
 def prometheus_metrics(
     *, session: SessionDep, settings: SettingsDep, request: Request
 ) -> Response:

@@ -9,10 +9,13 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.api.main import create_app
 from services.jobdb import events, leases
 from services.jobdb.types import utcnow
+from services.settings import Settings
 
 from ..helpers import claim
 
@@ -75,6 +78,8 @@ def test_lifecycle_counters_come_from_the_event_log_with_their_causes(
                       "out of memory (the kernel's OOM killer): killed by signal 9 (SIGKILL)",
                       "killed by signal 11 (SIGSEGV)", "killed by signal 9 (SIGKILL)", "exited with code 3"):
             events.add_event(session, ids[0], "process_died", cause, {"cause": cause})
+        # What the worker records when a node of a gang was lost (leases.requeue_after_fault).
+        events.add_event(session, ids[2], "requeued", "node lost", {"restart": 1, "reason": "node_lost"})
     for _ in range(2):
         client.get("/v1/jobs", headers={"Authorization": "Bearer accum_nope"})
     client.app.state.stream_slots.try_open(1)  # type: ignore[attr-defined]
@@ -88,6 +93,7 @@ def test_lifecycle_counters_come_from_the_event_log_with_their_causes(
     assert counter("job_transitions", "kind", "started") == 5
     assert counter("job_restarts", "cause", "lease_expired") == 2
     assert counter("job_restarts", "cause", "worker_shutdown") == 0
+    assert counter("job_restarts", "cause", "node_lost") == 1  # by its own name (issue 42)
     assert counter("lease_expiries", "cause", "no_progress") == 4
     assert counter("job_failures", "reason", "poison") == 2
     assert counter("job_failures", "reason", "timeout") == 1
@@ -118,3 +124,16 @@ def test_artifact_store_gauges_come_from_checkpoint_and_fault_events(
     assert ("accum_checkpoint_upload_seconds", ()) not in values
     assert values[("accum_artifact_store_errors", (("source", "workers"),))] == 1
     assert values[("accum_artifact_store_errors", (("source", "api"),))] == 0
+
+
+def test_metrics_want_the_scrapers_token_when_the_operator_sets_one(api_settings: Settings) -> None:
+    """ACCUM_METRICS_TOKEN (issue 42 item 4): no token or a wrong one is 401 saying what to
+    send; an owner's API token is no scraper's token."""
+    settings = api_settings.model_copy(update={"metrics_token": SecretStr("scrape-me")})
+    with TestClient(create_app(settings, run_reaper=False)) as client:
+        refused = client.get("/metrics")
+        wrong = client.get("/metrics", headers={"Authorization": "Bearer scrape-you"})
+        scraped = client.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
+    assert refused.status_code == wrong.status_code == 401
+    assert "ACCUM_METRICS_TOKEN" in refused.json()["detail"] and "scrape-me" not in refused.text
+    assert scraped.status_code == 200 and "accum_jobs" in scraped.text
