@@ -81,6 +81,12 @@ def start_worker(
     register_tasks(app, settings)
     if preload:
         preload_runner(pool)
+    if pool == "solo":
+        # One tracker host for every job of this worker, started by the first that logs to a
+        # tracker (a prefork child, gone after its job, starts one of its own per attempt).
+        from services.worker.trackers.handover import share_host
+
+        share_host()
     connect_stop_signals()
     reaper = LeaseReaper(settings, queues=names)
     reaper.start()

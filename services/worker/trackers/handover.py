@@ -16,11 +16,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
+import secrets
 import sys
+import tempfile
 import threading
 import time
 import types
 from collections.abc import Iterator
+from multiprocessing.connection import Client, Connection
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -28,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.jobdb.events import add_event
 from services.settings import Settings
 from services.worker.trackers.base import FinalCheckpoint, RunIdentity
-from services.worker.trackers.host import DONE, HostStarted, SinkStatus, host_main
+from services.worker.trackers.host import DONE, HostStarted, SinkStatus, host_main, server_main
 
 log = logging.getLogger(__name__)
 JOIN_S = 10.0  # a host that said DONE exits at once; this is only a bound
@@ -56,6 +60,14 @@ class TrackerHost:
 
     # ------------------------------------------------------------- the training thread
     def start(self) -> None:
+        if _shared is not None:  # the worker's host: one connection for both ways
+            self._to_host, self.process = _shared.connect(self.settings)
+            self._from_host = self._to_host
+            self._to_host.send((self.settings.model_dump(mode="json"), self.spec_data, self.attempt,
+                                self.identities))
+            for target, name in ((self._send_loop, "send"), (self._receive_loop, "receive")):
+                threading.Thread(target=target, name=f"accum-trackers-{name}", daemon=True).start()
+            return
         spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch, no fork
         to_host, self._to_host = spawn.Pipe(duplex=False)
         self._from_host, from_host = spawn.Pipe(duplex=False)
@@ -123,7 +135,8 @@ class TrackerHost:
                 with contextlib.suppress(OSError):  # the host died: the reader reports it
                     self._to_host.send((raw, commands))
             self.handover_cpu_s += time.thread_time() - started
-        self._to_host.close()
+        if self._from_host is not self._to_host:  # the shared host's connection: its reader closes it
+            self._to_host.close()
 
     def _receive_loop(self) -> None:
         while True:
@@ -137,7 +150,12 @@ class TrackerHost:
                 self.started = message
             else:
                 self.status, self.host_cpu_s = message
-        self.process.join()  # reaped (here only: two threads' waitpid would race)
+        if self._from_host is self._to_host:  # the shared host: done with this attempt, or dead
+            self._from_host.close()
+            if not self.done.is_set() and _shared is not None:
+                _shared.reap(self.process)
+        else:
+            self.process.join()  # reaped (here only: two threads' waitpid would race)
         self.exited.set()
         if not self.done.is_set():
             self._report_lost()
@@ -159,6 +177,78 @@ class TrackerHost:
             log.warning("job %s: recording the tracker host's death failed", self.job_id,
                         exc_info=True)
         self.done.set()  # the attempt's end waits no more
+
+
+class SharedHost:
+    """The worker's tracker host (``share_host``): one process (``host.server_main``) for
+    every attempt of this worker, started by the first that logs to a tracker, its clients
+    imported once; started again by the next attempt after it died."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.process: Any = None
+        self.address = ""
+        self.authkey = b""
+
+    def connect(self, settings: Settings) -> tuple[Connection, Any]:
+        """A connection of the attempt's own to the host (started now if it is not running)."""
+        with self.lock:
+            if self.process is None or not self.process.is_alive():
+                self._start(settings)
+            return Client(self.address, family="AF_UNIX", authkey=self.authkey), self.process
+
+    def _start(self, settings: Settings) -> None:
+        spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch, no fork
+        folder = tempfile.mkdtemp(prefix="accum-trackers-")
+        self.address, self.authkey = os.path.join(folder, "host.sock"), secrets.token_bytes(32)
+        ready, ready_in_host = spawn.Pipe(duplex=False)
+        self.process = spawn.Process(
+            target=server_main, name="accum-trackers", daemon=True,
+            args=(self.address, self.authkey, settings.model_dump(mode="json"), ready_in_host))
+        with without_main_module():
+            self.process.start()
+        ready_in_host.close()
+        try:
+            ready.recv()  # listening
+        except EOFError as exc:
+            self.process.join(JOIN_S)
+            raise RuntimeError(f"the tracker host exited at its start (exit code {self.process.exitcode})") from exc
+        finally:
+            ready.close()
+
+    def reap(self, process: Any) -> None:
+        """A host that died: reaped once (its exit code for the ``tracker_host_lost`` event),
+        by one of the attempts that lost it."""
+        with self.lock:
+            process.join(JOIN_S)
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.process is not None and self.process.is_alive():
+                self.process.kill()
+                self.process.join(JOIN_S)
+            self.process = None
+
+
+_shared: SharedHost | None = None
+
+
+def share_host() -> SharedHost:
+    """From now on this process's attempts share one tracker host process (what a worker
+    does: ``services.worker.start``). Without it each attempt starts a host of its own, which
+    exits once it has delivered (a library caller, the tracker bench)."""
+    global _shared
+    if _shared is None:
+        _shared = SharedHost()
+    return _shared
+
+
+def unshare_host() -> None:
+    """Back to a host per attempt; the shared one is stopped."""
+    global _shared
+    shared, _shared = _shared, None
+    if shared is not None:
+        shared.stop()
 
 
 @contextlib.contextmanager

@@ -16,11 +16,14 @@ the runs left open.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from services.jobdb.sessions import session_factory
@@ -75,11 +78,14 @@ def make_tracker(name: str, settings: Settings, spec: JobSpec, uploads: Checkpoi
 
 
 def host_main(inbox: Connection, outbox: Connection, settings_data: dict[str, Any],
-              spec_data: dict[str, Any], attempt: int, identities: dict[str, RunIdentity]) -> None:
-    """The host process's body (``spawn``: its arguments pickled once, at its start)."""
-    die_with_parent()
+              spec_data: dict[str, Any], attempt: int, identities: dict[str, RunIdentity],
+              own_process: bool = True) -> None:
+    """The host process's body (``spawn``: its arguments pickled once, at its start); in the
+    worker's shared host (``server_main``), one attempt's thread (``own_process=False``)."""
     settings, spec = Settings(**settings_data), parse_spec(spec_data)
-    os.nice(settings.tracker_host_nice)  # before the clients start their threads and processes
+    if own_process:
+        die_with_parent()
+        os.nice(settings.tracker_host_nice)  # before the clients start their threads and processes
     job_id = next(iter(identities.values())).job_id
     uploads = CheckpointUploads(artifact_store(settings), node_cache(settings), job_id,
                                 retry_for_s=settings.lease_timeout_s)
@@ -119,6 +125,57 @@ def host_main(inbox: Connection, outbox: Connection, settings_data: dict[str, An
         reporter.report(sinks, time.process_time() - started_cpu)
     reporter.report(sinks, time.process_time() - started_cpu)
     reporter.send(DONE)
+
+
+def server_main(address: str, authkey: bytes, settings_data: dict[str, Any], ready: Connection) -> None:
+    """The worker's shared tracker host (``handover.share_host``): one process for every
+    attempt of the worker, its clients imported once. It listens on ``address`` (a Unix
+    socket, ``authkey``); each attempt connects, sends ``(settings, spec, attempt,
+    identities)`` and is then served by ``host_main`` on a thread of its own, over that one
+    connection, as a host process of its own would serve it (its sinks outlive the attempt
+    while a tracker is down). It dies with the worker (``PR_SET_PDEATHSIG``)."""
+    die_with_parent()
+    settings = Settings(**settings_data)
+    os.nice(settings.tracker_host_nice)
+    listener = Listener(address, family="AF_UNIX", authkey=authkey)
+    ready.send(os.getpid())
+    ready.close()
+    threading.Thread(target=import_clients, args=(settings.trackers,), name="accum-tracker-imports",
+                     daemon=True).start()
+    while True:
+        try:
+            connection = listener.accept()
+        except (OSError, EOFError, AuthenticationError):  # a client gone mid-handshake
+            continue
+        threading.Thread(target=serve_attempt, args=(connection,), name="accum-tracker-attempt",
+                         daemon=True).start()
+
+
+def serve_attempt(connection: Connection) -> None:
+    """One attempt, on the shared host: its sinks fed over ``connection`` until they are done."""
+    try:
+        settings_data, spec_data, attempt, identities = connection.recv()
+        host_main(connection, connection, settings_data, spec_data, attempt, identities, own_process=False)
+    except (EOFError, OSError):  # the training side gone before its first message
+        pass
+    finally:
+        connection.close()
+
+
+def import_clients(trackers: list[str]) -> None:
+    """The offered trackers' clients, imported once as the shared host starts (~3 s for
+    MLflow's on a quiet machine, which a host of the attempt's own paid at every attempt); an
+    attempt's sink that needs one meanwhile waits on the same import."""
+    modules = {"mlflow": ("mlflow.tracking", "mlflow.utils.rest_utils", "mlflow.utils.credentials",
+                          "mlflow.entities"),
+               "tensorboard": ("services.worker.trackers.tensorboard_tracker",),
+               "wandb": ("services.worker.trackers.wandb_tracker", "wandb")}
+    for name in trackers:
+        for module in modules.get(name, ()):
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - not installed: the sink reports it, as before
+                break
 
 
 class Reporter:

@@ -183,7 +183,6 @@ class EventFiles:
     def text(self, tag: str, text: str, step: int) -> None:
         """A text entry (TensorBoard's Text tab), as torch's ``add_text`` writes it."""
         from tensorboard.compat.proto.event_pb2 import Event
-        from torch.utils.tensorboard.summary import text as text_summary
 
         event = Event(wall_time=time.time(), step=step, summary=text_summary(tag, text))
         self._write(frame(event.SerializeToString()))
@@ -202,3 +201,20 @@ class EventFiles:
         if self.file is not None:
             self.file.close()
             self.file = None
+
+
+def text_summary(tag: str, text: str) -> Any:
+    """The ``Summary`` torch's ``torch.utils.tensorboard.summary.text`` builds, from
+    tensorboard's own protos: importing torch's module imported torch into the tracker host,
+    2-3 s of every run's end on a loaded machine (issue 45)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+    from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData
+
+    plugin_data = SummaryMetadata.PluginData(plugin_name="text",
+                                             content=TextPluginData(version=0).SerializeToString())
+    tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode("utf_8")],
+                         tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+    return Summary(value=[Summary.Value(tag=tag + "/text_summary",
+                                        metadata=SummaryMetadata(plugin_data=plugin_data), tensor=tensor)])
