@@ -6,6 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.jobdb.models import Job, Owner
+from services.jobdb.tracker_runs import open_run
 from services.settings import Settings
 from services.spec import JobSpec
 from services.worker.attempt import Attempt
@@ -13,7 +14,6 @@ from services.worker.checkpoints.uploads import CheckpointUploads
 from services.worker.trackers.base import RunIdentity, flat_params
 from services.worker.trackers.callback import TrackerCallback
 from services.worker.trackers.handover import TrackerHost
-from services.worker.trackers.sink import ensure_row
 
 
 def job_trackers(settings: Settings, sessions: sessionmaker[Session], attempt: Attempt,
@@ -24,13 +24,15 @@ def job_trackers(settings: Settings, sessions: sessionmaker[Session], attempt: A
     names = [name for name in spec.trackers if name in settings.trackers]
     if not names:
         return None
-    with sessions() as session:
+    identities = {}
+    with sessions.begin() as session:  # one transaction: the job's names and its runs' rows
         job_name, owner, queue = session.execute(
             select(Job.name, Owner.name, Job.queue).join(Owner, Owner.id == Job.owner_id)
             .where(Job.id == attempt.job_id)).one()
-    identities = {}
+        rows = {name: open_run(session, attempt.job_id, name) for name in names}
+        stored = {name: (run.run_id, run.delivered_step) for name, run in rows.items()}
     for name in names:
-        run_id, delivered = ensure_row(sessions, attempt.job_id, name)
+        run_id, delivered = stored[name]
         identities[name] = RunIdentity(
             job_id=attempt.job_id, name=spec.name or job_name or attempt.job_id, owner=owner, queue=queue,
             params=flat_params(spec.normalised()), run_id=run_id, delivered_step=delivered,
