@@ -260,7 +260,8 @@ def job_start_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     ]
     for way, values in figures.items():
         extra = f", overhead over bare {_fmt(values['overhead_s'])} s" if "overhead_s" in values else ""
-        lines.append((f"  {way}: submit -> first step / -> succeeded (s){extra}", "(shown)",
+        start = "start" if way in ("bare", "trainer") else "submit"
+        lines.append((f"  {way}: {start} -> first step / -> {'end' if start == 'start' else 'succeeded'} (s){extra}", "(shown)",
                       f"{_fmt(values['first_step_s'])} / {_fmt(values['total_s'])}", "-"))
     for way in ("embedded", "embedded_trackers"):
         taken = figures.get(way, {}).get("phases")
