@@ -1,44 +1,75 @@
-"""Jobs logged to MLflow, TensorBoard and W&B through real worker processes and the trackers'
-real clients: an MLflow tracking server started here (SQLite backend) read back through
+"""One job logged to MLflow, TensorBoard and W&B end to end: real worker processes, the trackers'
+real clients, a real MLflow tracking server started here (SQLite backend) read back through
 ``MlflowClient``, TensorBoard event files read back with tensorboard's ``EventAccumulator``,
-W&B offline run files parsed back. Each tracker must hold every step of accum's own metrics,
-once, also after a SIGKILLed attempt, and an MLflow server down for the whole job gets the
-points once it is back."""
+W&B offline run files parsed back.
+
+The job (one test, whose checks only read what it left) is held at step 10 with the
+checkpoint of step 8 listed and every tracker past step 9 (tests/held_jobs.py), its worker
+SIGKILLed there, and a second worker resumes it to step 12. What it still proves:
+
+- every tracker holds every step of accum's own metrics once, with accum's values, across
+  the killed attempt and the resumed one (a step the killed attempt delivered, re-run by the
+  resume, is not sent again); the job's end waits for the trackers (all delivered at its end);
+- MLflow: one run for both attempts, named after the job, FINISHED, tagged with owner, queue,
+  exactness and the final checkpoint, the spec as parameters, the checkpoint as an artifact
+  and as version 1 of the registered model the spec names; W&B: a run file per attempt
+  (what ``wandb sync`` uploads), its records' ``_step``, ``_runtime``, ``_timestamp``, the
+  summary's last values; TensorBoard: an event file per attempt;
+- the job's view links to each tracker's run.
+
+Also: a two-rank job logged once, by rank 0 (TensorBoard, in-process: the ranks are what it
+tests). Against real MLflow: a flush of 1000 values and a tag within the server's limit per call
+(the job's server, after the job), and the client failing at once against a server that is
+down (no server).
+
+Moved elsewhere, with what they asserted: a tracker down for the whole job and the buffer
+bound (test_trackers_sink.py, recorded client; test_trackers_host.py, a real host outliving
+the attempt), the resume arithmetic on PostgreSQL as well (test_trackers_sink.py), the second
+backend's run of the all-trackers job (the sink's rows and events on both backends,
+test_trackers_sink.py), the registered-model job (here, the same job).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import sqlite3
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_stack import Stack
+from held_jobs import Hold
+from recorded_clients import HANG_S, until
+from worker_stack import Stack, make_stack
 
 from bench.harness.mlflow_server import MlflowServer
 from services.api.job_view import job_view
-from services.jobdb import checkpoints, jobs, metrics
+from services.jobdb import jobs, metrics
+from services.jobdb.models import Job
 from services.jobdb.sessions import session_factory
 from services.jobdb.tracker_runs import runs_of
 from services.ports import free_port
-from services.worker.trackers.wandb_files import history
+from services.worker.trackers.base import RunIdentity
+from services.worker.trackers.wandb_files import history, records
 from services.worker.trackers.wandb_tracker import run_files
 
 ALL = ["mlflow", "tensorboard", "wandb"]
 # Values that are the same in every attempt (resume is exact); the timings are not.
 DETERMINISTIC = ("loss", "lr", "grad_norm", "val_loss", "val_accuracy", "exactness_rel_error")
+MAX_STEPS, HELD_AT, CHECKPOINT = 12, 10, 8  # checkpoint_every 4 (worker_stack.BASE_SPEC)
+MODEL = "digits-mlp"
 
 
-def tracker_env(stack: Stack, mlflow_uri: str, end_wait_s: float = 120) -> dict[str, str]:
-    wandb_dir = stack.settings.home / "wandb"
+def tracker_env(stack: Stack, mlflow_uri: str) -> dict[str, str]:
     return {
         "ACCUM_TRACKERS": json.dumps(ALL), "ACCUM_MLFLOW_TRACKING_URI": mlflow_uri,
-        "ACCUM_WANDB_MODE": "offline", "ACCUM_WANDB_DIR": str(wandb_dir),
-        "ACCUM_TRACKER_FLUSH_EVERY_S": "0.3", "ACCUM_TRACKER_END_WAIT_S": str(end_wait_s),
+        "ACCUM_WANDB_MODE": "offline", "ACCUM_WANDB_DIR": str(stack.settings.home / "wandb"),
+        # The end waits for the trackers; only a hang should make it stop waiting.
+        "ACCUM_TRACKER_FLUSH_EVERY_S": "0.3", "ACCUM_TRACKER_END_WAIT_S": "240",
         # Never the internet: W&B offline, silent, nothing of the machine or the code sent.
         "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true",
         "WANDB_DISABLE_CODE": "true", "WANDB_ERROR_REPORTING": "false",
@@ -46,27 +77,82 @@ def tracker_env(stack: Stack, mlflow_uri: str, end_wait_s: float = 120) -> dict[
     }
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    """One server for the module (it takes ~20-60 s to start on a busy machine): each job is
-    its own run, found by its job id."""
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow"), free_port())
-    server.start()
+def delivered(stack: Stack, job_id: str) -> dict[str, tuple[int, str | None]]:
+    with stack.sessions() as session:
+        return {r.tracker: (r.delivered_step, r.undelivered) for r in runs_of(session, job_id)}
+
+
+def ended(path: Path) -> bool:
+    """W&B's service has written the run file's last record (it writes on its own, after the
+    client's ``finish`` returned)."""
+    return path.exists() and any(r.WhichOneof("record_type") == "exit" for r in records(path))
+
+
+@dataclass
+class TrackedJob:
+    stack: Stack
+    job_id: str
+    job: Job
+    delivered_at_end: dict[str, tuple[int, str | None]]
+    mlflow_uri: str
+
+    @property
+    def wandb_dir(self) -> Path:
+        return self.stack.settings.home / "wandb" / self.job_id
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.stack.settings.artifacts_path / "tensorboard" / self.job_id
+
+
+@contextlib.contextmanager
+def tracked_job(tmp: Path, request: pytest.FixtureRequest) -> Iterator[tuple[TrackedJob, MlflowServer]]:
+    """The one job (SQLite database and broker, a home of its own) and the MLflow server it logs
+    to: held at step 10, its worker SIGKILLed, resumed by the other worker, ended."""
+    stack = make_stack("sqlite", tmp, request)
+    server = MlflowServer(tmp / "mlflow", free_port())
+    hold = Hold(tmp / "gate")
+    env = {**tracker_env(stack, server.uri), **hold.env()}
     try:
-        yield server
+        stack.start_worker(**env)  # importing torch while the server starts
+        stack.start_worker(**env)
+        server.start()  # ~20-60 s on a busy machine
+        job_id = hold.create(stack, trackers=ALL, eval_every=4, name="digits-tracked",
+                             register_model=MODEL, max_steps=MAX_STEPS,
+                             dataset=Hold.dataset(step=HELD_AT, micro_batches=2))
+        hold.wait_held(stack, job_id, processes=1, step=HELD_AT, checkpoint=CHECKPOINT)
+        # Step 10 is the last: held back (an evaluation may follow). The rest is delivered.
+        until(lambda: all(delivered(stack, job_id).get(name, (-1, None))[0] >= HELD_AT - 1 for name in ALL),
+              "every tracker past step 9", lambda: (delivered(stack, job_id), stack.worker_logs()))
+        victim = stack.process_holding(job_id)
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        hold.release()
+        job = stack.wait(job_id, timeout=HANG_S)
+        at_end = delivered(stack, job_id)
+        run_file = run_files(stack.settings.home / "wandb" / job_id, job_id)[-1]
+        until(lambda: ended(run_file), "the last W&B run file's exit record")
+        yield TrackedJob(stack, job_id, job, at_end, server.uri), server
     finally:
+        hold.release()
+        stack.stop_workers()
         server.stop()
 
 
-@pytest.fixture
-def trackers(stack: Stack, tmp_path: Path) -> Iterator[Stack]:
-    """The test's deployment on a queue of its own; its workers (started with the trackers'
-    settings) are stopped after the test."""
-    variant = stack.variant(tmp_path)
-    try:
-        yield variant
-    finally:
-        variant.stop_workers()
+@pytest.mark.timeout(2 * HANG_S)  # a server and two workers starting, two attempts, on 2 cores
+def test_one_job_reaches_mlflow_tensorboard_and_wandb_once_across_a_sigkill(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """One test, so that under xdist the job runs once (a module fixture would run on each
+    worker that takes one of its tests); each check below reads what the job left."""
+    with tracked_job(tmp_path, request) as (job, server):
+        the_killed_job_resumed_and_its_end_waited_for_every_tracker(job)
+        mlflow_has_one_finished_run_with_every_step_once(job)
+        the_final_checkpoint_is_a_version_of_the_registered_model(job)
+        tensorboard_has_an_event_file_an_attempt_and_every_step_once(job)
+        wandb_has_a_run_file_an_attempt_and_every_step_once(job)
+        the_jobs_view_links_to_each_trackers_run(job)
+        a_flush_of_1000_values_and_a_tag_reaches_mlflow_in_calls_within_its_limit(server)
 
 
 def accum_points(stack: Stack, job_id: str) -> dict[str, list[tuple[int, float]]]:
@@ -80,6 +166,15 @@ def accum_points(stack: Stack, job_id: str) -> dict[str, list[tuple[int, float]]
     return points
 
 
+def same_steps_and_values(got: dict[str, list[tuple[int, float]]],
+                          want: dict[str, list[tuple[int, float]]], rel: float = 0.0) -> None:
+    assert sorted(got) == sorted(want)
+    for name, points in want.items():
+        assert [s for s, _ in got[name]] == [s for s, _ in points], name  # each step once
+        if name in DETERMINISTIC:
+            assert [v for _, v in got[name]] == pytest.approx([v for _, v in points], rel=rel), name
+
+
 def mlflow_run(uri: str, job_id: str) -> Any:
     from mlflow.tracking import MlflowClient
 
@@ -90,9 +185,38 @@ def mlflow_run(uri: str, job_id: str) -> Any:
     return client, runs[0]
 
 
-def mlflow_points(client: Any, run_id: str, names: list[str]) -> dict[str, list[tuple[int, float]]]:
-    return {name: sorted((m.step, m.value) for m in client.get_metric_history(run_id, name))
-            for name in names}
+def the_killed_job_resumed_and_its_end_waited_for_every_tracker(tracked_job: TrackedJob) -> None:
+    job = tracked_job.job
+    assert job.status == "succeeded", (job.error, tracked_job.stack.worker_logs())
+    assert job.attempts == 2 and job.resume_step == CHECKPOINT
+    want = accum_points(tracked_job.stack, tracked_job.job_id)
+    assert {"loss", "lr", "val_loss", "exactness_rel_error"} <= set(want)
+    assert tracked_job.delivered_at_end == {name: (MAX_STEPS, None) for name in ALL}
+
+
+def mlflow_has_one_finished_run_with_every_step_once(tracked_job: TrackedJob) -> None:
+    stack, job_id = tracked_job.stack, tracked_job.job_id
+    client, run = mlflow_run(tracked_job.mlflow_uri, job_id)  # one run for both attempts
+    assert run.info.run_name == "digits-tracked" and run.info.status == "FINISHED"
+    assert run.data.tags["accum.owner"] == stack.owner.name
+    assert run.data.tags["accum.queue"] == stack.queue
+    assert run.data.tags["accum.exactness"] == "exact"
+    assert run.data.tags["accum.checkpoint"] == f"{stack.settings.artifacts_url}/{job_id}/{MAX_STEPS}.pt"
+    assert run.data.params["optimizer.lr"] == "0.05" and run.data.params["max_steps"] == str(MAX_STEPS)
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")] == [f"checkpoint/{MAX_STEPS}.pt"]
+    want = accum_points(stack, job_id)
+    got = {name: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
+           for name in want}
+    same_steps_and_values(got, want)  # doubles, exactly
+
+
+def the_final_checkpoint_is_a_version_of_the_registered_model(tracked_job: TrackedJob) -> None:
+    client, run = mlflow_run(tracked_job.mlflow_uri, tracked_job.job_id)
+    run_id = run.info.run_id
+    [version] = client.search_model_versions(f"name = '{MODEL}'")
+    assert version.version == "1" and version.run_id == run_id
+    assert version.source == f"runs:/{run_id}/checkpoint/{MAX_STEPS}.pt"
+    assert version.tags == {"accum.step": str(MAX_STEPS)}
 
 
 def tensorboard_points(logdir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -103,152 +227,50 @@ def tensorboard_points(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def wandb_points(wandb_dir: Path, job_id: str) -> dict[str, list[tuple[int, float]]]:
-    points: dict[str, list[tuple[int, float]]] = {}
-    for path in run_files(wandb_dir, job_id):
+def tensorboard_has_an_event_file_an_attempt_and_every_step_once(tracked_job: TrackedJob) -> None:
+    logdir = tracked_job.tensorboard_dir
+    assert len(list(logdir.iterdir())) == 2  # one event file per attempt
+    same_steps_and_values(tensorboard_points(logdir), accum_points(tracked_job.stack, tracked_job.job_id),
+                          rel=1e-6)  # float32 in event files
+
+
+def wandb_has_a_run_file_an_attempt_and_every_step_once(tracked_job: TrackedJob) -> None:
+    job_id = tracked_job.job_id
+    paths = run_files(tracked_job.wandb_dir, job_id)
+    assert len(paths) == 2  # `wandb sync` uploads both to run job_id
+    got: dict[str, list[tuple[int, float]]] = {}
+    for path in paths:
         for step, values in history(path):
             for name, value in values.items():
-                points.setdefault(name, []).append((step, value))
-    return points
+                got.setdefault(name, []).append((step, value))
+    want = accum_points(tracked_job.stack, job_id)
+    same_steps_and_values(got, want)
+    # W&B's own keys on each record, and the summary's last value of each metric.
+    summary: dict[str, Any] = {}
+    for path in paths:
+        for record in records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "history":
+                items = {item.key: json.loads(item.value_json) for item in record.history.item}
+                assert items["_step"] == record.history.step.num
+                assert items["_runtime"] >= 0 and items["_timestamp"] > 0
+            elif kind == "summary":
+                summary.update({item.key: json.loads(item.value_json) for item in record.summary.update})
+    assert set(want) <= set(summary)
+    assert {name: summary[name] for name in want if name in DETERMINISTIC} == {
+        name: points[-1][1] for name, points in want.items() if name in DETERMINISTIC}
+    assert summary["accum.status"] == "succeeded"
 
 
-def same_steps_and_values(got: dict[str, list[tuple[int, float]]],
-                          want: dict[str, list[tuple[int, float]]], rel: float = 0.0) -> None:
-    assert sorted(got) == sorted(want)
-    for name, points in want.items():
-        assert [s for s, _ in got[name]] == [s for s, _ in points], name  # each step once
-        if name in DETERMINISTIC:
-            assert [v for _, v in got[name]] == pytest.approx([v for _, v in points], rel=rel), name
-
-
-def wait_until(check: Any, what: str, stack: Stack, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not within {timeout} s\n{stack.worker_logs()}")
-
-
-def delivered(stack: Stack, job_id: str) -> dict[str, tuple[int, str | None]]:
-    with stack.sessions() as session:
-        return {r.tracker: (r.delivered_step, r.undelivered) for r in runs_of(session, job_id)}
-
-
-def test_a_job_reaches_mlflow_tensorboard_and_wandb(
-    trackers: Stack, mlflow_server: MlflowServer
-) -> None:
-    trackers.start_worker(**tracker_env(trackers, mlflow_server.uri))
-    job_id = trackers.create(trackers=ALL, eval_every=4, name="digits-tracked")
-    job = trackers.wait(job_id, timeout=180)
-    assert job.status == "succeeded", (job.error, trackers.worker_logs())
-    want = accum_points(trackers, job_id)
-    assert {"loss", "lr", "val_loss", "exactness_rel_error"} <= set(want)
-    # The end of the job waits (briefly) for the trackers: everything is there already.
-    assert delivered(trackers, job_id) == {name: (12, None) for name in ALL}
-
-    client, run = mlflow_run(mlflow_server.uri, job_id)
-    assert run.info.run_name == "digits-tracked" and run.info.status == "FINISHED"
-    assert run.data.tags["accum.owner"] == trackers.owner.name
-    assert run.data.tags["accum.queue"] == trackers.queue
-    assert run.data.tags["accum.exactness"] == "exact"
-    assert run.data.tags["accum.checkpoint"] == f"{trackers.settings.artifacts_url}/{job_id}/12.pt"
-    assert run.data.params["optimizer.lr"] == "0.05" and run.data.params["max_steps"] == "12"
-    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")] == ["checkpoint/12.pt"]
-    same_steps_and_values(mlflow_points(client, run.info.run_id, list(want)), want)
-
-    logdir = trackers.settings.artifacts_path / "tensorboard" / job_id
-    same_steps_and_values(tensorboard_points(logdir), want, rel=1e-6)  # float32 in event files
-
-    offline = wandb_points(trackers.settings.home / "wandb" / job_id, job_id)
-    same_steps_and_values(offline, want)
-
-    with trackers.sessions() as session:  # what GET /v1/jobs/{id} and the dashboard show
-        view = job_view(session, jobs.load_job(session, job_id), trackers.owner.name)
-    links = {run.tracker: run for run in view.trackers or []}
-    assert links["mlflow"].url == (f"{mlflow_server.uri}/#/experiments/"
+def the_jobs_view_links_to_each_trackers_run(tracked_job: TrackedJob) -> None:
+    stack, job_id = tracked_job.stack, tracked_job.job_id
+    _, run = mlflow_run(tracked_job.mlflow_uri, job_id)
+    with stack.sessions() as session:  # what GET /v1/jobs/{id} and the dashboard show
+        view = job_view(session, jobs.load_job(session, job_id), stack.owner.name)
+    links = {link.tracker: link for link in view.trackers or []}
+    assert links["mlflow"].url == (f"{tracked_job.mlflow_uri}/#/experiments/"
                                    f"{run.info.experiment_id}/runs/{run.info.run_id}")
     assert links["tensorboard"].run_id == job_id and links["wandb"].run_id == job_id
-
-
-def test_a_sigkilled_attempt_continues_the_same_runs_with_each_step_once(
-    trackers: Stack, mlflow_server: MlflowServer
-) -> None:
-    env = tracker_env(trackers, mlflow_server.uri)
-    trackers.start_worker(**env)
-    trackers.start_worker(**env)
-    # Long enough that the kill falls mid-job: the trackers deliver from a host process that
-    # starts (imports its clients, opens the runs: ~10 s on a loaded machine) as the training
-    # does, and no longer slows the training down; steps of this wider MLP take 10-50 ms here
-    # (4000 steps of the small one could end first).
-    spec = {"max_steps": 1500, "checkpoint_every": 50, "micro_batch_size": 32, "eval_every": 100,
-            "model": {"name": "mlp", "hidden": 1024, "depth": 3}}
-    job_id = trackers.create(trackers=ALL, **spec)
-
-    def past_a_checkpoint_and_delivered() -> bool:
-        with trackers.sessions() as session:
-            kept = checkpoints.list_checkpoints(session, job_id)
-        sent = delivered(trackers, job_id)
-        return bool(kept) and all(sent.get(name, (-1, None))[0] >= 10 for name in ALL)
-
-    # Long enough for two workers to start on a loaded machine (importing torch).
-    wait_until(past_a_checkpoint_and_delivered, "points delivered past a checkpoint", trackers,
-               timeout=300)
-    victim = trackers.process_holding(job_id)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.wait()
-    assert trackers.job(job_id).progress["optimizer_step"] < spec["max_steps"], "make the job longer"
-
-    job = trackers.wait(job_id, timeout=240)
-    assert job.status == "succeeded", (job.error, trackers.worker_logs())
-    assert job.attempts == 2 and job.resume_step is not None
-    want = accum_points(trackers, job_id)
-    client, run = mlflow_run(mlflow_server.uri, job_id)  # one run for both attempts
-    assert run.info.status == "FINISHED"
-    same_steps_and_values(mlflow_points(client, run.info.run_id, list(want)), want)
-    logdir = trackers.settings.artifacts_path / "tensorboard" / job_id
-    assert len(list(logdir.iterdir())) == 2  # one event file per attempt
-    same_steps_and_values(tensorboard_points(logdir), want, rel=1e-6)
-    wandb_dir = trackers.settings.home / "wandb" / job_id
-    assert len(run_files(wandb_dir, job_id)) == 2  # `wandb sync` uploads both to run job_id
-    same_steps_and_values(wandb_points(wandb_dir, job_id), want)
-
-
-@pytest.mark.parametrize("buffer_max_steps", [None, 10], ids=["buffered", "past-the-buffer"])
-def test_an_mlflow_server_down_for_the_whole_job_gets_the_points_when_back(
-    trackers: Stack, tmp_path: Path, mlflow_server: MlflowServer, buffer_max_steps: int | None
-) -> None:
-    """With a buffer of 10 steps the job's 13 (0 to 12) do not fit: the oldest are let go and
-    read back from accum's metrics store once MLflow is back, every step still once."""
-    server = MlflowServer(tmp_path / "mlflow", free_port())  # not started yet
-    # Its database a copy of the running server's, already migrated: it starts sooner.
-    server.root.mkdir()
-    with sqlite3.connect(mlflow_server.root / "mlflow.db") as source, \
-            sqlite3.connect(server.root / "mlflow.db") as copy:
-        source.backup(copy)
-    bound = {} if buffer_max_steps is None else {"ACCUM_TRACKER_BUFFER_MAX_STEPS": str(buffer_max_steps)}
-    trackers.start_worker(**tracker_env(trackers, server.uri, end_wait_s=1), **bound)
-    job_id = trackers.create(trackers=["mlflow"])
-    job = trackers.wait(job_id, timeout=180)
-    assert job.status == "succeeded", (job.error, trackers.worker_logs())
-    # Reported by the sink's thread, which may find the server down after the job's end.
-    wait_until(lambda: "tracker_undelivered" in trackers.event_kinds(job_id),
-               "the tracker_undelivered event", trackers)
-    assert delivered(trackers, job_id)["mlflow"][0] == -1
-    try:
-        server.start()
-        wait_until(lambda: delivered(trackers, job_id)["mlflow"] == (12, None),
-                   "the points delivered once MLflow is back", trackers)
-        # The sink records the delivery, then ends the run: wait for the end too.
-        client, run = wait_until(
-            lambda: (found := mlflow_run(server.uri, job_id))[1].info.status == "FINISHED" and found,
-            "the MLflow run ended once MLflow is back", trackers)
-        want = accum_points(trackers, job_id)
-        same_steps_and_values(mlflow_points(client, run.info.run_id, list(want)), want)
-        assert run.data.tags["accum.exactness"] == "exact"
-        assert "tracker_delivered" in trackers.event_kinds(job_id)
-    finally:
-        server.stop()
 
 
 def test_a_two_rank_job_is_logged_once_by_rank_0(
@@ -270,15 +292,13 @@ def test_a_two_rank_job_is_logged_once_by_rank_0(
     assert [v for _, v in logged["loss"]] == pytest.approx([r.value for r in rows], rel=1e-6)
 
 
-def test_a_flush_of_1000_values_and_a_tag_reaches_mlflow_in_calls_within_its_limit(
-    mlflow_server: MlflowServer,
-) -> None:
+def a_flush_of_1000_values_and_a_tag_reaches_mlflow_in_calls_within_its_limit(mlflow_server: MlflowServer) -> None:
     """The server counts metrics, params and tags of a log-batch call together (at most 1000):
     a flush of 1000 values with a tag was refused, and the sink retried it forever (a fast job
     fills a flush with that many)."""
     from mlflow.tracking import MlflowClient
 
-    from services.worker.trackers.base import RunIdentity, StepPoints
+    from services.worker.trackers.base import StepPoints
     from services.worker.trackers.mlflow_tracker import MAX_METRICS, MlflowTracker, batches_of
 
     assert [len(b) for b in batches_of(["m"] * MAX_METRICS, 1)] == [MAX_METRICS - 1, 1]
@@ -293,3 +313,18 @@ def test_a_flush_of_1000_values_and_a_tag_reaches_mlflow_in_calls_within_its_lim
     assert sorted(m.step for m in client.get_metric_history(run_id, "loss")) == list(steps)
     assert sorted(m.step for m in client.get_metric_history(run_id, "lr")) == list(steps)
     assert client.get_run(run_id).data.tags["accum.exactness"] == "exact"
+
+
+def test_mlflows_client_fails_at_once_against_a_server_that_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What makes a down server an outage the sink reports and retries each period: the call
+    raises, and soon (the client's default retries a refused connection for minutes)."""
+    from services.worker.trackers.mlflow_tracker import MlflowTracker
+
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)  # the tracker's own defaults, undone after
+    tracker = MlflowTracker(f"http://127.0.0.1:{free_port()}", "accum", None)  # nothing listens
+    started = time.monotonic()
+    with pytest.raises(Exception) as raised:
+        tracker.open(RunIdentity(job_id="down-job", name="down", owner="o", queue="q", params={}))
+    assert time.monotonic() - started < 60, "the client retried a refused connection"
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0", raised.value

@@ -1,41 +1,59 @@
-"""Where a job's tracker runs end up, in-process (``run_job``) with the trackers' real clients:
-TensorBoard event files under an ``s3://`` artifact store (moto's S3 server) read back the way
-``tensorboard --logdir s3://.../tensorboard`` reads them (tensorboard's S3 file system), and
-the final checkpoint registered as a model version in a real MLflow server when the spec
-names ``register_model``. The event file writer itself is checked against tensorboard's
-reader on a batch with evaluations, step numbers of every width and non-finite values."""
+"""Where a job's TensorBoard files end up, and the event file writer itself.
+
+What it still proves:
+
+- Under an ``s3://`` artifact store (moto's S3 server) the tracker the host builds for a job
+  (``host.make_tracker``: written in the node's staging folder, each batch uploaded through the
+  store) leaves nothing under the node's local artifacts folder, and the objects are what
+  ``tensorboard --logdir s3://.../tensorboard`` reads (tensorboard's own S3 file system): one
+  run a job, every step once with its value (evaluations and the exactness point too), the
+  spec, the job's status and the final checkpoint as text; the run's row says every step was
+  delivered. Driven through the job's sink (a real ``TrackerSink``, what the host process runs)
+  rather than a training job: that one trained a job in-process (torch, a host process) for
+  points the sink test hands over just the same; the training-to-tracker path is
+  tests/worker/test_trackers.py's end-to-end job and tests/worker/test_trackers_host.py's.
+- The event file writer against tensorboard's reader: a batch with evaluations, step numbers
+  of every width, non-finite values, and a resumed writer's purge marker.
+
+The registered model (the final checkpoint as version 1 of the model the spec names, against a
+real MLflow server) is now asserted on tests/worker/test_trackers.py's end-to-end job: this
+module started an MLflow server of its own for it.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from job_specs import TINY_SPEC
+from recorded_clients import HANG_S
 
-from bench.harness.mlflow_server import MlflowServer
-from services.jobdb import metrics
 from services.jobdb.sessions import session_factory
 from services.jobdb.tracker_runs import runs_of
-from services.ports import free_port
 from services.settings import Settings
-from services.worker.runner import run_job
-from services.worker.trackers.base import StepPoints
+from services.spec import parse_spec
+from services.worker.checkpoints.stores import artifact_store, node_cache
+from services.worker.checkpoints.uploads import CheckpointUploads
+from services.worker.trackers.base import FinalCheckpoint, RunIdentity, StepPoints, flat_params
+from services.worker.trackers.host import make_tracker
+from services.worker.trackers.sink import TrackerSink, ensure_row
 from services.worker.trackers.tensorboard_events import EventFiles
 
 SPEC = {**TINY_SPEC, "max_steps": 6, "eval_every": 3}
 
 
-def accum_points(settings: Settings, job_id: str) -> dict[str, list[tuple[int, float]]]:
-    with session_factory(settings)() as session:
-        rows, _ = metrics.read_metrics(session, job_id, limit=100_000)
-    points: dict[str, list[tuple[int, float]]] = {}
-    for row in rows:
-        if row.value is not None:
-            points.setdefault(row.name, []).append((row.step, row.value))
-    return points
+def trained(steps: range) -> list[dict[str, Any]]:
+    """The metrics dicts a training attempt hands over: each step's, an evaluation every 3
+    steps, the exactness check's point (step 0)."""
+    raw: list[dict[str, Any]] = [{"step": 0.0, "exactness_rel_error": 1e-9}]
+    for step in steps:
+        raw.append({"step": float(step), "epoch": 0.0, "loss": 1 / (step + 1), "lr": 0.1})
+        if step % 3 == 0:
+            raw.append({"step": float(step), "epoch": 0.0, "val_loss": 2 / (step + 1)})
+    return raw
 
 
 def scalars(accumulator: Any) -> dict[str, list[tuple[int, float]]]:
@@ -60,11 +78,26 @@ def test_tensorboard_event_files_on_s3_are_what_tensorboard_reads_from_the_store
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
-    tracked = settings.model_copy(update={"artifacts_url": s3_url, "trackers": ["tensorboard"],
-                                          "tracker_flush_every_s": 0.2})
+    tracked = settings.model_copy(update={"artifacts_url": s3_url, "trackers": ["tensorboard"]})
+    spec = parse_spec({**SPEC, "trackers": ["tensorboard"]})
     job_id = make_job({**SPEC, "trackers": ["tensorboard"]})
-    assert run_job(tracked, job_id, "node-a") == "succeeded"
-    with session_factory(tracked)() as session:
+    uploads = CheckpointUploads(artifact_store(tracked), node_cache(tracked), job_id,
+                                retry_for_s=tracked.lease_timeout_s)
+    sessions = session_factory(tracked)
+    ensure_row(sessions, job_id, "tensorboard")
+    identity = RunIdentity(job_id=job_id, name=job_id, owner="o", queue="default",
+                           params=flat_params(spec.normalised()))
+    # What the host process runs for the job: the tracker it builds, a sink around it.
+    sink = TrackerSink(make_tracker("tensorboard", tracked, spec, uploads), sessions, identity,
+                       attempt=1, flush_every_s=0.05)
+    sink.start()
+    sink.tag("accum.exactness", "exact")
+    raw = trained(range(1, 7))
+    for metrics_ in raw:
+        sink.push(metrics_)
+    sink.end("succeeded", FinalCheckpoint(6, f"{s3_url}/{job_id}/6.pt", None))
+    assert sink.done.wait(HANG_S), "the points never reached the store"
+    with sessions() as session:
         [run] = runs_of(session, job_id)
     assert (run.tracker, run.delivered_step, run.undelivered) == ("tensorboard", 6, None)
     # Nothing under the node's local artifacts directory: the files are objects in the store.
@@ -75,7 +108,11 @@ def test_tensorboard_event_files_on_s3_are_what_tensorboard_reads_from_the_store
     logdir = f"{s3_url}/tensorboard"
     runs = EventMultiplexer().AddRunsFromDirectory(logdir)
     assert list(runs.Runs()) == [job_id]  # `tensorboard --logdir s3://.../tensorboard`: a run a job
-    want = accum_points(tracked, job_id)
+    want: dict[str, list[tuple[int, float]]] = {}
+    for metrics_ in raw:
+        for name, value in metrics_.items():
+            if name not in ("step", "epoch"):
+                want.setdefault(name, []).append((int(metrics_["step"]), value))
     assert {"loss", "val_loss", "exactness_rel_error"} <= set(want)
     accumulator = EventAccumulator(f"{logdir}/{job_id}", size_guidance={"scalars": 0, "tensors": 0})
     same_points(scalars(accumulator), want)
@@ -115,43 +152,3 @@ def test_event_files_hold_every_step_once_in_order(tmp_path: Path) -> None:
             *points(range(2_097_000, 2_097_300))]
     same_points(got, {name: [(p.step, p.values[name]) for p in kept if name in p.values]
                       for name in ("loss", "lr", "val_loss", "val_accuracy")})
-
-
-@pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
-    server = MlflowServer(tmp_path / "mlflow", free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def test_the_final_checkpoint_is_a_version_of_the_registered_model(
-    settings: Settings, make_job: Callable[..., str], mlflow_server: MlflowServer,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from mlflow.tracking import MlflowClient
-
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    tracked = settings.model_copy(update={"trackers": ["mlflow"], "tracker_flush_every_s": 0.2,
-                                          "mlflow_tracking_uri": mlflow_server.uri})
-    spec = {**SPEC, "checkpoint_every": 3, "trackers": ["mlflow"], "register_model": "digits-mlp"}
-    job_id = make_job(spec)
-    assert run_job(tracked, job_id, "node-a") == "succeeded"
-    with session_factory(tracked)() as session:
-        [run] = runs_of(session, job_id)
-    assert (run.delivered_step, run.undelivered) == (6, None) and run.run_id is not None
-    run_id = run.run_id
-
-    client = MlflowClient(mlflow_server.uri)
-    [version] = client.search_model_versions("name = 'digits-mlp'")
-    assert version.version == "1" and version.run_id == run_id
-    assert version.source == f"runs:/{run_id}/checkpoint/6.pt"
-    assert version.tags == {"accum.step": "6"}
-    assert [a.path for a in client.list_artifacts(run_id, "checkpoint")] == ["checkpoint/6.pt"]
-    held = client.get_run(run_id)
-    assert held.info.status == "FINISHED"
-    assert held.data.tags["accum.checkpoint"] == f"{tracked.artifacts_url}/{job_id}/6.pt"
-    loss = [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")]
-    assert sorted(loss) == accum_points(tracked, job_id)["loss"]  # doubles, exactly
