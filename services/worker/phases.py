@@ -10,8 +10,8 @@ and model built), ``checks`` (to the end of the first-window exactness check), `
 the end of ``fit``: the steps, evaluations, the trainer's checkpoints), ``final_writes`` (the
 last checkpoint's upload awaited, the last metrics written), ``tracker_end`` (the trackers'
 runs ended) and ``finish`` (the outcome's transaction, to its commit). A phase not marked
-(no check ran; a ``gpus: k`` job, whose ranks train in their own processes) adds its time to
-the next one marked. One attempt at a time per process: the state is this module's; marks in
+(no check ran; no trackers) adds its time to the next one marked: a ``gpus: k`` or ``nodes``
+job, whose ranks build and train in processes of their own, shows claim, admit, train, finish. One attempt at a time per process: the state is this module's; marks in
 a process that did not ``begin`` (a spawned rank) are ignored.
 """
 

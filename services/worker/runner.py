@@ -332,7 +332,9 @@ def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartb
         spec = with_local_data_root(settings, spec, attempt.owner)  # our own cache, trusted as the s3 root
         # DDP ranks build from the attempt's spec: they read the local copy too.
         attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
-    return launch(settings, spec, attempt, heartbeat, gang)
+    outcome = launch(settings, spec, attempt, heartbeat, gang)
+    phases.mark("train")  # ranks in processes of their own (gpus: k, nodes): build to their end
+    return outcome
 
 
 def error_of(exc: Exception) -> dict[str, Any]:

@@ -67,3 +67,12 @@ def test_marks_count_once_in_the_order_they_happened_and_only_after_begin() -> N
     phases.begin()
     assert phases.taken() == {}
     phases.end()
+
+
+def test_a_job_on_ranks_of_their_own_records_their_time_as_train(
+    settings: Settings, make_job: Callable[..., str]
+) -> None:
+    job_id = make_job({**TINY_SPEC, "gpus": 2})  # 2 gloo ranks, spawned (the worker offers 2 CPU ranks)
+    assert run_job(settings, job_id, "w") == "succeeded"
+    _, taken = recorded(settings, job_id)
+    assert taken is not None and list(taken) == ["claim", "admit", "train", "finish"]
