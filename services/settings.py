@@ -81,10 +81,6 @@ class Settings(BaseSettings):
     # taking the message and claiming the job). Long enough that a job merely waiting for a
     # busy worker gets at most one duplicate (harmless: the claim drops it) per period.
     requeue_after_s: float = Field(default=300.0, gt=0)
-    # The same rescue, sooner, where it cannot be a job merely waiting: a queued job whose last
-    # message is this old while a worker of its queue sits idle (its message died with the
-    # broker's memory, issue 42) is sent again, one job per idle worker and pass.
-    idle_requeue_after_s: float = Field(default=10.0, gt=0)
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     # Where a job's `dataset.data_root` may point: one list that the API (at submit) and every
     # worker (before reading) check, so give them the same. Empty: <home>/data, which is the

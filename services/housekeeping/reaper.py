@@ -9,9 +9,6 @@ A job still ``queued`` whose last message is older than ``ACCUM_REQUEUE_AFTER_S`
 (``stale_queued_jobs``: the broker was down when the API submitted it, or a worker died
 between taking its message and claiming it) is enqueued again, at most once per period; a job
 whose publish failed (marked unsent: ``enqueued_at`` NULL) on the next pass, in submit order.
-Sooner where waiting cannot explain it: a queued job beside an idle worker of its queue gets
-another message once its last is ``ACCUM_IDLE_REQUEUE_AFTER_S`` old (the broker lost its
-memory: ``resend_for_idle_workers_once``).
 
     reaper = LeaseReaper(settings).start()
     ...
@@ -44,7 +41,6 @@ from services.jobdb.gangs import settle_stale_gangs
 from services.jobdb.leases import mark_unsent, reap_expired_leases, stale_queued_jobs
 from services.jobdb.models import Job
 from services.jobdb.sessions import session_factory
-from services.jobdb.workers import idle_workers
 from services.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -98,27 +94,6 @@ def resend_stale_once(
     with session_factory(settings).begin() as session:
         stale = stale_queued_jobs(session, older_than=older_than, now=now, queues=queues)
     send_in_order(settings, stale, "job %s was queued with no recent message; enqueued again on %s")
-    return [job_id for job_id, _ in stale]
-
-
-def resend_for_idle_workers_once(
-    settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
-) -> list[str]:
-    """The database is the truth for the queue: per queue (of ``queues``, when given) with idle
-    workers, enqueue again its oldest queued jobs whose last message is older than
-    ``ACCUM_IDLE_REQUEUE_AFTER_S``, one per idle worker; returns their ids. A job waits only
-    for a busy worker, so one still queued beside an idle worker lost its message (Redis
-    restarted without persistence, a managed failover): seconds, not ``ACCUM_REQUEUE_AFTER_S``.
-    A message that was not lost makes a duplicate the claim drops: no job trains twice."""
-    now = _now(clock)
-    older_than = now - timedelta(seconds=float(settings.idle_requeue_after_s))
-    stale: list[tuple[str, str]] = []
-    with session_factory(settings).begin() as session:
-        idle = idle_workers(session, settings.lease_timeout_s, now)
-        for queue, count in sorted(idle.items()):
-            if queues is None or queue in queues:
-                stale += stale_queued_jobs(session, older_than=older_than, limit=count, now=now, queues=[queue])
-    send_in_order(settings, stale, "job %s sat queued beside an idle worker; enqueued again on %s")
     return [job_id for job_id, _ in stale]
 
 
@@ -187,16 +162,14 @@ class LeaseReaper:
                 steps: tuple[Callable[[], object], ...] = (
                     lambda: reap_once(self.settings, self.clock, self.queues),
                     lambda: resend_stale_once(self.settings, self.clock, self.queues),
-                    lambda: resend_for_idle_workers_once(self.settings, self.clock, self.queues),
                     lambda: sweep_retention(self.settings, self.clock),
                     lambda: settle_gangs_once(self.settings, self.clock, self.queues),
                 )
-                names = ("reap", "resend", "resend_idle", "retention", "gangs")
-                for name, step in zip(names, steps, strict=True):
+                for name, step in zip(("reap", "resend", "retention", "gangs"), steps, strict=True):
                     try:
                         step()
                     except Exception:  # keep reaping after a database or broker blip
-                        if name.startswith("resend"):
+                        if name == "resend":
                             # Jobs wait for this send (a 20 s broker cut delayed one by
                             # ACCUM_REQUEUE_AFTER_S, 300 s): try again soon, not a period later.
                             wait_s = min(self.interval_s, UNSENT_RETRY_S)

@@ -8,17 +8,10 @@ from collections.abc import Callable
 
 import pytest
 from kombu import Connection
-from worker_rows import worker_row
 
 from services.dispatch.broker import TASK_NAME, make_celery
-from services.housekeeping.reaper import (
-    LeaseReaper,
-    reap_once,
-    resend_for_idle_workers_once,
-    resend_stale_once,
-)
+from services.housekeeping.reaper import LeaseReaper, reap_once, resend_stale_once
 from services.jobdb import jobs, leases
-from services.jobdb import workers as store_workers
 from services.jobdb.sessions import session_factory
 from services.settings import Settings
 
@@ -97,30 +90,6 @@ def test_queued_job_with_a_lost_message_is_enqueued_again_once_per_period(
     assert queued_job_ids(settings, "a100") == [lost_id]
     # still queued a period after the re-send: once more
     assert resend_stale_once(settings, clock=ahead(602)) == [lost_id]
-
-
-def test_a_job_queued_beside_an_idle_worker_is_sent_again_within_seconds(
-    settings: Settings, make_job: Callable[..., str]
-) -> None:
-    """Issue 42 item 3: the broker lost its messages (Redis restarted without persistence) while
-    a worker of the queue sits idle: each such job is sent again after ACCUM_IDLE_REQUEUE_AFTER_S,
-    one per idle worker and pass, not after ACCUM_REQUEUE_AFTER_S; none while every worker is
-    busy (the job merely waits) or before the delay (its message may be on its way)."""
-    settings = settings.model_copy(update={"requeue_after_s": 300, "idle_requeue_after_s": 10, "lease_timeout_s": 60})
-    first, second = make_job(queue="a100"), make_job(queue="a100")
-    assert resend_for_idle_workers_once(settings, clock=ahead(11)) == []  # no worker: nobody idle
-    with session_factory(settings).begin() as session:
-        store_workers.register(session, worker_row("idle@n1", ["a100"]))
-    assert resend_for_idle_workers_once(settings) == []  # just submitted
-    assert resend_for_idle_workers_once(settings, clock=ahead(11)) == [first]  # one idle worker
-    assert resend_for_idle_workers_once(settings, clock=ahead(11)) == [second]
-    assert resend_for_idle_workers_once(settings, clock=ahead(11)) == []  # each re-sent just now
-    assert queued_job_ids(settings, "a100") == [first, second]
-    busy = make_job(queue="a100")
-    with session_factory(settings).begin() as session:
-        assert leases.claim_job(session, busy, "idle@n1/1", "n1", "cpu", lease_timeout_s=600,
-                                worker_name="idle@n1")
-    assert resend_for_idle_workers_once(settings, clock=ahead(30)) == []  # the worker is busy
 
 
 def test_a_workers_reaper_resends_the_jobs_of_its_own_queues_only(
