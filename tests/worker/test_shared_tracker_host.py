@@ -13,17 +13,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from tracker_attempts import send_steps, tracked
 
 from services.jobdb.events import list_events
 from services.jobdb.sessions import session_factory
 from services.jobdb.tracker_runs import runs_of
 from services.settings import Settings
-from services.spec import parse_spec
-from services.worker.attempt import Attempt
-from services.worker.checkpoints.resume import checkpoint_uploads
 from services.worker.trackers import handover
 from services.worker.trackers.callback import TrackerCallback
-from services.worker.trackers.job import job_trackers
 
 SPEC = {"model": "mlp", "dataset": "digits", "micro_batch_size": 16, "accumulation_steps": 2, "max_steps": 5,
         "optimizer": {"name": "sgd", "lr": 0.05}, "gpus": 0, "trackers": ["tensorboard"]}
@@ -45,20 +42,11 @@ def shared() -> Iterator[handover.SharedHost]:
 
 
 def attempt_of(settings: Settings, job_id: str) -> TrackerCallback:
-    settings = settings.model_copy(update={"trackers": ["tensorboard"], "tracker_flush_every_s": 0.1,
-                                           "tracker_end_wait_s": HANG_S})
-    spec = parse_spec(SPEC)
-    attempt = Attempt(job_id, 1, "node-a", None, spec.normalised())
-    callback = job_trackers(settings, session_factory(settings), attempt, spec,
-                            checkpoint_uploads(settings, attempt, None))
-    assert callback is not None
-    callback.on_fit_start(None)
-    return callback
+    return tracked(settings, job_id, SPEC, flush_every_s=0.1, end_wait_s=HANG_S)
 
 
 def five_steps(callback: TrackerCallback) -> None:
-    for step in range(1, 6):
-        callback.on_step(None, {"step": float(step), "epoch": 0.0, "loss": 1 / step})
+    send_steps(callback, 5)
 
 
 def delivered(settings: Settings, job_id: str) -> int:

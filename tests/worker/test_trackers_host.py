@@ -25,16 +25,14 @@ from typing import Any
 
 import pytest
 from recorded_clients import HANG_S, until
+from tracker_attempts import send_steps
+from tracker_attempts import tracked as tracked_attempt
 
 from services.jobdb.events import list_events
 from services.jobdb.sessions import session_factory
 from services.jobdb.tracker_runs import runs_of
 from services.settings import Settings
-from services.spec import parse_spec
-from services.worker.attempt import Attempt
-from services.worker.checkpoints.resume import checkpoint_uploads
 from services.worker.trackers.callback import TrackerCallback
-from services.worker.trackers.job import job_trackers
 
 SPEC = {"model": "mlp", "dataset": "digits", "micro_batch_size": 16, "accumulation_steps": 2, "max_steps": 40,
         "optimizer": {"name": "sgd", "lr": 0.05}, "gpus": 0, "trackers": ["tensorboard"]}
@@ -47,20 +45,11 @@ def tracked(settings: Settings, job_id: str, flush_every_s: float = 0.1,
             end_wait_s: float = HANG_S) -> TrackerCallback:
     """The attempt's tracker callback, its host started as a fit's start does. An attempt's end
     waits up to ``end_wait_s`` for the host: by default only a hang stops it waiting."""
-    settings = settings.model_copy(update={"trackers": ["tensorboard"], "tracker_flush_every_s": flush_every_s,
-                                           "tracker_end_wait_s": end_wait_s})
-    spec = parse_spec(SPEC)
-    attempt = Attempt(job_id, 1, "node-a", None, spec.normalised())
-    callback = job_trackers(settings, session_factory(settings), attempt, spec,
-                            checkpoint_uploads(settings, attempt, None))
-    assert callback is not None
-    callback.on_fit_start(None)
-    return callback
+    return tracked_attempt(settings, job_id, SPEC, flush_every_s=flush_every_s, end_wait_s=end_wait_s)
 
 
 def forty_steps(callback: TrackerCallback) -> None:
-    for step in range(1, 41):
-        callback.on_step(None, {"step": float(step), "epoch": 0.0, "loss": 1 / step})
+    send_steps(callback, 40)
 
 
 def started(callback: TrackerCallback) -> Any:
