@@ -7,6 +7,7 @@
 The trainer library only: it imports torch, and nothing of the service (`services`).
 """
 
+from accumcore.activation_checkpointing import checkpoint_activations
 from accumcore.callbacks import Callback, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.restore import load_checkpoint
@@ -17,5 +18,5 @@ from accumcore.verify_window import ExactnessError
 
 __all__ = [
     "Callback", "CheckpointInfo", "ExactnessError", "FitHistory", "NonFiniteError", "Trainer",
-    "consolidate_checkpoint", "load_checkpoint", "save_checkpoint", "shard",
+    "checkpoint_activations", "consolidate_checkpoint", "load_checkpoint", "save_checkpoint", "shard",
 ]
