@@ -15,7 +15,7 @@ FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 # `accum watch` exits with the job's final status: scripts can tell the outcomes apart.
 EXIT_CODES = {"succeeded": 0, "failed": 3, "cancelled": 4}
 FULL_ID = 26
-SHORT_ID = 12
+SHORT_ID = 6  # services.jobdb.types.SHORT_LEN
 MIN_PREFIX = 4
 ID_CHARACTERS = re.compile(r"[0-9a-z]+")
 
@@ -71,10 +71,10 @@ def format_progress(job: dict[str, Any]) -> str:
 
 
 def short_id(job_id: str) -> str:
-    """The first characters of a job id: what tables show and what `resolve_job_id` takes.
-    Ids start with their creation time in milliseconds (10 characters), so 12 tell apart jobs
-    submitted in different milliseconds; the full id is always accepted."""
-    return job_id[:SHORT_ID]
+    """A job's short id, what tables show and what `resolve_job_id` takes: the last characters
+    of its id, random and unique among its owner's jobs (the first ten are the creation time,
+    shared by every job of a few minutes); the full id or a prefix of it is accepted too."""
+    return job_id[-SHORT_ID:]
 
 
 def resolve_job_id(client: AccumClient, given: str) -> str:

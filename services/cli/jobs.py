@@ -203,7 +203,8 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
         ("finished", when(job.get("finished_at"))),
     ]
     if job.get("started_at") and job["status"] in FINAL_STATUSES and job.get("finished_at"):
-        start, end = parse_time(job["started_at"]), parse_time(job["finished_at"])
+        # From its first start, not its last attempt's: a restarted job took all of it.
+        start, end = parse_time(first_start(job)), parse_time(job["finished_at"])
         if start and end:
             fields.append(("took", took((end - start).total_seconds())))
         if (line := phases_line(job)) is not None:
@@ -215,6 +216,7 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     error = job.get("error")
     if error:
         fields.append(("error", f"{error.get('type')}: {error.get('message')}"))
+    fields += [(f"{run['tracker']}", tracker_link(run)) for run in job.get("trackers") or []]
     latest = job.get("latest_metrics") or {}
     names = [n for n in SHOWN_FIRST if n in latest]
     names += sorted(n for n in latest if n not in names and n not in SKIPPED)
@@ -223,6 +225,49 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     if stop.get("metric") and stop["metric"] not in names:
         fields.append((stop["metric"], f"{stop.get('value')}{stopped_here(stop, stop['metric'])}"))
     return fields
+
+
+def first_start(job: dict[str, Any]) -> str | None:
+    """When the job first started: its first attempt's start (the job's own ``started_at`` is
+    its latest attempt's)."""
+    attempts = job.get("attempts")
+    if isinstance(attempts, list) and attempts and isinstance(attempts[0], dict):
+        return attempts[0].get("started_at") or job.get("started_at")
+    return job.get("started_at")
+
+
+def tracker_link(run: dict[str, Any]) -> str:
+    """A tracker run as `accum status` shows it: its link (or, for TensorBoard, its run
+    folder), and whether points still wait for the tracker."""
+    shown = run.get("url") or (f"run {run['run_id']}" if run.get("run_id") else "not opened yet")
+    return shown + (" (points waiting for the tracker)" if run.get("pending") else "")
+
+
+def attempt_rows(job: dict[str, Any]) -> list[tuple[list[str], str | None]]:
+    """One row per attempt (a multi-node attempt's nodes on one row): number, node(s), started,
+    ended, outcome, time taken; with how its process died where its worker saw it."""
+    attempts = job.get("attempts")
+    if not isinstance(attempts, list):
+        return []
+    grouped_rows: dict[int, list[dict[str, Any]]] = {}
+    for attempt in attempts:
+        if isinstance(attempt, dict) and isinstance(attempt.get("attempt"), int):
+            grouped_rows.setdefault(attempt["attempt"], []).append(attempt)
+    rows = []
+    for number, nodes in sorted(grouped_rows.items()):
+        first = nodes[0]
+        workers = ", ".join(str(n.get("worker") or n.get("host") or "?") for n in nodes)
+        outcome = str(first.get("outcome") or "-").replace("_", " ")
+        causes = sorted({str(n["cause"]) for n in nodes if n.get("cause")})
+        start = parse_time(first.get("started_at"))
+        ends = [parse_time(n.get("ended_at")) for n in nodes]
+        end = max((e for e in ends if e), default=None) if all(ends) else None
+        spent = took((end - start).total_seconds()) if start and end else (
+            "running" if first.get("outcome") == "running" else "-")
+        rows.append(([str(number), workers, when_short(first.get("started_at")),
+                      when_short(end.isoformat() if end else None), outcome, spent],
+                     "; ".join(causes) or None))
+    return rows
 
 
 def took(seconds: float) -> str:
@@ -279,6 +324,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         print_json(job)
         return 0
     print_fields(describe_job(job))
+    rows = attempt_rows(job)
+    if rows:
+        print("\nattempts")
+        print_table(["#", "node(s)", "started", "ended", "outcome", "took"],
+                    [row for row, _ in rows], flex="node(s)")
+        for (row, cause) in rows:
+            if cause:
+                print(hanging(f"  attempt {row[0]}: ", cause, indent=4))
     return 0
 
 

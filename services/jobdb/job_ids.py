@@ -1,5 +1,8 @@
-"""Job ids as people type them: the full 26 characters, or a unique prefix of them (git's rule
-for commit ids), so the 12 characters that `accum jobs` and the dashboard show are enough."""
+"""Job ids as people type them: the full 26 characters, the 6-character short id that
+`accum jobs` and the dashboard show (the id's last SHORT_LEN characters, random, unique among an owner's jobs:
+``jobs.create_job`` draws again on a clash), a prefix of it, or a unique prefix of the full id
+(git's rule for commit ids; ids start with the time, so older habits such as the first 12
+characters keep working)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from services.jobdb import jobs as store_jobs
 from services.jobdb.models import Job, Owner
+from services.jobdb.types import SHORT_LEN
 
 FULL_ID = re.compile(r"[0-9a-z]{26}")
 # Shorter prefixes name weeks of jobs (ids start with the creation time): too many to list.
@@ -36,9 +40,16 @@ def find_job(session: Session, given: str, owner: Owner, *, anyones: bool) -> Jo
     if FULL_ID.fullmatch(text):
         job = session.get(Job, text)
     elif PREFIX.fullmatch(text):
-        ids = store_jobs.job_ids_starting_with(
-            session, text, owner, anyones=anyones, limit=CANDIDATES_SHOWN + 1
-        )
+        # The short id first; a full id's prefix when no short id starts so.
+        ids: list[str] = []
+        if len(text) <= SHORT_LEN:  # an admin's own jobs before everyone's
+            ids = store_jobs.job_ids_by_short(session, text, owner, limit=CANDIDATES_SHOWN + 1)
+            if not ids and anyones:
+                ids = store_jobs.job_ids_by_short(session, text, None, limit=CANDIDATES_SHOWN + 1)
+        if not ids:
+            ids = store_jobs.job_ids_starting_with(
+                session, text, owner, anyones=anyones, limit=CANDIDATES_SHOWN + 1
+            )
         if len(ids) > 1:
             raise AmbiguousJobId(given, ids)
         job = session.get(Job, ids[0]) if ids else None

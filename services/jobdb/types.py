@@ -15,6 +15,11 @@ from sqlalchemy.types import TypeDecorator
 # Crockford base32 in ascending ASCII order, lower case: ids sort by time as plain strings
 # (byte order; the PostgreSQL databases here use C collation) and are safe in file paths.
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+ID_LEN = 26
+# A job's short id: the last characters of its id, 30 of its random bits (the first ten
+# characters are the creation time, so prefixes of them name every job of a few minutes).
+# The random part counts up inside one millisecond: its tail still differs between two ids.
+SHORT_LEN = 6
 _id_lock = threading.Lock()
 _last_ms = 0
 _last_rand = 0
@@ -40,7 +45,7 @@ def new_id() -> str:
         _last_ms, _last_rand = ms, rand
     value = (ms << 80) | (rand & ((1 << 80) - 1))
     chars = []
-    for _ in range(26):
+    for _ in range(ID_LEN):
         chars.append(_ALPHABET[value & 31])
         value >>= 5
     return "".join(reversed(chars))

@@ -50,7 +50,7 @@ def test_submit_then_status_and_jobs(
 
     code, out, _ = accum(capsys, "jobs", "--limit", "50")
     assert code == 0
-    row = next(line for line in out.splitlines() if line.startswith(job["id"][:12]))
+    row = next(line for line in out.splitlines() if line.startswith(job["id"][-6:]))
     assert spec["name"] in row and "queued" in row
 
 

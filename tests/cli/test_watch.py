@@ -154,8 +154,8 @@ def test_ctrl_c_leaves_the_job_running_and_says_how_to_come_back(
     assert watcher.returncode == 130
     assert err.splitlines() == [
         f"stopped watching; job {job_id} is still queued.",
-        f"follow it again: accum watch {job_id[:12]}",
-        f"stop it:         accum cancel {job_id[:12]}",
+        f"follow it again: accum watch {job_id[-6:]}",
+        f"stop it:         accum cancel {job_id[-6:]}",
     ]
     assert client.job(job_id)["status"] == "queued"
 

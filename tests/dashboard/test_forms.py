@@ -89,7 +89,7 @@ def test_compare_tables_the_spec_fields_that_differ(logged_in: Any, deployment: 
     table = {r.locator("th").inner_text(): r.locator("td").all_inner_texts() for r in rows.all()}
     assert table == {"effective batch": ["64", "64"], "m": ["64", "16"], "N": ["1", "4"], "lr": ["0.05", "0.2"]}
     # Names repeat between experiments: the legends add the short id.
-    expect(page.locator("#compare-loss .u-legend")).to_contain_text(f"cmp-64 · {big.id[:12]}")
+    expect(page.locator("#compare-loss .u-legend")).to_contain_text(f"cmp-64 · {big.id[-6:]}")
     shot(page, "compare-diff")
 
 

@@ -292,3 +292,19 @@ def test_resume_without_checkpoint_starts_over_and_queued_cannot_resume(
         pytest.raises(JobStateError, match="failed or cancelled"),
     ):
         jobs.request_resume(session, row(session, queued.id))
+
+
+def test_a_new_jobs_short_id_is_unique_among_its_owners_jobs(
+    session_factory: sessionmaker[Session], owner: Owner, make_job: Callable[..., Job],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The short id (the id's last 6 characters) names one of the owner's jobs: an id whose
+    tail one of them has is drawn again; another owner's jobs do not count."""
+    taken = make_job().id
+    with session_factory.begin() as session:
+        bob, _ = tokens.create_owner_with_token(session, "bob")
+    ids = iter(["01kbzzzzzz0000000000" + taken[-6:], "01kbzzzzzz0000000001abcdef",
+                "01kbzzzzzz0000000002" + taken[-6:]])
+    monkeypatch.setattr(jobs, "new_id", lambda: next(ids))
+    assert make_job().id == "01kbzzzzzz0000000001abcdef"
+    assert make_job(owner=bob).id.endswith(taken[-6:])  # bob's first job: nothing to clash with

@@ -1,6 +1,7 @@
-"""Job ids by unique prefix (the 12 characters lists show): every route that takes an id and
-`init_from.job` resolve one to the full id; a prefix of several ids is a 422 naming them; another
-owner's jobs are neither found nor named."""
+"""Job ids by short id (the id's last 6 characters, random, which lists show) or unique prefix
+(12 characters were shown before): every route that takes an id and `init_from.job` resolve one
+to the full id; a prefix of several ids is a 422 naming them; another owner's jobs are neither
+found nor named."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-SHOWN = 12  # what `accum jobs` and the dashboard show
+SHOWN = 12  # what `accum jobs` and the dashboard showed before short ids
 
 
 def two_jobs(client: TestClient, headers: dict[str, str], spec: dict[str, Any]) -> tuple[str, str, int]:
@@ -77,3 +78,13 @@ def test_init_from_takes_a_prefix_and_stores_the_full_id(
 
     theirs = client.post("/v1/jobs", json={**spec, "init_from": {"job": first[:SHOWN]}}, headers=bob)
     assert theirs.status_code == 422 and first not in theirs.text
+
+
+def test_the_short_id_is_the_random_tail_and_reaches_the_job(
+    client: TestClient, alice: dict[str, str], bob: dict[str, str], spec: dict[str, Any]
+) -> None:
+    first, second, _ = two_jobs(client, alice, spec)
+    assert first[-6:] != second[-6:], "jobs of the same millisecond differ in their tail too"
+    assert client.get(f"/v1/jobs/{second[-6:]}", headers=alice).json()["id"] == second
+    assert client.get(f"/v1/jobs/{first[-6:].upper()}/events", headers=alice).status_code == 200
+    assert client.get(f"/v1/jobs/{second[-6:]}", headers=bob).status_code == 404

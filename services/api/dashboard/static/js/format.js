@@ -8,7 +8,7 @@ import { el } from "./dom.js";
 export const ACTIVE = new Set(["queued", "running", "cancelling"]);
 export const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 const GROUPED = new Intl.NumberFormat("en");
-const SHORT_ID = 12;
+const SHORT_ID = 6; // the id's random tail, unique among an owner's jobs (services/jobdb/job_ids.py)
 
 export function statusBadge(status) {
   return el("span", { class: `status status-${status}`, dataset: { status } }, status);
@@ -136,7 +136,7 @@ export function dateTime(timestamp) {
 }
 
 export function shortId(id) {
-  return String(id).slice(0, SHORT_ID);
+  return String(id).slice(-SHORT_ID);
 }
 
 export function jobLabel(job) {
