@@ -11,11 +11,12 @@ from math import ceil
 
 from services.catalog import configured_dataset
 from services.spec.job import AUTO, JobSpec
+from services.spec.world import world_of
 
 
 def world_size(spec: JobSpec) -> int:
     """Processes taking part in one optimizer step: nodes x gpus (CPU counts as one)."""
-    return max(spec.gpus, 1) * spec.nodes
+    return world_of(spec.gpus, spec.nodes)
 
 
 def micro_batch_size(spec: JobSpec) -> int | None:

@@ -42,6 +42,7 @@ from services.spec.fields import (
 from services.spec.parts import InitFrom, Optimizer, Scheduler, SchedulerSpec
 from services.spec.refs import Dataset, Model
 from services.spec.sharding import FsdpOptions, Strategy, check_fsdp
+from services.spec.world import world_of
 
 # Retention per job: more only fills the store (a job is resumed from its latest checkpoint,
 # or from an older one a user picks; a hundred is plenty for that).
@@ -236,7 +237,7 @@ Duration = Annotated[int | str | None, WrapValidator(_timeout)]
 def _world(data: Mapping[str, Any]) -> int | None:
     """Ranks of one optimizer step (nodes x gpus; CPU counts one); None when either failed."""
     gpus, nodes = data.get("gpus"), data.get("nodes")
-    return None if gpus is None or nodes is None else max(gpus, 1) * nodes
+    return None if gpus is None or nodes is None else world_of(gpus, nodes)
 
 
 def _effective_batches(data: Mapping[str, Any], micro: int, world: int) -> list[int]:
@@ -467,18 +468,18 @@ class JobSpec(BaseModel):
             )
         if not {"gpus", "micro_batch_size", "accumulation_steps", "effective_batch_size"} <= data.keys():
             return min_nodes  # an earlier field failed and has its own error
-        micro, gpus = data["micro_batch_size"], max(data["gpus"], 1)
+        micro, gpus = data["micro_batch_size"], data["gpus"]
         if not isinstance(micro, int):
             return min_nodes  # "auto": the worker chooses m for the world it gets
-        batches = _effective_batches(data, micro, gpus * nodes)
-        fit = [k for k in range(1, nodes + 1) if all(b % (micro * gpus * k) == 0 for b in batches)]
+        batches = _effective_batches(data, micro, world_of(gpus, nodes))
+        fit = [k for k in range(1, nodes + 1) if all(b % (micro * world_of(gpus, k)) == 0 for b in batches)]
         short = [k for k in range(min_nodes, nodes) if k not in fit]
         if short:
             raise spec_error(
                 "min_nodes",
                 f"on {short[0]} node{'s' if short[0] != 1 else ''} (min_nodes {min_nodes} <= it < "
                 f"nodes {nodes}) the effective batch of {batches[0]} samples is not whole "
-                f"micro-batches of {micro} on {gpus * short[0]} ranks; choose min_nodes among the "
+                f"micro-batches of {micro} on {world_of(gpus, short[0])} ranks; choose min_nodes among the "
                 "node counts where it divides (and every count between it and nodes does)",
                 [k for k in fit if all(j in fit for j in range(k, nodes))],
             )

@@ -19,7 +19,12 @@ from typing import Any
 
 from services.catalog import DatasetInfo, configured_dataset, require_model
 from services.catalog.sizes import MemoryEstimate, estimate_memory, gib
-from services.spec.batching import micro_batch_size, steps_per_epoch, total_optimizer_steps
+from services.spec.batching import (
+    micro_batch_size,
+    steps_per_epoch,
+    total_optimizer_steps,
+    world_size,
+)
 from services.spec.fields import MAX_STEPS
 from services.spec.job import JobSpec
 from services.spec.refusal import Refusal
@@ -96,11 +101,12 @@ def step_memory(spec: JobSpec, data: DatasetInfo | None = None) -> MemoryEstimat
 
 
 def weight_shards(spec: JobSpec) -> int:
-    """Over how many devices the weights, gradients and optimizer states are spread: the
-    ranks under strategy fsdp, none of them (0) with its CPU offload, else 1 (DDP replicas)."""
+    """Over how many devices the weights, gradients and optimizer states are spread: every
+    rank of every node under strategy fsdp, none of them (0) with its CPU offload, else 1
+    (DDP replicas)."""
     if spec.strategy != "fsdp" or spec.fsdp is None:
         return 1
-    return 0 if spec.fsdp.cpu_offload else max(spec.gpus, 1)
+    return 0 if spec.fsdp.cpu_offload else world_size(spec)
 
 
 def sized_by_catalog(spec: JobSpec, data: DatasetInfo) -> bool:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from services.spec.errors import one_of, spec_error
 from services.spec.fields import SPEC_CONFIG, Bool
+from services.spec.world import world_of
 
 STRATEGIES = ("ddp", "fsdp")
 FSDP_SYNC_MODES = ("window", "micro_batch")
@@ -62,7 +63,7 @@ def check_fsdp(options: FsdpOptions | None, data: dict[str, Any]) -> FsdpOptions
             'strategy "fsdp" needs gpus >= 1 (fsdp.cpu_offload moves states from the GPU to host '
             'memory; a CPU job has them there already): set gpus, or strategy "ddp"',
         )
-    ranks = gpus * nodes if isinstance(gpus, int) and isinstance(nodes, int) else None
+    ranks = world_of(gpus, nodes) if isinstance(gpus, int) and isinstance(nodes, int) else None
     if ranks is not None and ranks <= 1 and not options.cpu_offload:
         raise spec_error(
             "not_applicable",

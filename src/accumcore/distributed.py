@@ -100,3 +100,38 @@ def all_reduce_sum(values: Sequence[float | int | torch.Tensor], device: torch.d
     )
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+class RankFailed(RuntimeError):
+    """One rank's error, raised on every rank (issue 41 item 4): a refusal or an error that
+    can differ by rank (a bad batch, a loss check, label-shift detection, an error in a
+    micro-batch's forward) is agreed by all ranks at their next collective, so none waits in
+    one the failing rank never joins. ``rank``: the first rank that failed; ``kind``: its
+    exception's class name. The failing rank's own error is the ``__cause__``."""
+
+    def __init__(self, message: str, *, rank: int, kind: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.kind = kind
+
+
+def raise_agreed(error: BaseException | None) -> None:
+    """Every rank calls this once some collective told them that a rank failed: one object
+    all-gather of each rank's error (None where it did not fail), then every rank raises the
+    first failing rank's as ``RankFailed``, the same message everywhere."""
+    local = None if error is None else (type(error).__name__, str(error))
+    gathered = gather_objects(local) or [local]
+    failed = [(r, value) for r, value in enumerate(gathered) if value is not None]
+    if not failed:
+        raise RuntimeError("raise_agreed: no rank reported an error")  # a caller's bug
+    first, (kind, message) = failed[0]
+    others = f" (and on rank {', '.join(str(r) for r, _ in failed[1:])})" if len(failed) > 1 else ""
+    raise RankFailed(f"rank {first} of {len(gathered)} failed{others}: {kind}: {message}",
+                     rank=first, kind=kind) from error
+
+
+def agree_on_error(error: BaseException | None, device: torch.device) -> None:
+    """An all-reduced flag before a collective the ranks may not all reach: returns when no
+    rank failed, else every rank raises the first failing rank's error (``raise_agreed``)."""
+    if float(all_reduce_sum([1.0 if error is not None else 0.0], device)[0]) > 0:
+        raise_agreed(error)

@@ -40,6 +40,7 @@ class StepOutcome:
     nonfinite: tuple[str, float] | None = None  # (metric, value): nothing stepped
     oom: bool = False  # DDP: a rank ran out of memory in this window; nothing stepped
     oom_fatal: bool = False  # ... and could not split its micro-batches any further
+    failed: bool = False  # DDP: a rank's micro-batch raised in this window; nothing stepped, every rank raises it
 
 
 def first_nonfinite(loss_sum: float, grad_norm: float | None) -> tuple[str, float] | None:
@@ -91,21 +92,27 @@ class WindowStepper:
         loss_sum: Any = result.loss_sum if result.loss_sum is not None else 0.0
         oom: Any = 0.0
         oom_fatal: Any = 0.0
+        failed: Any = 0.0
         if self.collective:
-            # The loss sum and the OOM flags of every rank, in one call: a rank that ran out of
-            # memory has joined the window's collectives, and now every rank learns it.
+            # The loss sum and the OOM and error flags of every rank, in one call: a rank that
+            # ran out of memory (or whose micro-batch raised) has joined the window's
+            # collectives, and now every rank learns it.
             reduced = distributed.all_reduce_sum(
-                [loss_sum, float(result.oom), float(result.oom_fatal)], distributed.comm_device(self.model)
+                [loss_sum, float(result.oom), float(result.oom_fatal), float(result.error is not None)],
+                distributed.comm_device(self.model),
             )
-            loss_sum, oom, oom_fatal = reduced[0], reduced[1], reduced[2]
+            loss_sum, oom, oom_fatal, failed = reduced[0], reduced[1], reduced[2], reduced[3]
         # The window's one device sync, before the step.
-        loss_sum, items, samples, norm, oom, oom_fatal = metrics.to_floats(
-            [loss_sum, result.items, result.samples, grad_norm, oom, oom_fatal]
+        loss_sum, items, samples, norm, oom, oom_fatal, failed = metrics.to_floats(
+            [loss_sum, result.items, result.samples, grad_norm, oom, oom_fatal, failed]
         )
         outcome = StepOutcome(
             loss=loss_sum / items if items > 0 else math.nan,
             items=items, samples=samples, grad_norm=norm, lr=lr, skipped=False, loss_scale=self.loss_scale,
         )
+        if failed > 0:
+            self._abandon()
+            return replace(outcome, failed=True)
         if oom > 0:
             self._abandon()
             return replace(outcome, oom=True, oom_fatal=oom_fatal > 0)

@@ -70,7 +70,7 @@ from accumcore.schedule import AccumulationSchedule
 from accumcore.state import STATE_FORMAT, check_state
 from accumcore.stepper import StepOutcome, WindowStepper, is_plateau
 from accumcore.verify_window import check_option, verify
-from accumcore.window import EXHAUSTED, STOPPED, WindowRunner, make_micro_batches
+from accumcore.window import EXHAUSTED, FAILED, STOPPED, WindowRunner, make_micro_batches
 from accumcore.window_source import PendingBatch, target_source
 from accumcore.world_order import WindowLayout
 
@@ -564,31 +564,48 @@ class Trainer:
         self._window_was_last = False
         if window:
             self._largest_batch = max(self._largest_batch, *(_batch_samples(b) for b in window))
-        if self._detect_shift and window:
-            self._set_shift_labels(window[0])
+        if self._detect_shift and (window or self._ddp):
+            self._set_shift_labels(window)
         while True:
-            micro_batches = make_micro_batches(window, self.oom_split, self.count_items, keys)
-            if self._check_loss_scale:
-                self._check_loss_scale = not check_mean_over_items(
-                    distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
-                )
+            # What can fail on one rank alone, before the window's collectives: under DDP/FSDP
+            # the error is agreed by every rank (issue 41 item 4), none left waiting in a
+            # collective the failing rank never joins.
+            error: Exception | None = None
+            micro_batches: list[Any] = []
+            try:
+                micro_batches = make_micro_batches(window, self.oom_split, self.count_items, keys)
+                if self._check_loss_scale:
+                    self._check_loss_scale = not check_mean_over_items(
+                        distributed.unwrap(self.model), self.loss_fn, micro_batches, self.count_items, self.device
+                    )
+            except Exception as exc:  # noqa: BLE001  (re-raised: alone, or on every rank)
+                if not self._ddp:
+                    raise
+                error, micro_batches = exc, []
             # Before the first optimizer step, and while the result is pending before steps 1, 2,
             # 4, 8, ...: a bounded number of looks (under DDP each is one small all-reduce), not
             # one per window for a run whose windows can never tell (rule 16).
             step = self.global_step
             if self._verify_pending and (not self._verify_ran or step & (step - 1) == 0):
+                if self._ddp:  # the check's collectives come first: agree on errors before them
+                    distributed.agree_on_error(error, distributed.comm_device(self.model))
                 self._verify_pending = verify(self, micro_batches, first=not self._verify_ran)
                 self._verify_ran = True
             try:
-                result = self._runner.run(micro_batches, windows_left)
+                # A rank that failed joins the window's all-reduce only to say so (its flag).
+                result = self._runner.run(micro_batches, windows_left, failed=error is not None)
             except RuntimeError as exc:
                 if not is_oom(exc):
                     raise
                 result = None  # handled below, outside the except block, so the traceback is freed
+            if result == FAILED:
+                distributed.raise_agreed(error)
             if isinstance(result, str):  # STOPPED, or EXHAUSTED (DDP: no rank has data left)
                 self.optimizer.zero_grad(set_to_none=True)
                 return result
             outcome = None if result is None else self._stepper.step(result)
+            if outcome is not None and outcome.failed:
+                distributed.raise_agreed(result.error if result is not None else None)
             if outcome is not None and not outcome.oom:
                 self._window_was_last = result is not None and result.last_window
                 return outcome
@@ -619,14 +636,40 @@ class Trainer:
                 data,
             )
 
-    def _set_shift_labels(self, batch: Any) -> None:
-        """``shift_labels`` from what the model's own loss scores (``accumcore.label_shift``)."""
+    def _set_shift_labels(self, window: list[Any]) -> None:
+        """``shift_labels`` from what the model's own loss scores (``accumcore.label_shift``).
+        Under DDP/FSDP the ranks agree (one object all-gather, every rank, at the window that
+        first has data on some rank): a rank's error is raised on every rank, and the first
+        rank with data decides. A sharded model's forward is a collective: a rank without a
+        micro-batch then runs it on 0 rows another rank shares."""
+        error: Exception | None = None
+        shift: bool | None = None
+        has_data = bool(window)
+        try:
+            if window:
+                batch = window[0]
+                if isinstance(batch, PendingBatch):
+                    rng = capture_rng_state()  # loading draws random transforms: the window loads it again
+                    batch = batch.source.load(batch.indices)
+                    restore_rng_state(rng)
+                if self.sharded:
+                    self._shift_shapes(batch)
+                shift = label_shift.detect(distributed.unwrap(self.model), batch, self.device, self.ignore_index)
+            elif self.sharded:
+                self._shift_shapes(None)
+        except Exception as exc:  # noqa: BLE001  (re-raised: alone, or on every rank)
+            if not self._ddp:
+                raise
+            error = exc
+        if self._ddp:
+            gathered = distributed.gather_objects((error is not None, has_data, shift)) or []
+            if any(failed for failed, _, _ in gathered):
+                distributed.raise_agreed(error)
+            with_data = [s for _, data, s in gathered if data]
+            if not with_data:
+                return  # no rank had a micro-batch: the next window decides
+            shift = with_data[0]
         self._detect_shift = False
-        if isinstance(batch, PendingBatch):
-            rng = capture_rng_state()  # loading draws random transforms: the window loads it again
-            batch = batch.source.load(batch.indices)
-            restore_rng_state(rng)
-        shift = label_shift.detect(distributed.unwrap(self.model), batch, self.device, self.ignore_index)
         if shift is None:
             return
         self.shift_labels = shift
@@ -638,6 +681,26 @@ class Trainer:
             f"counting them so (pass Trainer(shift_labels=...) to set it)",
             {"shift_labels": shift},
         )
+
+    def _shift_shapes(self, batch: Any | None) -> None:
+        """FSDP: every rank runs the label-shift detection's forward (a collective) where the
+        ranks with a batch do (their batches' labels apply); a rank without a batch runs it on
+        0 rows of the first rank's (``sharding.shared_empty_rows``)."""
+        offer = None
+        if batch is not None:
+            inputs, targets = items.unpack(batch)
+            offer = (label_shift.applies(inputs, targets), items.empty_rows(inputs))
+        shared = sharding.shared_empty_rows(offer)
+        if batch is None and shared is not None and shared[0]:
+            module = distributed.unwrap(self.model)
+            modes = [(m, m.training) for m in module.modules()]
+            module.eval()
+            try:
+                with torch.no_grad():
+                    items.forward(module, items.to_device(shared[1], self.device))
+            finally:
+                for m, training in modes:
+                    m.training = training
 
     def _step(self, outcome: StepOutcome, started: float) -> dict[str, float]:
         self.global_step += 1

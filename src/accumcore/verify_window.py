@@ -22,8 +22,12 @@ micro-batch is compared as two unequal parts, and parts whose counts weigh a row
 token mean alike leave the check ``pending``, to be run again on a later window that can tell. Afterwards the model's modes, buffers, gradients and
 every RNG are put back and the optimizer is never touched, so training is bitwise the same
 as without the check. Under DDP each rank compares its own share of the window (the relative
-error does not depend on the share's scale n_rank / W), and one all-reduce brings every
-rank's error and the global W to all ranks: they pass or fail together, rank 0 reports.
+error does not depend on the share's scale n_rank / W), and one object all-gather brings every
+rank's result to all ranks (``_reduce_over_ranks``): they pass or fail together, rank 0
+reports the worst rank's error with the fix a failing rank found; the check is ``partial``
+(not passed; ``"strict"`` fails) while a rank with micro-batches could not check its share;
+and a window that no rank's share can tell about but the ranks' micro-batches together can
+(fewer micro-batches than ranks) is gathered and checked whole on every rank.
 """
 
 from __future__ import annotations
@@ -99,20 +103,36 @@ def verify(trainer: Any, micro_batches: list[MicroBatch], first: bool) -> bool:
     raise on failure unless ``trainer.verify_window == "warn"``. True while the check is
     ``pending``: then the trainer calls again on later windows (before steps 1, 2, 4, 8, ...),
     and such a window is compared only when its item counts can tell the usual mistakes apart
-    (read from the counts already made; under DDP one small all-reduce of that flag)."""
+    (read from the counts already made; under DDP the ranks' counts are gathered and the
+    window's counts over all ranks decide).
+
+    Under DDP the verdict is agreed by every rank (``_reduce_over_ranks``): it fails where any
+    rank fails, with that rank's cause and fix in rank 0's message; it is ``partial`` (and
+    ``"strict"`` fails) while a rank with micro-batches could not check its share; and where no
+    rank's own share can tell the mistakes apart (fewer micro-batches than ranks, one row each)
+    but the window's micro-batches over all ranks can, they are gathered and every rank checks
+    the whole window (``_check_gathered``)."""
     shift = bool(trainer.shift_labels)
+    ddp = distributed.ddp_wrapped(trainer.model)
+    parts: list[list[MicroBatch]] | None = None
+    if ddp:
+        parts = distributed.gather_objects(_count_parts(micro_batches))
     if not first:
         local = inconclusive_reason(micro_batches, trainer.loss_fn, trainer.ignore_index, shift) is None
-        if distributed.ddp_wrapped(trainer.model):
-            local = bool(distributed.all_reduce_sum([float(local)], distributed.comm_device(trainer.model))[0] > 0)
+        if parts is not None:
+            local = any(inconclusive_reason(p, trainer.loss_fn, trainer.ignore_index, shift) is None for p in parts)
+            local = local or _union_tells(parts, trainer.loss_fn, trainer.ignore_index, shift)
         if not local:
             return True
-    result = check_window(
-        trainer.model, trainer.loss_fn, micro_batches, trainer.device,
-        memory_limit_bytes=trainer.verify_memory_limit_bytes,
-        ignore_index=trainer.ignore_index, shift_labels=shift, counter=trainer.count_items,
-    )
+    kwargs: dict[str, Any] = {
+        "memory_limit_bytes": trainer.verify_memory_limit_bytes, "ignore_index": trainer.ignore_index,
+        "shift_labels": shift, "counter": trainer.count_items,
+    }
+    result = check_window(trainer.model, trainer.loss_fn, micro_batches, trainer.device, **kwargs)
     data = _reduce_over_ranks(trainer.model, result)
+    if (parts is not None and data["status"] == "pending"
+            and _union_tells(parts, trainer.loss_fn, trainer.ignore_index, shift)):
+        data = _check_gathered(trainer, micro_batches, kwargs)
     data["step"] = trainer.global_step  # the window before this optimizer step
     passed = data["passed"]
     message = _message(data)
@@ -121,11 +141,53 @@ def verify(trainer: Any, micro_batches: list[MicroBatch], first: bool) -> bool:
     if passed is False and trainer.verify_window in (True, "strict"):
         raise ExactnessError(message + ". Pass verify_window='warn' to train anyway",
                              rel_error=data["rel_error"], tolerance=TOLERANCE, cause=data["cause"] or "unknown")
-    if data["status"] == "skipped" and trainer.verify_window == "strict":
-        raise ExactnessError(message + ". verify_window='strict' needs the check to run: fix what the "
-                             "note says, or pass verify_window=True to train without it",
+    if data["status"] in ("skipped", "partial") and trainer.verify_window == "strict":
+        raise ExactnessError(message + ". verify_window='strict' needs the check to run on every rank: fix "
+                             "what the note says, or pass verify_window=True to train without it",
                              rel_error=math.nan, tolerance=TOLERANCE, cause="not_run")
     return data["status"] == "pending"
+
+
+def _count_parts(micro_batches: list[MicroBatch]) -> list[MicroBatch]:
+    """The window's micro-batches as counts and targets only (on the host), to gather."""
+    return [MicroBatch(None, _host(mb.targets if mb.pending is None else mb.pending.targets),
+                       float(mb.items), mb.samples) for mb in micro_batches]
+
+
+def _union_tells(parts: list[list[MicroBatch]], loss_fn: Any, ignore_index: int, shift: bool) -> bool:
+    union = [mb for rank_parts in parts for mb in rank_parts]
+    return bool(union) and inconclusive_reason(union, loss_fn, ignore_index, shift) is None
+
+
+def _host(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, Mapping):
+        return {k: _host(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_host(v) for v in value)
+    return value
+
+
+def _check_gathered(trainer: Any, micro_batches: list[MicroBatch], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """DDP, no rank's share could tell: every rank's micro-batches of the window (loaded on
+    the host, RNG states put back) gathered in rank order, and the whole window checked on
+    every rank alike (the model is the same on every rank): one verdict, no further reduce."""
+    rng = capture_rng_state()
+    try:
+        loaded = [MicroBatch(_host(i), _host(t), float(mb.items), mb.samples)
+                  for mb in micro_batches for i, t in [mb.load()]]
+    finally:
+        restore_rng_state(rng)
+    gathered = distributed.gather_objects(loaded) or [loaded]
+    window = [mb for rank_batches in gathered for mb in rank_batches]
+    result = check_window(trainer.model, trainer.loss_fn, window, trainer.device, **kwargs)
+    data = _local_data(result)
+    data.update(ranks_checked=len(gathered), ranks_with_data=sum(1 for g in gathered if g), gathered=True)
+    data["note"] = "; ".join(filter(None, [
+        f"the window's micro-batches of all {len(gathered)} ranks gathered (no rank's own share could "
+        "tell the usual mistakes apart)", data["note"]]))
+    return _verdict(data)
 
 
 def check_window(
@@ -409,49 +471,69 @@ def _unexplained(
         "shift_labels (True when the model scores labels[..., 1:])")
 
 
-def _reduce_over_ranks(model: torch.nn.Module, result: CheckResult) -> dict[str, Any]:
-    """The event's data: this rank's result, or under DDP the worst rank's with the global W
-    (one all-reduce: each rank writes 1 + its errors into its own slots, 0 when unchecked)."""
-    world, rank = distributed.world_size(), distributed.rank()
-    counts = result.item_counts
-    data: dict[str, Any] = {
+def _local_data(result: CheckResult) -> dict[str, Any]:
+    return {
         "rel_error": result.rel_error, "max_tensor_rel_error": result.max_tensor_rel_error,
         "worst_tensor": result.worst_tensor, "tolerance": TOLERANCE, "items": result.items,
-        "item_counts": counts, "micro_batches": result.micro_batches,
+        "item_counts": result.item_counts, "micro_batches": result.micro_batches,
         "window_micro_batches": result.window_micro_batches, "note": result.note,
         "cause": result.cause, "fix": result.fix, "precision": "fp32", "mode": "eval",
         "pending": result.pending,
     }
-    if distributed.ddp_wrapped(model):
-        slots = [0.0] * (2 * world)
-        if result.rel_error is not None:
-            slots[rank] = 1.0 + result.rel_error
-            slots[world + rank] = 1.0 + (result.max_tensor_rel_error or 0.0)
-        # The last slot: ranks whose parts could tell the mistakes apart (one is enough: every
-        # rank runs the same loss and counts).
-        told = float(result.rel_error is not None and result.pending is None)
-        reduced = distributed.all_reduce_sum([result.items, *slots, told], distributed.comm_device(model)).tolist()
-        errors = [(e - 1.0, t - 1.0, r) for r, (e, t) in enumerate(zip(reduced[1:1 + world], reduced[1 + world:-1], strict=True)) if e > 0]
-        if reduced[-1] > 0:
-            data["pending"] = None
-        elif errors and data["pending"] is None:
-            data["pending"] = "no rank's parts could tell the usual mistakes apart"
-        data["items"] = reduced[0]  # W over all ranks
-        data["ranks_checked"] = len(errors)
-        if errors:
-            worst = max(errors)
-            data.update(rel_error=worst[0], max_tensor_rel_error=max(t for _, t, _ in errors), worst_rank=worst[2])
-            if worst[2] != rank:
-                data["worst_tensor"] = None  # known on that rank only
-            if result.rel_error is None or result.rel_error <= TOLERANCE:
-                data.update(cause=None, fix=None)  # this rank passed: the cause is another's
+
+
+def _reduce_over_ranks(model: torch.nn.Module, result: CheckResult) -> dict[str, Any]:
+    """The event's data: this rank's result, or under DDP every rank's merged, the same on
+    every rank (one object all-gather of each rank's result): W and the micro-batches summed,
+    the worst rank's error, the cause and fix of a failing rank that found one (so rank 0's
+    message names it), ``ranks_checked`` of ``ranks_with_data``, and status ``partial`` (not
+    passed) while a rank with micro-batches could not check, with its reason in the note."""
+    data = _local_data(result)
+    ranks = distributed.gather_objects(data) if distributed.ddp_wrapped(model) else None
+    if ranks is None:
+        return _verdict(data)
+    checked = [(r, d) for r, d in enumerate(ranks) if d["rel_error"] is not None]
+    with_data = [r for r, d in enumerate(ranks) if d["window_micro_batches"] > 0]
+    merged = dict(data)
+    merged.update(
+        items=float(sum(d["items"] for d in ranks)),
+        item_counts=[c for d in ranks for c in d["item_counts"]],
+        micro_batches=sum(d["micro_batches"] for d in ranks),
+        window_micro_batches=sum(d["window_micro_batches"] for d in ranks),
+        ranks_checked=len(checked), ranks_with_data=len(with_data), cause=None, fix=None,
+        worst_tensor=None, pending=None,
+    )
+    unchecked = [r for r in with_data if ranks[r]["rel_error"] is None]
+    notes = [f"rank {r}: {ranks[r]['note']}" for r in unchecked]
+    notes += [f"rank {r}: {d['note']}" for r, d in checked if d["note"]]
+    merged["note"] = "; ".join(notes) if len(ranks) > 1 and notes else data["note"]
+    if not checked:
+        merged["note"] = merged["note"] or "no rank has a micro-batch in the window"
+        return _verdict(merged)
+    worst_rank, worst = max(checked, key=lambda item: item[1]["rel_error"])
+    merged.update(rel_error=worst["rel_error"], worst_rank=worst_rank, worst_tensor=worst["worst_tensor"],
+                  max_tensor_rel_error=max(d["max_tensor_rel_error"] or 0.0 for _, d in checked))
+    failing = [(r, d) for r, d in checked if d["rel_error"] > TOLERANCE]
+    named = [(r, d) for r, d in failing if d["fix"]]
+    if named:
+        merged.update(cause=named[0][1]["cause"], fix=named[0][1]["fix"], cause_rank=named[0][0])
+    if not failing and not any(d["pending"] is None for _, d in checked):
+        merged["pending"] = next(d["pending"] for _, d in checked)  # no rank could tell
+    merged["unchecked_ranks"] = unchecked
+    return _verdict(merged)
+
+
+def _verdict(data: dict[str, Any]) -> dict[str, Any]:
+    """``passed`` and ``status`` from the (merged) result: ``skipped`` (not compared),
+    ``failed``, ``pending`` (equal where nothing could differ), ``partial`` (passed on the
+    ranks that checked, not on every rank with micro-batches) or ``passed``."""
     rel = data["rel_error"]
-    data["passed"] = None if rel is None else bool(rel <= TOLERANCE)
-    if data["passed"]:
-        # Equal where nothing could differ proves nothing: not "passed" until a window can.
-        data["passed"] = None if data["pending"] else True
-    data["status"] = ("skipped" if rel is None else "failed" if rel > TOLERANCE
-                      else "pending" if data["pending"] else "passed")
+    failed = rel is not None and rel > TOLERANCE
+    data["status"] = ("skipped" if rel is None else "failed" if failed
+                      else "pending" if data["pending"] else "partial" if data.get("unchecked_ranks")
+                      else "passed")
+    # Equal where nothing could differ, or on some ranks only, proves nothing: not "passed".
+    data["passed"] = False if failed else True if data["status"] == "passed" else None
     return data
 
 
@@ -466,12 +548,17 @@ def _message(data: dict[str, Any]) -> str:
     if data["status"] == "pending":
         return (f"exactness check pending: {data['pending']}. The {name} equals its big batch (relative "
                 f"error {rel:.2g}; {window}{extra}) but could not differ; checking the next windows until one can")
+    if data["status"] == "partial":
+        return (f"exactness check partial: the {name} equals its big batch on {data['ranks_checked']} of "
+                f"{data['ranks_with_data']} ranks with micro-batches (relative error {rel:.2g}; {window}); "
+                f"not checked on rank(s) {', '.join(map(str, data['unchecked_ranks']))}{extra}")
     if data["passed"]:
         return (f"{name} = big batch: relative error {rel:.2g} (tolerance {TOLERANCE:g}; "
                 f"{window}){extra}")
     where = f" (worst tensor {data['worst_tensor']})" if data.get("worst_tensor") else ""
     rank = f"rank {data['worst_rank']} fails; " if data.get("worst_rank") is not None else ""
-    cause = f": cause {data['cause']}: {data['fix']}" if data["fix"] else (
+    found = f" (found on rank {data['cause_rank']})" if data.get("cause_rank") else ""
+    cause = f": cause {data['cause']}{found}: {data['fix']}" if data["fix"] else (
         f": {rank}check loss_fn's reduction ('mean'), count_items and shift_labels")
     return (f"{name} != big batch: relative error {rel:.2g} > tolerance {TOLERANCE:g}"
             f"{where}, {window}{extra}{cause}")

@@ -33,6 +33,7 @@ class WindowResult:
     oom: bool = False  # DDP: this rank ran out of memory and dropped the window
     oom_fatal: bool = False  # ... with micro-batches of one sample: it cannot back off
     last_window: bool = False  # DDP: every rank's loader says this is the epoch's last window
+    error: BaseException | None = None  # DDP: this rank's micro-batch raised; every rank learns it at the step
 
 
 @dataclass
@@ -128,6 +129,9 @@ def _pending_micro_batches(
 # rank, under DDP), or, under DDP, no rank has a micro-batch left in this epoch.
 STOPPED = "stopped"
 EXHAUSTED = "exhausted"
+# Under DDP/FSDP: some rank failed before the window (its ``failed`` flag in the window's
+# all-reduce); every rank then raises that rank's error (``distributed.raise_agreed``).
+FAILED = "failed"
 
 
 @dataclass
@@ -176,15 +180,22 @@ class WindowRunner:
         self.defer_sync = self.sharded and sharding.check_sync_mode(fsdp_sync) == "window"
         self.collective = self.ddp or self.sharded  # the window's counts are all-reduced
         self.empty_inputs: Any = None  # FSDP: 0 rows of an earlier micro-batch, for extra passes
+        # DDP: 0 rows (copied) of the first micro-batch whose forward ran: the empty pass of a
+        # rank whose micro-batch raised (its own 0 rows may raise the same way).
+        self.good_empty: Any = None
         self.feed = DeviceFeed(device)
         self.keyed_rng = KeyedRng(device)  # each micro-batch's own RNG stream (``MicroBatch.rng_key``)
 
-    def run(self, micro_batches: list[MicroBatch], windows_left: int | None = None) -> WindowResult | str:
+    def run(
+        self, micro_batches: list[MicroBatch], windows_left: int | None = None, failed: bool = False,
+    ) -> WindowResult | str:
         """Forward+backward every micro-batch; ``STOPPED`` when ``should_stop`` asked to stop,
-        ``EXHAUSTED`` when (DDP) no rank has a micro-batch left. ``windows_left``: how many
+        ``EXHAUSTED`` when (DDP) no rank has a micro-batch left, ``FAILED`` when (DDP/FSDP) a
+        rank says ``failed`` (its error before the window: it joins the window's all-reduce
+        only to say so). ``windows_left``: how many
         windows this rank's loader has after this one, when its length says so (DDP: every
         rank then knows which window is the epoch's last without one more all-reduce)."""
-        agreed = self._agree(micro_batches, windows_left)
+        agreed = self._agree(micro_batches, windows_left, failed)
         if isinstance(agreed, str):
             return agreed
         total_items, total_samples = agreed.total_items, agreed.total_samples
@@ -230,13 +241,16 @@ class WindowRunner:
                             loss = self.loss_fn(outputs, targets)
                         _check_scalar(loss)
                         in_sync_backward = synced and index == last
+                        if self.ddp and self.good_empty is None:
+                            self.good_empty = _copy(items.empty_rows(loaded))
                         self._backward(mb, loss, outputs, weight_factor, divisor, losses, counts)
                 finally:
                     self.keyed_rng.exit(keyed)
-            except RuntimeError as exc:
-                self._check_droppable(exc, in_sync_backward)
+            except Exception as exc:  # noqa: BLE001  (re-raised unless DDP can agree on it)
+                error = self._check_droppable(exc, in_sync_backward)
                 inputs = targets = outputs = loss = None
-                return self._drop_window(micro_batches, loaded, synced, total_items, total_samples, manual_sync)
+                return self._drop_window(micro_batches, loaded, synced, total_items, total_samples, manual_sync,
+                                         error)
         if self.sharded:
             self.empty_inputs = items.empty_rows(loaded) if loaded is not None else self.empty_inputs
             inputs = targets = outputs = loss = loaded = None
@@ -246,7 +260,7 @@ class WindowRunner:
             last_window=agreed.last_window,
         )
 
-    def _agree(self, micro_batches: list[MicroBatch], windows_left: int | None) -> _Agreement | str:
+    def _agree(self, micro_batches: list[MicroBatch], windows_left: int | None, failed: bool = False) -> _Agreement | str:
         """What every rank needs to know before the window's first forward: the window's item
         and sample totals, whether to stop (``STOPPED``) or the epoch is over (``EXHAUSTED``),
         how gradients sync, whether this is the epoch's last window, and (FSDP) how many passes
@@ -269,11 +283,15 @@ class WindowRunner:
         slots = [0.0] * (2 * world)
         slots[rank] = 0.0 if windows_left is None else windows_left + 1.0
         slots[world + rank] = float(len(micro_batches))
-        flags = [1.0 if micro_batches else 0.0, 1.0 if stop else 0.0, 1.0 if shapeless else 0.0]
+        flags = [1.0 if micro_batches else 0.0, 1.0 if stop else 0.0, 1.0 if shapeless else 0.0,
+                 1.0 if failed else 0.0]
         reduced = distributed.all_reduce_sum(
             [local_items, local_samples, *flags, *slots], distributed.comm_device(self.model),
         ).tolist()  # the flags decide what every rank does next: read them here
-        total_items, total_samples, ranks_with_data, stops, shapeless_ranks = reduced[:5]
+        total_items, total_samples, ranks_with_data, stops, shapeless_ranks, failures = reduced[:6]
+        reduced = reduced[:5] + reduced[6:]
+        if failures > 0:
+            return FAILED
         if stops > 0:
             return STOPPED
         if ranks_with_data == 0:
@@ -299,23 +317,31 @@ class WindowRunner:
         if self.empty_inputs is None:
             self.empty_inputs = shared
 
-    def _check_droppable(self, exc: RuntimeError, in_sync_backward: bool) -> None:
+    def _check_droppable(self, exc: Exception, in_sync_backward: bool) -> BaseException | None:
         """Re-raise ``exc`` unless it is an out-of-memory error a DDP window can drop (every
-        rank then backs off together); single process: the trainer backs off itself."""
+        rank then backs off together; returns None), or under DDP another error of this
+        rank's micro-batch (returned: the rank drops the window as for an out-of-memory error,
+        joins the gradient all-reduce, and every rank raises it at the step, none waiting in a
+        collective this rank would not join); single process: the trainer backs off itself."""
         if self.sharded and is_oom(exc):
             raise MicroBatchTooSmall(
                 "out of memory inside a sharded (FSDP) window: its ranks cannot back off "
                 "together from inside FSDP's collectives; lower micro_batch_size, or shard "
                 "with cpu_offload=True or mixed_precision=True"
             ) from None
-        if not self.ddp or not is_oom(exc):
+        if not self.ddp:
             raise exc
+        if not is_oom(exc):
+            if in_sync_backward:
+                raise exc  # inside DDP's all-reduce: the other ranks are in it too
+            return exc
         if in_sync_backward:
             raise MicroBatchTooSmall(
                 "out of memory inside DDP's gradient all-reduce (the window's last "
                 "backward): the ranks cannot back off together from there; lower "
                 "micro_batch_size or use precision='bf16'"
             ) from None
+        return None
 
     def _backward(
         self,
@@ -354,19 +380,29 @@ class WindowRunner:
         total_items: float | torch.Tensor,
         total_samples: float | torch.Tensor,
         manual_sync: bool,
+        error: BaseException | None = None,
     ) -> WindowResult:
-        """DDP, this rank ran out of memory: drop the window's gradients, and join DDP's
-        gradient all-reduce (which the other ranks run at their last micro-batch) with an
-        empty batch; the stepper's all-reduce then tells every rank to back off."""
+        """DDP, this rank ran out of memory (or ``error`` was raised): drop the window's
+        gradients, and join DDP's gradient all-reduce (which the other ranks run at their last
+        micro-batch) with an empty batch; the stepper's all-reduce then tells every rank to
+        back off (or to raise ``error``)."""
         distributed.unwrap(self.model).zero_grad(set_to_none=True)
         release_memory()
         if synced:
+            if error is not None:
+                if loaded is None and self.good_empty is None:
+                    raise error  # nothing loaded to shape the empty pass with
+                self._empty_pass(self.good_empty if self.good_empty is not None else items.empty_rows(loaded))
+                distributed.unwrap(self.model).zero_grad(set_to_none=True)
+                return WindowResult(None, total_items, total_samples, len(micro_batches), manual_sync, error=error)
             if loaded is None:
                 raise MicroBatchTooSmall(
                     "out of memory while loading a micro-batch under DDP, before any was loaded: "
                     "lower micro_batch_size"
                 )
             self._empty_sync_pass(loaded)
+        if error is not None:
+            return WindowResult(None, total_items, total_samples, len(micro_batches), manual_sync, error=error)
         fatal = max(mb.samples for mb in micro_batches) <= 1
         return WindowResult(None, total_items, total_samples, len(micro_batches), manual_sync,
                             oom=True, oom_fatal=fatal)
@@ -398,6 +434,17 @@ class WindowRunner:
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)
+
+
+def _copy(value: Any) -> Any:
+    """``value`` with every tensor cloned (0 rows: no storage of the batch kept alive)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, Mapping):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_copy(v) for v in value)
+    return value
 
 
 def _check_scalar(loss: Any) -> None:

@@ -107,3 +107,19 @@ def test_fsdp_counts_each_devices_share_of_the_weights() -> None:
     assert errors(SpecLimits(max_device_memory_bytes=replicas.weights_bytes // 8), **offloaded) == {}
     too_small = SpecLimits(max_device_memory_bytes=replicas.weights_bytes // 8, max_gpus=8)
     assert "per device (sharded over 4)" in errors(too_small, **sharded)["body.model"]
+
+
+def test_fsdp_over_nodes_shards_over_every_rank_of_every_node() -> None:
+    """gpus: 2 on nodes: 2 is a world of 4, as gpus: 4 is: the same share per device, so a cap
+    between the 4-way and the 2-way share refuses neither (the nodes were ignored before: the
+    multi-node job was sized as 2-way and refused)."""
+    model = {"name": "mlp", "hidden": 16384, "depth": 4}
+    one_node = step_memory(parse_spec({**MINIMAL_SPEC, "model": model, "gpus": 4, "strategy": "fsdp"}))
+    two_nodes = step_memory(parse_spec({**MINIMAL_SPEC, "model": model, "gpus": 2, "nodes": 2,
+                                        "strategy": "fsdp"}))
+    assert two_nodes.shards == one_node.shards == 4
+    assert two_nodes.total_bytes == one_node.total_bytes
+    two_way = step_memory(parse_spec({**MINIMAL_SPEC, "model": model, "gpus": 2, "strategy": "fsdp"}))
+    cap = SpecLimits(max_device_memory_bytes=(one_node.total_bytes + two_way.total_bytes) // 2)
+    assert errors(cap, model=model, gpus=2, nodes=2, strategy="fsdp") == {}
+    assert list(errors(cap, model=model, gpus=2, strategy="fsdp")) == ["body.model"]

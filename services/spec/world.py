@@ -1,0 +1,22 @@
+"""World size: the ranks taking part in one optimizer step, computed here and nowhere else.
+
+    from services.spec.world import ranks_per_node, world_of
+    world_of(4)        # gpus: 4            -> 4 ranks
+    world_of(2, 2)     # gpus: 2, nodes: 2  -> 4 ranks
+    world_of(0)        # gpus: 0 (CPU)      -> 1 rank
+
+Plain integers in, so the spec's validators (which see raw fields), the stored spec's readers
+and the worker's launcher all call the same rule.
+"""
+
+from __future__ import annotations
+
+
+def ranks_per_node(gpus: int) -> int:
+    """Processes one node runs for a job of ``gpus``: one per GPU, one at least (a CPU job)."""
+    return max(gpus, 1)
+
+
+def world_of(gpus: int, nodes: int = 1) -> int:
+    """Ranks of one optimizer step over every node: ``nodes`` x ``ranks_per_node(gpus)``."""
+    return ranks_per_node(gpus) * nodes
