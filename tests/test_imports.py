@@ -45,6 +45,23 @@ def test_the_cycle_tool_reports_a_cycle() -> None:
     assert import_cycles.cycles({"a": {"b": [1]}, "b": {}}) == []
 
 
+def test_the_cycle_tool_reports_packages_that_import_each_other() -> None:
+    """No module cycle, yet ``services.x`` and ``services.y`` import each other (the dispatch <->
+    housekeeping shape it once had): a package cycle, with the module edges that make it."""
+    graph: dict[str, dict[str, list[int]]] = {
+        "services.x.a": {"services.y.b": [3]}, "services.y.b": {"services.x.c": [5]},
+        "services.x.c": {}, "accumcore.trainer": {"accumcore.window": [1]}, "accumcore.window": {},
+    }
+    assert import_cycles.cycles(graph) == []
+    packages = import_cycles.package_graph(graph)
+    found = import_cycles.cycles({name: dict.fromkeys(edges, [0]) for name, edges in packages.items()})
+    assert found == [["services.x", "services.y"]]
+    assert import_cycles.describe_packages(found[0], packages) == [
+        "services.x.a -> services.y.b", "services.y.b -> services.x.c"]
+    assert import_cycles.package_of("services.settings") == "services.settings"
+    assert import_cycles.package_of("accumcore.trainer") == "accumcore.trainer"
+
+
 def test_every_module_imports_alone() -> None:
     # `python -m` entry points run their command on import; what they import is covered.
     modules = sorted(m for m in import_cycles.module_files() if not m.endswith(".__main__"))

@@ -8,6 +8,12 @@ module ``a.b`` when that is a module, else to ``a``. Importing ``a.b`` also runs
 ``__init__``, but that implicit edge is not counted: a package's ``__init__`` re-exporting its
 modules is not a cycle of its own. Each cycle is printed as one strongly connected group of
 modules with the import statements (file:line) that tie it together.
+
+Packages are checked too: ``services.dispatch`` imports ``services.housekeeping`` when any
+module of the one imports any module of the other, and two packages importing each other are a
+cycle even when no module cycle ties them (``dispatch.unsent`` -> ``housekeeping.reaper`` ->
+``dispatch.enqueue`` was one). The packages are the folders directly under ``services/`` and
+under ``src/accumcore/``; a module outside them (``services/settings.py``) is a package of its own.
 """
 
 from __future__ import annotations
@@ -81,6 +87,25 @@ def import_graph() -> dict[str, dict[str, list[int]]]:
     return graph
 
 
+def package_of(module: str) -> str:
+    """The package ``module`` belongs to for the package-level check: its folder directly under
+    ``services`` or ``accumcore`` (``services.dispatch.unsent`` -> ``services.dispatch``); a
+    module at the top of either is its own."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] in ("services", "accumcore") else parts[0]
+
+
+def package_graph(graph: dict[str, dict[str, list[int]]]) -> dict[str, dict[str, list[str]]]:
+    """package -> {imported package: ["module -> module", ...]}: the module edges that cross."""
+    packages: dict[str, dict[str, list[str]]] = {}
+    for source, targets in graph.items():
+        edges = packages.setdefault(package_of(source), {})
+        for target in targets:
+            if package_of(target) != package_of(source):
+                edges.setdefault(package_of(target), []).append(f"{source} -> {target}")
+    return packages
+
+
 def cycles(graph: dict[str, dict[str, list[int]]]) -> list[list[str]]:
     """The strongly connected groups of more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -136,22 +161,38 @@ def describe(group: list[str], graph: dict[str, dict[str, list[int]]]) -> list[s
     ]
 
 
+def describe_packages(group: list[str], packages: dict[str, dict[str, list[str]]]) -> list[str]:
+    """The module edges that tie a group of packages, as ``a.x -> b.y``."""
+    members = set(group)
+    return [edge for source in group for target, edges in sorted(packages[source].items())
+            if target in members for edge in sorted(edges)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the cycles as JSON")
     args = parser.parse_args(argv)
     graph = import_graph()
     found = cycles(graph)
+    packages = package_graph(graph)
+    found_packages = cycles({name: dict.fromkeys(edges, [0]) for name, edges in packages.items()})
     if args.json:
-        print(json.dumps({"modules": len(graph), "cycles": [describe(g, graph) for g in found]}))
-    elif found:
+        print(json.dumps({"modules": len(graph), "cycles": [describe(g, graph) for g in found],
+                          "packages": len(packages),
+                          "package_cycles": [describe_packages(g, packages) for g in found_packages]}))
+    elif found or found_packages:
         for number, group in enumerate(found, 1):
             print(f"cycle {number}: {', '.join(group)}")
             for edge in describe(group, graph):
                 print(f"  {edge}")
+        for number, group in enumerate(found_packages, 1):
+            print(f"package cycle {number}: {', '.join(group)}")
+            for edge in describe_packages(group, packages):
+                print(f"  {edge}")
     else:
-        print(f"no import cycle among {len(graph)} modules of src/ and services/")
-    return 1 if found else 0
+        print(f"no import cycle among {len(graph)} modules and {len(packages)} packages of src/ "
+              "and services/")
+    return 1 if found or found_packages else 0
 
 
 if __name__ == "__main__":

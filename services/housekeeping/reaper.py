@@ -29,16 +29,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Collection
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.dispatch.broker import DEFAULT_QUEUE
-from services.dispatch.enqueue import enqueue_job
+from services.dispatch.unsent import resend_stale_once, send_in_order
 from services.housekeeping.retention import sweep_retention
 from services.jobdb.gangs import settle_stale_gangs
-from services.jobdb.leases import mark_unsent, reap_expired_leases, stale_queued_jobs
+from services.jobdb.leases import reap_expired_leases
 from services.jobdb.models import Job
 from services.jobdb.sessions import session_factory
 from services.settings import Settings
@@ -82,21 +82,6 @@ def reap_once(
     return [job_id for job_id, _ in requeued]
 
 
-def resend_stale_once(
-    settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
-) -> list[str]:
-    """Enqueue again, in submit order, every queued job never sent (``enqueued_at`` NULL: its
-    publish failed) or whose last message is older than ``settings.requeue_after_s`` at
-    ``clock()``; returns their ids. A failed send (the broker still down) marks that job and
-    the rest unsent again and raises: the next pass, soon, tries them in the same order."""
-    now = _now(clock)
-    older_than = now - timedelta(seconds=float(settings.requeue_after_s))
-    with session_factory(settings).begin() as session:
-        stale = stale_queued_jobs(session, older_than=older_than, now=now, queues=queues)
-    send_in_order(settings, stale, "job %s was queued with no recent message; enqueued again on %s")
-    return [job_id for job_id, _ in stale]
-
-
 def settle_gangs_once(
     settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
 ) -> dict[str, str]:
@@ -109,19 +94,6 @@ def settle_gangs_once(
             lease_timeout_s=settings.lease_timeout_s, now=_now(clock),
             poison_after=settings.poison_after_lost_attempts, queues=queues,
         )
-
-
-def send_in_order(settings: Settings, jobs: list[tuple[str, str]], logged: str) -> None:
-    """Enqueue each ``(id, queue)`` in turn (``logged`` % both after each); at the first failed
-    send, that job and the rest are marked unsent (the next pass sends them) and it raises."""
-    for index, (job_id, queue) in enumerate(jobs):
-        try:
-            enqueue_job(settings, job_id, queue)
-        except Exception:
-            with session_factory(settings).begin() as session:
-                mark_unsent(session, [unsent for unsent, _ in jobs[index:]])
-            raise
-        log.warning(logged, job_id, queue)
 
 
 class LeaseReaper:
