@@ -46,6 +46,13 @@ class NodeLost(RuntimeError):
     attempt ends on every node and the job resumes from its last checkpoint."""
 
 
+class RankHung(NodeLost):
+    """A rank made no progress past its deadline (``services.worker.pulse``), or its peers
+    failed waiting for it while it was silent: its supervisor ended every rank of the attempt
+    on its node, and the job resumes from its last checkpoint as after a lost node (a restart
+    counted, the attempt closed ``node_lost``)."""
+
+
 @dataclass(frozen=True)
 class Attempt:
     """The claimed attempt: who runs it and where it starts."""

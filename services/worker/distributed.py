@@ -21,13 +21,14 @@ metrics are recorded (``watch_ranks``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing.connection
 import os
 import pickle
 import signal
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,14 +37,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from accumcore import Callback
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
-from services.worker.attempt import Attempt, Outcome, outcome
+from services.worker.attempt import Attempt, Outcome, RankHung, outcome
 from services.worker.heartbeat import Heartbeat
 from services.worker.parent_death import die_with_parent
 from services.worker.peer_loss import killed, lost_peer
 from services.worker.place import LOOPBACK, Place
+from services.worker.pulse import Pulse, RankLink, Silent, deadline_s, stop_reason
 from services.worker.rank import run_attempt
 from services.worker.rendezvous import ANY_PORT, join_store, open_server
 
@@ -84,17 +85,20 @@ def spawn_ranks(
     finished = spawn.Array("b", here, lock=False)
     # peer_lost[r]: rank r died of its process group failing (``peer_loss.lost_peer``).
     peer_lost = spawn.Array("b", here, lock=False)
+    # stop: why this process stopped them (``pulse.stop_reason``); pulse: their progress.
     stop = spawn.Value("b", 0, lock=False)
+    pulse = Pulse.of(spawn, here, deadline_s(settings, spec))
     context = mp.start_processes(
         _rank_main,
         args=(asdict(first), settings.model_dump(mode="json"), attempt.spec, asdict(attempt),
-              str(checkpoint) if checkpoint is not None else None, finished, stop, peer_lost),
+              str(checkpoint) if checkpoint is not None else None, finished, stop, peer_lost, pulse),
         nprocs=here,
         join=False,
         start_method="spawn",  # never fork a process that may hold CUDA or DB connections
     )
+    node = Node(rank_offset // here, (world or here) // here, rank_offset, settings.collective_timeout_s)
     return watch_ranks(context, finished, heartbeat, grace_s=settings.lease_timeout_s, stop=stop,
-                       peer_lost=peer_lost)
+                       peer_lost=peer_lost, pulse=pulse, node=node)
 
 
 class RankFailed(RuntimeError):
@@ -107,13 +111,34 @@ class RankFailed(RuntimeError):
         self.peer_lost = peer_lost
 
 
+@dataclass(frozen=True)
+class Node:
+    """Where this node's ranks are, for what the supervisor says of them: node ``index`` of
+    ``nodes``, its first global rank, and the collective timeout its ranks run under."""
+
+    index: int
+    nodes: int
+    first_rank: int
+    collective_timeout_s: float
+
+    def hung(self, silent: list[Silent], pids: list[int | None], after: str) -> RankHung:
+        names = ", ".join(
+            f"rank {self.first_rank + s.local_rank} (pid {pids[s.local_rank]}, "
+            f"{s.beats} beats) made no progress for {s.silent_s:.1f} s" for s in silent)
+        return RankHung(
+            f"node {self.index} of {self.nodes}: {names} ({after}; ACCUM_COLLECTIVE_TIMEOUT_S="
+            f"{self.collective_timeout_s:g} s): hung; ended with every rank of the attempt")
+
+
 FINISHED, STOPPED = 1, 2  # finished[rank]: fit returned at its end / stopped by the stop flag
 
 
 def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, stop: Any,
-                peer_lost: Any = None) -> Outcome:
+                peer_lost: Any = None, pulse: Pulse | None = None, node: Node | None = None) -> Outcome:
     """Wait for the ranks; raise ``RankFailed`` when one fails while training (``peer_lost``:
-    what each rank said it died of). On a cancel, a timeout or a
+    what each rank said it died of), ``RankHung`` when one made no progress past its deadline
+    (``pulse``: their beats; or its peers failed of a lost peer while it, alive, was silent).
+    On a cancel, a timeout or a
     shutdown (the heartbeat's flags) raise ``stop``: the ranks stop at one window boundary
     and checkpoint it, and the outcome follows; ranks still running ``grace_s`` later, or a
     lost lease, are terminated together at once. Once any
@@ -130,8 +155,12 @@ def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, sto
         codes = [p.exitcode for p in processes]
         failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
         if failed is not None:
-            return _rank_failed(context, failed, finished, grace_s, peer_lost)
+            return _rank_failed(context, failed, finished, grace_s, peer_lost, pulse, node)
         alive = [p for p, code in zip(processes, codes, strict=True) if code is None]
+        if pulse is not None and not any(finished):
+            silent = pulse.stale([i for i, code in enumerate(codes) if code is None])
+            if silent:
+                raise _hung(context, silent, node, f"past its deadline of {silent[0].deadline_s:.1f} s")
         if not alive:
             if any(flag == STOPPED for flag in finished):
                 return outcome(True, heartbeat)  # cancelled, timed out or handed back
@@ -141,13 +170,36 @@ def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, sto
                 _terminate(context)
                 return outcome(True, heartbeat)
             if deadline is None:
-                stop.value = 1  # every rank stops at its next window boundary and checkpoints it
+                # every rank stops at its next window boundary and checkpoints it; the value
+                # says why (its trackers' runs end by it)
+                stop.value = stop_reason(heartbeat)
                 deadline = time.monotonic() + grace_s
         multiprocessing.connection.wait([p.sentinel for p in alive], timeout=POLL_S)
 
 
-def _rank_failed(context: Any, index: int, finished: Any, grace_s: float, peer_lost: Any) -> Outcome:
+def _hung(context: Any, silent: list[Silent], node: Node | None, after: str) -> RankHung:
+    """End every rank (the silent ones by SIGKILL: a stopped process never handles a SIGTERM)
+    and say which hung."""
+    for s in silent:
+        with contextlib.suppress(ProcessLookupError):
+            context.processes[s.local_rank].kill()
+    _terminate(context)
+    node = node or Node(0, 1, 0, 0.0)
+    error = node.hung(silent, [p.pid for p in context.processes], after)
+    log.warning("%s", error)
+    return error
+
+
+def _rank_failed(context: Any, index: int, finished: Any, grace_s: float, peer_lost: Any,
+                 pulse: Pulse | None = None, node: Node | None = None) -> Outcome:
     lost = _of_lost_peers(context, peer_lost)  # before this process ends any rank itself
+    if lost and pulse is not None and node is not None and not any(finished):
+        # A peer failed waiting for someone: a rank of this node still alive and silent for
+        # half the collective timeout is who it waited for (a stopped rank fails nothing).
+        alive = [i for i, p in enumerate(context.processes) if p.exitcode is None]
+        silent = pulse.behind(alive, node.collective_timeout_s / 2)
+        if silent:
+            raise _hung(context, silent, node, "its peers' collective timed out waiting for it")
     if any(finished):
         _await_exit(context, grace_s)  # finishing ranks are writing or tearing down
     reason = _failure(context, index)
@@ -213,6 +265,7 @@ def _rank_main(
     finished: Any,
     stop: Any,
     peer_lost: Any,
+    pulse: Pulse,
 ) -> None:
     """One spawned rank: join the process group, ``run_attempt`` (until its end or the parent's
     ``stop``, then checkpointed where every rank stopped), then tear down in order (every rank
@@ -236,7 +289,8 @@ def _rank_main(
         try:
             stopped = run_attempt(
                 place, settings, parse_spec(spec_data), attempt,
-                checkpoint=Path(checkpoint) if checkpoint is not None else None, stop=SharedStop(stop),
+                checkpoint=Path(checkpoint) if checkpoint is not None else None,
+                stop=RankLink(pulse, stop, local_rank),
             )
             finished[local_rank] = STOPPED if stopped else FINISHED
             dist.barrier()  # every rank is done before any closes its connections
@@ -246,12 +300,3 @@ def _rank_main(
         peer_lost[local_rank] = lost_peer(exc)  # the parent tells a lost peer from a training error
         raise
 
-
-class SharedStop(Callback):
-    """A rank's stop: the flag its parent raises on a cancel, a timeout or a shutdown."""
-
-    def __init__(self, flag: Any) -> None:
-        self.flag = flag
-
-    def should_stop(self) -> bool:
-        return bool(self.flag.value)

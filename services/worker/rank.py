@@ -31,7 +31,7 @@ from services.jobdb.status import resume_hint
 from services.settings import Settings
 from services.spec import JobSpec
 from services.worker import micro_batch, phases
-from services.worker.attempt import Attempt, Outcome, outcome
+from services.worker.attempt import Attempt, Flags, Outcome, outcome
 from services.worker.build import Run, build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.checkpoints.fetch import fetch_checkpoint
@@ -41,6 +41,7 @@ from services.worker.checkpoints.shards import ShardedUploads, side_gather
 from services.worker.checkpoints.stores import artifact_store, node_cache
 from services.worker.heartbeat import Heartbeat
 from services.worker.place import Place
+from services.worker.pulse import RankLink
 from services.worker.strategy import model_wrapper, sharded
 from services.worker.trackers.callback import TrackerCallback
 from services.worker.trackers.job import job_trackers
@@ -53,7 +54,7 @@ TRACKED_END = {Outcome.SUCCEEDED: "succeeded", Outcome.CANCELLED: "cancelled",
 
 def run_attempt(place: Place, settings: Settings, spec: JobSpec, attempt: Attempt, *,
                 checkpoint: Path | None, heartbeat: Heartbeat | None = None,
-                stop: Callback | None = None) -> bool:
+                stop: RankLink | None = None) -> bool:
     """Train this rank; returns whether a stop ended ``fit`` early (checkpointed there).
 
     Args:
@@ -61,7 +62,8 @@ def run_attempt(place: Place, settings: Settings, spec: JobSpec, attempt: Attemp
         heartbeat: the attempt's lease and flags, where this rank runs in the process that
             holds them (a world of 1): a cancel, a shutdown, a timeout stop it, and a lost lease
             writes nothing more. Spawned ranks have none: the parent holds it.
-        stop: a spawned rank's stop (the flag its parent raises for every rank at once).
+        stop: a spawned rank's link to its supervisor (``services.worker.pulse``): the stop
+            it raises for every rank at once, and why; the rank's progress beats.
     """
     writer = Writer.open(place, settings, spec, attempt, heartbeat)
     callbacks = [c for c in (stop, writer.store, writer.trackers, writer.shards) if c is not None]
@@ -87,7 +89,7 @@ def run_attempt(place: Place, settings: Settings, spec: JobSpec, attempt: Attemp
         raise
     # on_fit_end closed it, unless a stop's checkpoint followed: that one is uploaded now,
     # before the job is handed back or finished. An upload that failed raises here.
-    writer.close(stopped, heartbeat)
+    writer.close(stopped, heartbeat if heartbeat is not None else stop)
     return stopped
 
 
@@ -181,18 +183,19 @@ class Writer:
         for kind, message, data in run.notes:
             self.store.on_event(run.trainer, kind, message, data)
 
-    def close(self, stopped: bool, heartbeat: Heartbeat | None) -> None:
-        """The last rows and upload written; the trackers' runs ended as the attempt ended (a
-        lost lease, a hand-back, and a stop seen by a spawned rank, whose parent tells the
-        stops apart, leave them open for the next attempt)."""
+    def close(self, stopped: bool, flags: Flags | None) -> None:
+        """The last rows and upload written; the trackers' runs ended as the attempt ended,
+        told by ``flags``: the heartbeat in the worker's process, the supervisor's stop and its
+        reason in a spawned rank (a lost lease and a hand-back leave them open for the next
+        attempt)."""
         if self.store is not None:
             self.store.close()
         if self.shards is not None:
             self.shards.shards.wait()
         phases.mark("final_writes")
         if self.trackers is not None:
-            if heartbeat is not None:
-                self.trackers.end(TRACKED_END.get(outcome(stopped, heartbeat)))
+            if flags is not None:
+                self.trackers.end(TRACKED_END.get(outcome(stopped, flags)))
             else:
                 self.trackers.end(None if stopped else "succeeded")
             phases.mark("tracker_end")

@@ -45,3 +45,35 @@ def exit_on_an_error(rank: int, finished, exits, said_lost: int) -> None:
         exits[rank] = said_lost
         os._exit(1)
     time.sleep(30)  # in a collective with rank 1; the parent must stop it
+
+
+def beat(rank: int, last, beats) -> None:
+    """A step loop's beat, as ``services.worker.pulse.Pulse.beat`` writes it (gap left at 0)."""
+    last[rank] = time.monotonic()
+    beats[rank] += 1
+
+
+def beat_on(rank: int, finished, exits, last, beats) -> None:
+    """Trains (beats every 10 ms) until the parent ends it; it stops one with SIGSTOP."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        beat(rank, last, beats)
+        time.sleep(0.01)
+    exits[rank] = 1
+
+
+def fail_waiting_for_a_silent_peer(rank: int, finished, exits, last, beats) -> None:
+    """Rank 1 beats 3 times, then is silent (stuck outside any collective); rank 0 beats on for
+    a second, then dies of its collective timing out (saying so in ``exits``, its peer_lost)."""
+    for _ in range(3):
+        beat(rank, last, beats)
+        time.sleep(0.01)
+    if rank == 1:
+        time.sleep(60)
+        return
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        beat(rank, last, beats)
+        time.sleep(0.01)
+    exits[rank] = 1
+    os._exit(1)

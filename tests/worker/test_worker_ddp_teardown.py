@@ -3,8 +3,10 @@ processes: a rank that dies in teardown after every rank finished (the gloo/NCCL
 exit) does not fail the job and no finishing rank is signalled; a rank that dies before it
 finished fails the job with the reason (``RankFailed``, a lost peer when it was killed by a
 signal or said it died of its process group failing); a cancel, timeout or shutdown raises the ranks' shared
-stop flag, and ranks that do not stop within the grace period (or any rank, once the lease
-is lost) are terminated. Then a real ``gpus: 2`` job, 20 times in a row."""
+stop flag (its value says which: the trackers' runs end by it), and ranks that do not stop within the grace period (or any rank, once the lease
+is lost) are terminated. A rank that stops beating (``services.worker.pulse``) past its deadline, or
+that its peers failed waiting for while it was silent, is hung: every rank is ended and the
+error names its node and rank. Then a real ``gpus: 2`` job, 20 times in a row."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ import stand_in_ranks as ranks
 from services.jobdb import jobs
 from services.jobdb.sessions import session_factory
 from services.settings import Settings
-from services.worker.distributed import STOPPED, RankFailed, watch_ranks
+from services.worker.attempt import RankHung
+from services.worker.distributed import STOPPED, Node, RankFailed, watch_ranks
+from services.worker.pulse import ARMED_AT, CANCEL, TIMEOUT, Pulse
 from services.worker.runner import run_job
 
 
@@ -64,15 +68,17 @@ class Stopping(Running):
         return True
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    ({"cancel_requested": True}, "cancelled"),
-    ({"timed_out": True}, "timed_out"),
+@pytest.mark.parametrize(("flags", "expected", "reason"), [
+    ({"cancel_requested": True}, "cancelled", CANCEL),
+    ({"timed_out": True}, "timed_out", TIMEOUT),
 ])
-def test_a_stop_raises_the_shared_flag_and_the_ranks_stop_themselves(flags: dict[str, bool], expected: str) -> None:
+def test_a_stop_raises_the_shared_flag_and_the_ranks_stop_themselves(
+    flags: dict[str, bool], expected: str, reason: int,
+) -> None:
     stop = _flag()
     context, finished, exits = _start(ranks.stop_when_asked, stop, STOPPED)
     assert watch_ranks(context, finished, Stopping(**flags), grace_s=30, stop=stop) == expected
-    assert stop.value == 1 and list(finished) == [STOPPED, STOPPED]
+    assert stop.value == reason and list(finished) == [STOPPED, STOPPED]
     assert list(exits) == [1, 1] and [p.exitcode for p in context.processes] == [0, 0]  # not signalled
 
 
@@ -122,6 +128,38 @@ def test_a_rank_that_raised_is_a_lost_peer_only_when_it_said_so(said_lost: int) 
     with pytest.raises(RankFailed, match="exit code 1") as failed:
         watch_ranks(context, finished, Running(), grace_s=30, stop=_flag(), peer_lost=exits)
     assert failed.value.peer_lost is bool(said_lost)
+    assert not any(p.is_alive() for p in context.processes)
+
+
+def _beating(target: Callable[..., None], base_s: float) -> tuple[SimpleNamespace, object, Pulse]:
+    pulse = Pulse.of(multiprocessing.get_context("spawn"), 2, base_s=base_s)
+    context, finished, _ = _start(target, pulse.last, pulse.beats)
+    deadline = time.monotonic() + 60
+    while min(pulse.beats) < ARMED_AT + 1:  # both watched: past their first window
+        assert time.monotonic() < deadline and all(p.is_alive() for p in context.processes)
+        time.sleep(0.01)
+    return context, finished, pulse
+
+
+def test_a_stopped_rank_is_hung_past_its_deadline_and_every_rank_is_ended() -> None:
+    context, finished, pulse = _beating(ranks.beat_on, base_s=1.0)
+    os.kill(context.processes[1].pid, signal.SIGSTOP)  # a stopped process handles no SIGTERM
+    stopped = time.monotonic()
+    with pytest.raises(RankHung, match=r"^node 1 of 2: rank 3 \(pid \d+, \d+ beats\) made no progress "
+                                       r"for 1\.\d s \(past its deadline of 1\.0 s"):
+        watch_ranks(context, finished, Running(), grace_s=30, stop=_flag(), pulse=pulse,
+                    node=Node(1, 2, 2, collective_timeout_s=0.5))
+    assert time.monotonic() - stopped < 5  # the deadline and a poll, on a loaded machine
+    assert not any(p.is_alive() for p in context.processes)
+    assert context.processes[1].exitcode == -signal.SIGKILL
+
+
+def test_a_silent_rank_its_peer_failed_waiting_for_is_hung() -> None:
+    context, finished, pulse = _beating(ranks.fail_waiting_for_a_silent_peer, base_s=60.0)
+    lost = multiprocessing.get_context("spawn").Array("b", [1, 0], lock=False)  # rank 0 says so
+    with pytest.raises(RankHung, match=r"^node 0 of 1: rank 1 .*\(its peers' collective timed out waiting for it"):
+        watch_ranks(context, finished, Running(), grace_s=30, stop=_flag(), peer_lost=lost, pulse=pulse,
+                    node=Node(0, 1, 0, collective_timeout_s=1.0))
     assert not any(p.is_alive() for p in context.processes)
 
 

@@ -1,0 +1,161 @@
+"""What a spawned rank and the worker that supervises it share: the stop the worker raises
+(and why), and the rank's progress beats, which tell a rank that trains from one that hung.
+
+    pulse = Pulse.of(spawn_context, ranks=k, base_s=deadline_s(settings, spec))  # the supervisor
+    link = RankLink(pulse, stop, local_rank)                                # in rank r's callbacks
+    pulse.stale(alive)                                                      # silent ranks
+
+A rank beats from its step loop (``RankLink``: every ``should_stop`` poll, once per window
+on k ranks and per micro-batch on one, and every step, evaluation and checkpoint), into
+shared memory: a monotonic time (``CLOCK_MONOTONIC``, one clock for every process of the
+machine) and a count; no system call, no lock. Its supervisor (``distributed.watch_ranks``,
+the same code on a gang's leader and its followers) reads them each poll: a rank whose
+last beat is older than its deadline made no progress and is ``hung``.
+
+The deadline comes from ``ACCUM_COLLECTIVE_TIMEOUT_S``: ranks meet in a collective every
+window, so a peer of a stopped rank fails its collective after that long; a stopped rank
+itself (SIGSTOP, a deadlock outside a collective, a GPU that stopped answering) fails
+nothing, and its supervisor is the only one to notice. ``HUNG_FACTOR`` x the collective
+timeout leaves the peers blocked in a collective to fail first, of a lost peer, so the rank
+named is the one that stopped, not its waiting peers; and a rank's own slowest window
+stretches it (``GAP_FACTOR`` x its longest gap between beats), so long windows are no hang.
+A rank is watched from its second beat (its first window may compile, and its exactness check
+runs twice: no bound) until its ``fit`` returns (``on_fit_end``: the final writes and the
+teardown have timeouts of their own).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from accumcore import Callback
+from services.settings import Settings
+from services.spec import JobSpec
+
+HUNG_FACTOR = 1.5  # x ACCUM_COLLECTIVE_TIMEOUT_S: a rank's peers blocked in a collective fail first
+GAP_FACTOR = 3.0  # x a rank's longest gap between beats seen so far
+ARMED_AT = 2  # beats before a rank is watched: its first window has no bound
+QUIET = -1  # beats: the rank left its step loop (fit returned), no longer watched
+
+# stop.value: why the supervisor stopped the ranks (0: it did not); the writer ends the job's
+# tracker runs by it (``rank.Writer.close``).
+CANCEL, TIMEOUT, SHUTDOWN = 1, 2, 3
+
+
+def deadline_s(settings: Settings, spec: JobSpec) -> float:
+    """The shortest silence that ends an attempt as hung: ``HUNG_FACTOR`` x the collective
+    timeout; a sharded (FSDP) job's checkpoint also waits for every rank's upload (a store
+    outage for two lease timeouts: ``rank.Writer.open``'s side gather), without a beat."""
+    base = HUNG_FACTOR * settings.collective_timeout_s
+    return base + 2 * settings.lease_timeout_s if spec.strategy == "fsdp" else base
+
+
+def stop_reason(flags: Any) -> int:
+    """The stop's value for the supervisor's flags (a heartbeat, a follower's): a cancel first,
+    as ``attempt.outcome`` reads them."""
+    if flags.cancel_requested:
+        return CANCEL
+    if flags.timed_out:
+        return TIMEOUT
+    if flags.shutting_down:
+        return SHUTDOWN
+    return CANCEL
+
+
+@dataclass(frozen=True)
+class Silent:
+    """A rank past its deadline: its index on this node, its silence and the deadline."""
+
+    local_rank: int
+    silent_s: float
+    deadline_s: float
+    beats: int
+
+
+@dataclass
+class Pulse:
+    """The ranks' beats in shared memory (``multiprocessing`` arrays, inherited by spawned ranks)."""
+
+    last: Any  # last[r]: the monotonic time of rank r's last beat
+    beats: Any  # beats[r]: how many; QUIET once its fit returned
+    gap: Any  # gap[r]: its longest gap between two beats since it was armed
+    base_s: float
+
+    @classmethod
+    def of(cls, context: Any, ranks: int, base_s: float) -> Pulse:
+        return cls(context.Array("d", ranks, lock=False), context.Array("q", ranks, lock=False),
+                   context.Array("d", ranks, lock=False), base_s)
+
+    def beat(self, rank: int) -> None:
+        now = time.monotonic()
+        beats = self.beats[rank]
+        if beats == QUIET:
+            return
+        if beats >= ARMED_AT:
+            self.gap[rank] = max(self.gap[rank], now - self.last[rank])
+        self.last[rank] = now
+        self.beats[rank] = beats + 1
+
+    def quiet(self, rank: int) -> None:
+        self.beats[rank] = QUIET
+
+    def stale(self, ranks: list[int], now: float | None = None) -> list[Silent]:
+        """Of ``ranks`` (those alive), the watched ones silent past their deadline."""
+        now = time.monotonic() if now is None else now
+        silent = []
+        for rank in ranks:
+            beats = self.beats[rank]
+            if beats < ARMED_AT:
+                continue
+            deadline = max(self.base_s, GAP_FACTOR * self.gap[rank])
+            if now - self.last[rank] > deadline:
+                silent.append(Silent(rank, now - self.last[rank], deadline, beats))
+        return silent
+
+    def behind(self, ranks: list[int], than_s: float) -> list[Silent]:
+        """Of ``ranks``, the watched ones silent for longer than ``than_s``: who a peer that
+        failed of a lost peer waited for."""
+        now = time.monotonic()
+        return [Silent(r, now - self.last[r], than_s, self.beats[r]) for r in ranks
+                if self.beats[r] >= ARMED_AT and now - self.last[r] > than_s]
+
+
+class RankLink(Callback):
+    """A spawned rank's side: beats from its step loop, and the stop its supervisor raises
+    (a cancel, a timeout or a shutdown; read as ``attempt.Flags`` for how its trackers end)."""
+
+    def __init__(self, pulse: Pulse, stop: Any, local_rank: int) -> None:
+        self.pulse, self.stop, self.local_rank = pulse, stop, local_rank
+
+    def should_stop(self) -> bool:
+        self.pulse.beat(self.local_rank)
+        return bool(self.stop.value)
+
+    def on_step(self, trainer: Any, metrics: dict[str, float]) -> None:
+        self.pulse.beat(self.local_rank)
+
+    def on_eval(self, trainer: Any, metrics: dict[str, float]) -> None:
+        self.pulse.beat(self.local_rank)
+
+    def on_checkpoint(self, trainer: Any, info: Any) -> None:
+        self.pulse.beat(self.local_rank)
+
+    def on_fit_end(self, trainer: Any, history: Any) -> None:
+        self.pulse.quiet(self.local_rank)
+
+    # attempt.Flags: the supervisor's reason for the stop (its lease is its own business).
+    lease_lost = False
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.stop.value == CANCEL
+
+    @property
+    def timed_out(self) -> bool:
+        return self.stop.value == TIMEOUT
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.stop.value == SHUTDOWN
