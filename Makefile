@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt examples/plugin/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,models,trackers]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,models,trackers,finetune]'
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation ./examples/plugin
 	@rm -f $(VENV)/.installed-*
 	@touch $@

@@ -25,3 +25,17 @@ TINY_SPEC: dict[str, Any] = {
     "optimizer": {"name": "sgd", "lr": 0.1},
     "gpus": 0,
 }
+
+
+def only_spec_error(raw: dict[str, Any]) -> dict[str, Any]:
+    """The one validation error ``parse_spec(raw)`` raises (its loc, msg, ctx)."""
+    import pytest
+    from pydantic import ValidationError
+
+    from services.spec import parse_spec
+
+    with pytest.raises(ValidationError) as caught:
+        parse_spec(raw)
+    errors = caught.value.errors(include_url=False)
+    assert len(errors) == 1, errors
+    return dict(errors[0])

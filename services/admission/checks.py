@@ -116,3 +116,26 @@ def priority(ctx: Admission) -> list[Refusal]:
         '"normal" or "low", or ask an admin to submit it',
         ctx.spec.priority, ["low", "normal"],
     )]
+
+
+def cuda_optimizer(ctx: Admission) -> list[Refusal]:
+    """``optimizer: adamw8bit`` (bitsandbytes' 8-bit states) runs on CUDA only: refused for a
+    CPU job (``gpus: 0``) and, at submit, for a queue whose registered workers have no GPU."""
+    spec = ctx.spec
+    if spec.optimizer.name != "adamw8bit":
+        return []
+    where = None
+    if spec.gpus == 0:
+        where = "this job trains on the CPU (gpus 0)"
+    elif ctx.fleet is not None and ctx.session is not None:
+        offer = ctx.fleet.offers(ctx.session, float(ctx.settings.queue_grace_s)).get(spec.queue)
+        if offer is not None and offer.max_gpus == 0:
+            where = f"the workers of queue {spec.queue!r} have no GPU (a CPU queue)"
+    if where is None:
+        return []
+    return [Refusal(
+        ("optimizer", "name"),
+        f"optimizer adamw8bit keeps AdamW's states in 8 bits with bitsandbytes, which runs on "
+        f"CUDA GPUs only, and {where}: use adamw here, or set gpus >= 1 on a queue with GPU workers",
+        "adamw8bit", ["sgd", "adamw"],
+    )]

@@ -50,6 +50,7 @@ CHECKS: tuple[Check, ...] = (
     Check(checks.service_limits, SUBMIT),
     Check(checks.fleet, SUBMIT),
     Check(checks.nodes, SUBMIT),
+    Check(checks.cuda_optimizer, SUBMIT),
     Check(checks.worker_ranks, START),
     Check(checks.priority, SUBMIT),
 )

@@ -194,6 +194,20 @@ def sharing_strategy(spec: dict[str, Any]) -> Literal["ddp", "fsdp"] | None:
     return "ddp" if isinstance(gpus, int) and gpus > 1 else None
 
 
+def memory_levers(spec: dict[str, Any]) -> list[str]:
+    """The memory levers the spec turns on beside accumulation, as the job view shows them."""
+    levers = []
+    if checkpointing := spec.get("activation_checkpointing"):
+        every = checkpointing.get("every", 1) if isinstance(checkpointing, dict) else 1
+        levers.append("activation_checkpointing" + (f" (every {every})" if every != 1 else ""))
+    if isinstance(peft := spec.get("peft"), dict):
+        merge = ", merge" if peft.get("merge") else ""
+        levers.append(f"{peft.get('method', 'lora')} (r {peft.get('r')}, alpha {peft.get('alpha')}{merge})")
+    if (spec.get("optimizer") or {}).get("name") == "adamw8bit":
+        levers.append("adamw8bit")
+    return levers
+
+
 def per_rank(latest: dict[str, Any], prefix: str) -> list[float | None] | None:
     """The metrics ``<prefix>0``, ``<prefix>1``, ... as a list by rank; None without them."""
     ranks = {int(name[len(prefix):]): value for name, value in latest.items()
@@ -281,6 +295,10 @@ class JobPublic(BaseModel):
         default=None, description='How the ranks share the model (spec strategy): "ddp" '
         'replicas or "fsdp" shards; null for a one-process job'
     )
+    levers: list[str] = Field(
+        default_factory=list, description="The memory levers the spec turns on beside accumulation: "
+        'activation_checkpointing, lora (peft), adamw8bit; e.g. ["activation_checkpointing", "lora (r 8, alpha 16)"]'
+    )
     peak_memory_bytes_per_rank: list[float | None] | None = Field(
         default=None, description="Each rank's peak device memory at the latest optimizer step, "
         "by rank (the metrics peak_memory_bytes_rank{r}); null off CUDA and for one process"
@@ -313,6 +331,7 @@ class JobPublic(BaseModel):
             self.latest_metrics[stop.metric] = None
             self.nonfinite_metrics[stop.metric] = stop.value
         self.strategy = sharing_strategy(self.spec)
+        self.levers = memory_levers(self.spec)
         self.peak_memory_bytes_per_rank = per_rank(self.latest_metrics, RANK_PEAK)
         # The attempt that runs now has trained as far as the job's progress.
         for attempt in self.attempts:

@@ -31,7 +31,7 @@ from services.catalog.resolve import require_model
 FP32_BYTES = 4
 # Bytes per parameter besides its fp32 weight and gradient: AdamW keeps two moments, SGD a
 # momentum buffer only when momentum is on.
-OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd_momentum": 4, "sgd": 0}
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "adamw8bit": 2, "sgd_momentum": 4, "sgd": 0}  # 8-bit: two 1-byte moments
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 

@@ -39,6 +39,7 @@ from services.spec.fields import (
     PositiveFloat,
     PositiveInt,
 )
+from services.spec.levers import ActivationCheckpointing, PeftOptions, check_peft
 from services.spec.parts import InitFrom, Optimizer, Scheduler, SchedulerSpec
 from services.spec.refs import Dataset, Model
 from services.spec.sharding import FsdpOptions, Strategy, check_fsdp
@@ -351,6 +352,17 @@ class JobSpec(BaseModel):
               "final checkpoint: any of mlflow, tensorboard, wandb that this service offers "
               "(ACCUM_TRACKERS)"),
     ] = Field(default_factory=list)
+    activation_checkpointing: Annotated[
+        ActivationCheckpointing,
+        Field(description='recompute activations in the backward instead of keeping them: true '
+              '(every transformer block; other models: every top-level child) or {"every": k}; '
+              "exact: the recompute draws the same dropout masks"),
+    ] = None
+    peft: Annotated[
+        PeftOptions | None,
+        Field(description='LoRA adapters on a frozen hf: model: {"method": "lora", "r", "alpha", '
+              '"dropout", "target_modules", "merge"}; checkpoints hold the adapters'),
+    ] = None
     register_model: Annotated[
         str | None,
         WrapValidator(_model_name),
@@ -505,6 +517,11 @@ class JobSpec(BaseModel):
     def _fsdp_applies(cls, options: FsdpOptions | None, info: ValidationInfo) -> FsdpOptions | None:
         return check_fsdp(options, info.data)
 
+    @field_validator("peft")
+    @classmethod
+    def _peft_applies(cls, options: PeftOptions | None, info: ValidationInfo) -> PeftOptions | None:
+        return check_peft(options, info.data)
+
     @field_validator("register_model")
     @classmethod
     def _register_needs_mlflow(cls, name: str | None, info: ValidationInfo) -> str | None:
@@ -544,7 +561,9 @@ class JobSpec(BaseModel):
         data["optimizer"] = self.optimizer.normalised()
         data["scheduler"] = self.scheduler.normalised()
         # Left out when unused, so specs submitted before trackers existed hash the same.
-        for unused in [key for key in ("trackers", "register_model", "fsdp") if not data[key]]:
+        data["peft"] = self.peft.normalised() if self.peft is not None else None
+        for unused in [key for key in ("trackers", "register_model", "fsdp", "activation_checkpointing", "peft")
+                       if not data[key]]:
             del data[unused]
         if self.nodes == 1:  # single-node specs hash as they did before nodes existed
             del data["nodes"], data["min_nodes"]

@@ -18,7 +18,7 @@ from services.spec.fields import (
     PositiveInt,
 )
 
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "adamw8bit")  # adamw8bit: bitsandbytes, CUDA workers only
 SCHEDULERS = ("none", "cosine", "step")
 DEFAULT_BETAS = (0.9, 0.999)
 DEFAULT_STEP_GAMMA = 0.1
@@ -37,11 +37,12 @@ def _only_for(field: str, owner: str, kind: str) -> PydanticCustomError:
 
 
 class OptimizerSpec(BaseModel):
-    """`{"name": "sgd"|"adamw", "lr", "momentum" (sgd), "weight_decay", "betas" (adamw)}`."""
+    """`{"name": "sgd"|"adamw"|"adamw8bit", "lr", "momentum" (sgd), "weight_decay", "betas"
+    (adamw, adamw8bit: AdamW with 8-bit states, bitsandbytes, on CUDA workers)}`."""
 
     model_config = SPEC_CONFIG
 
-    name: Annotated[Literal["sgd", "adamw"], one_of("optimizer", OPTIMIZERS)]
+    name: Annotated[Literal["sgd", "adamw", "adamw8bit"], one_of("optimizer", OPTIMIZERS)]
     lr: Annotated[PositiveFloat, Field(le=MAX_LR)]
     momentum: Annotated[Float, Field(ge=0, lt=1)] | None = None
     weight_decay: NonNegativeFloat = 0.0
@@ -56,7 +57,7 @@ class OptimizerSpec(BaseModel):
                 self.momentum = 0.0
         else:
             if self.momentum is not None:
-                raise _only_for("momentum", "sgd", "optimizer")
+                raise _only_for("momentum", "sgd", "optimizer")  # adamw and adamw8bit alike
             if self.betas is None:
                 self.betas = DEFAULT_BETAS
         return self

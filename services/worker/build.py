@@ -42,7 +42,7 @@ from services.catalog.build import (
 )
 from services.spec import JobSpec, world_size
 from services.spec import total_optimizer_steps as spec_total_steps
-from services.worker import micro_batch, strategy
+from services.worker import levers, micro_batch, strategy
 
 # Effectively "until max_steps": fit counts epochs from 0 and stops at max_steps first.
 UNBOUNDED_EPOCHS = 1 << 40
@@ -199,6 +199,8 @@ def lr_lambda(spec: JobSpec, total_steps: int) -> Callable[[int], float] | None:
 
 def build_optimizer(spec: JobSpec, params: Any, device: str) -> torch.optim.Optimizer:
     opt = spec.optimizer
+    if opt.name == "adamw8bit":
+        return levers.adamw8bit(spec, params, device)
     return fast_path.make_optimizer(
         opt.name,
         params,
@@ -272,6 +274,7 @@ def make_trainer(spec: JobSpec, model: Model, optimizer: torch.optim.Optimizer, 
         # uploader puts in the artifact store (a file store fsyncs its own copy), so the
         # trainer skips the fsyncs at the window boundary (most of its time per checkpoint).
         checkpoint_fsync=False,
+        checkpoint_frozen=spec.peft is None,  # LoRA: the adapters; the base is rebuilt from its source
         on_nonfinite=spec.on_nonfinite,
         seed=spec.seed,  # dropout keyed by (seed, epoch, global micro-batch): any rank count, one trajectory
         **strategy.trainer_options(spec, model.module),  # verify_window, FSDP's sync mode
@@ -328,9 +331,10 @@ def build_run(
         check_native_bf16(torch.device(device))  # before anything is built: fail at the start
     model = build_model_on(spec, build_data(spec, data_root_default), device, init_weights)
     bundle = model.bundle
+    model = replace(model, module=levers.apply(spec, model.module))  # LoRA, checkpointing: before FSDP
     if wrap_model is not None:  # before the optimizer: FSDP replaces the parameters (strategy)
         model = replace(model, module=wrap_model(model.module))
-    optimizer = build_optimizer(spec, model.module.parameters(), device)
+    optimizer = build_optimizer(spec, levers.trainable_parameters(model.module), device)
     train = bundle.train  # every rank orders all of it; the loader takes this rank's share
     micro, steps = micro_batch.decide(
         spec, chosen=chosen, device=device, world=world,
@@ -354,6 +358,7 @@ def build_run(
     trainer = make_trainer(spec, model, optimizer, window, total, device,
                            [*callbacks, *compile_watch(model, notes)], checkpoint_dir)
     notes.extend(strategy.notes(spec, model.module))
+    notes.extend(levers.notes(spec, model.module))
     fit_kwargs: dict[str, Any] = {
         "epochs": spec.epochs or UNBOUNDED_EPOCHS,
         "max_steps": spec.max_steps,

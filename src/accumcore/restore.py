@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from accumcore import checkpoint, distributed, sharded_checkpoint, sharding
+from accumcore.frozen import load_model_state
 
 FULL = StateDictOptions(full_state_dict=True)
 
@@ -55,7 +56,7 @@ def load_checkpoint(
     if sharding.is_sharded(model):
         set_model_state_dict(model, state["model"], options=FULL)
     else:
-        model.load_state_dict(state["model"])
+        load_model_state(model, state["model"])  # may lack frozen parameters (checkpoint_frozen=False)
     if optimizer is not None:
         _load_optimizer(model, optimizer, state["optimizer"])
     state["model"] = model.state_dict()

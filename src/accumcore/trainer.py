@@ -56,6 +56,7 @@ from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
 from accumcore.fast_path import host_loader
+from accumcore.frozen import load_model_state, model_state
 from accumcore.loss import ModelLossOrCrossEntropy, check_loss_fn, check_mean_over_items
 from accumcore.oom import MicroBatchTooSmall, is_oom, next_split, release_memory
 from accumcore.precision import Precision
@@ -139,6 +140,9 @@ class Trainer:
             either way: temp file, rename). ``False`` only where the file is a staged copy
             that something else makes durable (the accum worker uploads it to its artifact
             store): a power cut may then lose or truncate the latest file.
+        checkpoint_frozen: write the frozen parameters (``requires_grad`` False) into
+            checkpoints. ``False``: the trainable ones only (LoRA adapters on a frozen base);
+            the resuming run must rebuild the same frozen base (``accumcore.frozen``).
         grad_norm: report the pre-clip total gradient norm (metric ``grad_norm``) every
             optimizer step. It costs one pass over all gradients per step; with ``False``
             and no ``grad_clip_norm`` that pass is skipped and the metric is absent (and the
@@ -198,6 +202,7 @@ class Trainer:
         checkpoint_every: int | None = None,
         checkpoint_dir: str | Path | None = None,
         checkpoint_fsync: bool = True,
+        checkpoint_frozen: bool = True,
         grad_norm: bool = True,
         shift_labels: bool | None = None,
         on_nonfinite: str = "fail",
@@ -229,6 +234,7 @@ class Trainer:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_fsync = checkpoint_fsync
+        self.checkpoint_frozen = checkpoint_frozen
         self._stepper = WindowStepper(
             self.model, optimizer, scheduler, self.precision, grad_clip_norm, self.device,
             track_grad_norm=grad_norm,
@@ -889,7 +895,7 @@ class Trainer:
         without the model and optimizer (None), which a sharded checkpoint stores apart."""
         return {
             "format": STATE_FORMAT,
-            "model": distributed.unwrap(self.model).state_dict() if include_model else None,
+            "model": model_state(distributed.unwrap(self.model), self.checkpoint_frozen) if include_model else None,
             "optimizer": self.optimizer.state_dict() if include_model else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.precision.state_dict(),
@@ -918,7 +924,7 @@ class Trainer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a ``state_dict()``; the next ``fit`` continues exactly where it stopped."""
         check_state(state, self.schedule.schedule, has_scheduler=self.scheduler is not None)
-        distributed.unwrap(self.model).load_state_dict(state["model"])
+        load_model_state(distributed.unwrap(self.model), state["model"])  # may lack frozen parameters
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])

@@ -77,7 +77,8 @@ def test_each_phase_runs_its_checks_in_the_documented_order() -> None:
     def names(phase: Phase) -> list[str]:
         return [check.run.__name__ for check in CHECKS if phase in check.phases]
 
-    assert names(Phase.SUBMIT) == ["data_roots", "init_from_job", "service_limits", "fleet", "nodes", "priority"]
+    assert names(Phase.SUBMIT) == ["data_roots", "init_from_job", "service_limits", "fleet", "nodes",
+                                   "cuda_optimizer", "priority"]
     assert names(Phase.START) == ["data_roots", "worker_ranks"]
 
 
@@ -154,6 +155,18 @@ class Ranks:
     def __call__(self) -> int:
         self.reads += 1
         return self.ranks
+
+
+def test_adamw8bit_is_refused_at_submit_for_a_cpu_job_at_optimizer_name(
+    session_factory: sessionmaker[Session], settings: Settings,
+) -> None:
+    owner = owner_named(session_factory, "alice")
+    adamw8bit = {"name": "adamw8bit", "lr": 1e-3}
+    with session_factory() as session:
+        [refusal] = refusals_at_submit(spec_of(gpus=0, optimizer=adamw8bit), settings, owner, session)
+        assert (refusal.field, refusal.allowed) == (("optimizer", "name"), ["sgd", "adamw"])
+        assert "CUDA GPUs only" in refusal.message and "gpus 0" in refusal.message
+        assert at_submit(spec_of(gpus=1, optimizer=adamw8bit), settings, owner, session).optimizer.betas == (0.9, 0.999)
 
 
 def test_the_worker_fails_a_stored_path_outside_the_roots_before_it_counts_ranks(

@@ -14,7 +14,8 @@ def test_defaults_are_filled_and_names_become_objects() -> None:
     # init_from, trackers and register_model are left out when absent or empty, strategy (ddp)
     # and fsdp when the default, and nodes and min_nodes for one node, so specs stored before
     # them hash the same.
-    left_out = {"init_from", "trackers", "register_model", "strategy", "fsdp", "nodes", "min_nodes"}
+    left_out = {"init_from", "trackers", "register_model", "strategy", "fsdp", "nodes", "min_nodes",
+                "activation_checkpointing", "peft"}
     assert set(normalised) == set(JobSpec.model_fields) - left_out
     assert normalised["name"] == "mlp-digits"
     assert normalised["model"] == {"name": "mlp"}

@@ -3,22 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
 from job_specs import MINIMAL_SPEC
-from pydantic import ValidationError
+from job_specs import only_spec_error as only_error
 
 from services.spec import parse_spec, spec_hash
 from services.spec.sharding import DEFAULT_FSDP_SYNC, FSDP_SYNC_MODES, STRATEGIES
-
-
-def only_error(raw: dict[str, Any]) -> dict[str, Any]:
-    with pytest.raises(ValidationError) as caught:
-        parse_spec(raw)
-    errors = caught.value.errors(include_url=False)
-    assert len(errors) == 1, errors
-    return errors[0]
 
 
 def test_ddp_is_the_default_and_leaves_the_normalised_spec_and_its_hash_unchanged() -> None:

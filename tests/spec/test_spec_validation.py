@@ -205,7 +205,7 @@ def test_lr_overflowing_in_json_text_is_rejected() -> None:
 @pytest.mark.parametrize(
     ("changes", "loc", "choices"),
     [
-        ({"optimizer": {"name": "adam", "lr": 0.1}}, ("optimizer", "name"), ["sgd", "adamw"]),
+        ({"optimizer": {"name": "adam", "lr": 0.1}}, ("optimizer", "name"), ["sgd", "adamw", "adamw8bit"]),
         ({"precision": "fp8"}, ("precision",), ["fp32", "bf16", "fp16"]),
         ({"on_nonfinite": "ignore"}, ("on_nonfinite",), ["fail", "skip"]),
         ({"verify_window": "yes"}, ("verify_window",), [True, False, "warn", "strict"]),

@@ -183,6 +183,7 @@ class JobPage {
       ["Effective batch", el("span", { class: "mono" }, effectiveBatch(spec, job.effective_batch_size))],
       ["Model / dataset", `${spec.model.name} on ${spec.dataset.name}`],
       ...(job.strategy ? [["Strategy", el("span", { id: "strategy" }, sharingStrategy(job))]] : []),
+      ...(job.levers?.length ? [["Memory levers", el("span", { id: "levers" }, job.levers.join(", "))]] : []),
       ...(job.peak_memory_bytes_per_rank?.length
         ? [["Peak memory", el("span", { id: "rank-peaks", class: "mono" },
           job.peak_memory_bytes_per_rank.map((b, r) => `rank ${r}: ${b === null ? "–" : formatBytes(b)}`).join(", "))]]
