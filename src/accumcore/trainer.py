@@ -1036,12 +1036,6 @@ def _check_sharded(model: torch.nn.Module, precision: str, verify_window: bool |
             "precision='fp16' (GradScaler) is not supported on a sharded (FSDP) model; use "
             "precision='bf16', or shard with mixed_precision=True (bf16 parameters, fp32 reductions)"
         )
-    if verify_window:
-        raise ValueError(
-            "verify_window cannot run on a sharded (FSDP) model: the big-batch comparison needs "
-            "the whole model in one process. Pass verify_window=False (the sharded window's "
-            "exactness is tested in accumcore's FSDP tests), or check the unsharded model"
-        )
 
 
 def _batch_samples(batch: Any) -> int:

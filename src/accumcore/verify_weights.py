@@ -11,13 +11,16 @@ the comparison with each other weighting and names the one that passes, if any.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from accumcore import items
+from accumcore.rng import capture_rng_state, restore_rng_state
+from accumcore.window import MicroBatch
 
 Params = list[tuple[str, torch.nn.Parameter]]
 
@@ -150,3 +153,72 @@ def _ratio(diff_sq: float, ref_sq: float) -> float:
     if ref_sq == 0:
         return 0.0 if diff_sq == 0 else math.inf
     return math.sqrt(diff_sq / ref_sq)
+
+
+def named_params(module: torch.nn.Module, loss_fn: Any) -> list[tuple[str, torch.nn.Parameter]]:
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if isinstance(loss_fn, torch.nn.Module):  # a loss with learnable weights trains too
+        named += [(f"loss_fn.{n}", p) for n, p in loss_fn.named_parameters() if p.requires_grad]
+    return named
+
+
+def concat(values: list[Any]) -> Any:
+    """Batches of the same structure joined along the first dimension (ValueError if not)."""
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        if first.dim() == 0:
+            raise ValueError("a 0-d tensor in the batch has no batch dimension")
+        return torch.cat(values, dim=0)
+    if isinstance(first, Mapping):
+        if any(not isinstance(v, Mapping) or v.keys() != first.keys() for v in values):
+            raise ValueError("the micro-batches' mappings have different keys")
+        return {key: concat([v[key] for v in values]) for key in first}
+    if isinstance(first, tuple | list):
+        if any(len(v) != len(first) for v in values):
+            raise ValueError("the micro-batches' sequences have different lengths")
+        return type(first)(concat([v[i] for v in values]) for i in range(len(first)))
+    if all(v == first for v in values):
+        return first  # the same constant in every micro-batch (None, a flag)
+    raise ValueError(f"values of type {type(first).__name__} differ between micro-batches")
+
+
+def unequal_parts(
+    mb: MicroBatch, counter: Callable[[Any, Any], Any], loss_fn: Any, ignore_index: int, shift: bool
+) -> list[MicroBatch]:
+    """One micro-batch as two parts of unequal rows, split where their counts can tell a row
+    mean from a token mean if any split can (else at the first row); itself when it has one row."""
+    rows = mb.samples
+    if rows < 2:
+        return [mb]
+    best: list[MicroBatch] = []
+    for cut in dict.fromkeys((rows // 3 or 1, 1, rows - 1, rows // 2)):  # unequal first
+        parts = [MicroBatch(i, t, items.normalise_count(counter(i, t)), items.first_dim(i))
+                 for i, t in zip(items.split(mb.inputs, [cut]), items.split(mb.targets, [cut]), strict=True)]
+        if inconclusive_reason(parts, loss_fn, ignore_index, shift) is None:
+            return parts
+        best = best or parts
+    return best
+
+
+@contextlib.contextmanager
+def put_back(module: torch.nn.Module, params: Params) -> Iterator[dict[str, Any]]:
+    """Run the check in eval mode with empty gradients; afterwards every gradient, module
+    mode, buffer and RNG state is as it was. Yields the RNG states captured."""
+    saved = [p.grad for _, p in params]
+    modes = [(m, m.training) for m in module.modules()]
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    rng = capture_rng_state()
+    try:
+        for _, param in params:
+            param.grad = None
+        module.eval()
+        yield rng
+    finally:
+        for (_, param), grad in zip(params, saved, strict=True):
+            param.grad = grad
+        for module_, training in modes:
+            module_.training = training
+        with torch.no_grad():
+            for buffer, copy in buffers:
+                buffer.copy_(copy)
+        restore_rng_state(rng)

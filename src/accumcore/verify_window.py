@@ -45,7 +45,17 @@ from accumcore.pad_batch import pad_concat, pad_id_of
 from accumcore.peak_memory import cpu_peak_added
 from accumcore.precision import Precision
 from accumcore.rng import capture_rng_state, restore_rng_state
-from accumcore.verify_weights import find_fix, grads, inconclusive_reason, relative_errors
+from accumcore.verify_sharded import check_sharded
+from accumcore.verify_weights import (
+    concat,
+    find_fix,
+    grads,
+    inconclusive_reason,
+    named_params,
+    put_back,
+    relative_errors,
+    unequal_parts,
+)
 from accumcore.window import MicroBatch, WindowRunner
 
 TOLERANCE = 1e-6  # relative, fp32: float32 rounding of a window sum is ~1e-7
@@ -114,6 +124,7 @@ def verify(trainer: Any, micro_batches: list[MicroBatch], first: bool) -> bool:
     the whole window (``_check_gathered``)."""
     shift = bool(trainer.shift_labels)
     ddp = distributed.ddp_wrapped(trainer.model)
+    sharded = bool(getattr(trainer, "sharded", False))
     parts: list[list[MicroBatch]] | None = None
     if ddp:
         parts = distributed.gather_objects(_count_parts(micro_batches))
@@ -122,14 +133,19 @@ def verify(trainer: Any, micro_batches: list[MicroBatch], first: bool) -> bool:
         if parts is not None:
             local = any(inconclusive_reason(p, trainer.loss_fn, trainer.ignore_index, shift) is None for p in parts)
             local = local or _union_tells(parts, trainer.loss_fn, trainer.ignore_index, shift)
+        elif sharded:  # every rank looks, or none (the check's passes are collectives)
+            local = bool(distributed.all_reduce_sum([float(local)], distributed.comm_device(trainer.model))[0] > 0)
         if not local:
             return True
     kwargs: dict[str, Any] = {
         "memory_limit_bytes": trainer.verify_memory_limit_bytes, "ignore_index": trainer.ignore_index,
         "shift_labels": shift, "counter": trainer.count_items,
     }
-    result = check_window(trainer.model, trainer.loss_fn, micro_batches, trainer.device, **kwargs)
-    data = _reduce_over_ranks(trainer.model, result)
+    if sharded:
+        data = _verdict(check_sharded(trainer, micro_batches, TOLERANCE))
+    else:
+        result = check_window(trainer.model, trainer.loss_fn, micro_batches, trainer.device, **kwargs)
+        data = _reduce_over_ranks(trainer.model, result)
     if (parts is not None and data["status"] == "pending"
             and _union_tells(parts, trainer.loss_fn, trainer.ignore_index, shift)):
         data = _check_gathered(trainer, micro_batches, kwargs)
@@ -215,29 +231,12 @@ def check_window(
     back, the optimizer is not used.
     """
     module = distributed.unwrap(model)
-    params = _named_params(module, loss_fn)
-    saved_grads = [p.grad for _, p in params]
-    modes = [(m, m.training) for m in module.modules()]
-    buffers = [(b, b.detach().clone()) for b in module.buffers()]
-    rng = capture_rng_state()
+    params = named_params(module, loss_fn)
     result = CheckResult(window_micro_batches=len(micro_batches))
-    try:
-        for _, param in params:
-            param.grad = None
-        module.eval()
-        with torch.autocast(device.type, enabled=False):
-            _compare(module, loss_fn, micro_batches, device, params, rng, result,
-                     memory_limit_bytes, ignore_index, bool(shift_labels),
-                     counter or items.ItemCounter(None, ignore_index, bool(shift_labels), loss_fn))
-    finally:
-        for (_, param), grad in zip(params, saved_grads, strict=True):
-            param.grad = grad
-        for module_, training in modes:
-            module_.training = training
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
-        restore_rng_state(rng)
+    with put_back(module, params) as rng, torch.autocast(device.type, enabled=False):
+        _compare(module, loss_fn, micro_batches, device, params, rng, result,
+                 memory_limit_bytes, ignore_index, bool(shift_labels),
+                 counter or items.ItemCounter(None, ignore_index, bool(shift_labels), loss_fn))
     return result
 
 
@@ -262,7 +261,7 @@ def _compare(
         result.note = "the window has no items (every target ignore_index): nothing to compare"
         return
     if len(loaded) == 1:  # its own big batch: compare two unequal parts of it instead
-        loaded = _unequal_parts(loaded[0], counter, loss_fn, ignore_index, shift_labels)
+        loaded = unequal_parts(loaded[0], counter, loss_fn, ignore_index, shift_labels)
         micro_batches = []  # the parts re-join by concatenation; no sample indices needed
     # (b) the big batch, on the first k micro-batches that fit.
     k = len(loaded)
@@ -317,13 +316,6 @@ def _compare(
         result.cause, result.fix = found or _unexplained(module, loss_fn, loaded[:k], big_loss, device)
     else:
         result.pending = inconclusive_reason(loaded[:k], loss_fn, ignore_index, shift_labels)
-
-
-def _named_params(module: torch.nn.Module, loss_fn: Any) -> list[tuple[str, torch.nn.Parameter]]:
-    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    if isinstance(loss_fn, torch.nn.Module):  # a loss with learnable weights trains too
-        named += [(f"loss_fn.{n}", p) for n, p in loss_fn.named_parameters() if p.requires_grad]
-    return named
 
 
 def _load(micro_batches: list[MicroBatch], rng: dict[str, Any]) -> list[MicroBatch]:
@@ -382,26 +374,6 @@ def _big_batch(
     )
 
 
-def concat(values: list[Any]) -> Any:
-    """Batches of the same structure joined along the first dimension (ValueError if not)."""
-    first = values[0]
-    if isinstance(first, torch.Tensor):
-        if first.dim() == 0:
-            raise ValueError("a 0-d tensor in the batch has no batch dimension")
-        return torch.cat(values, dim=0)
-    if isinstance(first, Mapping):
-        if any(not isinstance(v, Mapping) or v.keys() != first.keys() for v in values):
-            raise ValueError("the micro-batches' mappings have different keys")
-        return {key: concat([v[key] for v in values]) for key in first}
-    if isinstance(first, tuple | list):
-        if any(len(v) != len(first) for v in values):
-            raise ValueError("the micro-batches' sequences have different lengths")
-        return type(first)(concat([v[i] for v in values]) for i in range(len(first)))
-    if all(v == first for v in values):
-        return first  # the same constant in every micro-batch (None, a flag)
-    raise ValueError(f"values of type {type(first).__name__} differ between micro-batches")
-
-
 def _big_backward(
     module: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor], big: tuple[Any, Any],
     device: torch.device, memory_limit_bytes: int | None,
@@ -429,24 +401,6 @@ def _big_backward(
         return peak <= memory_limit_bytes, values[0]
     except OOM_ERRORS:
         return False, math.nan
-
-
-def _unequal_parts(
-    mb: MicroBatch, counter: Callable[[Any, Any], Any], loss_fn: Any, ignore_index: int, shift: bool
-) -> list[MicroBatch]:
-    """One micro-batch as two parts of unequal rows, split where their counts can tell a row
-    mean from a token mean if any split can (else at the first row); itself when it has one row."""
-    rows = mb.samples
-    if rows < 2:
-        return [mb]
-    best: list[MicroBatch] = []
-    for cut in dict.fromkeys((rows // 3 or 1, 1, rows - 1, rows // 2)):  # unequal first
-        parts = [MicroBatch(i, t, items.normalise_count(counter(i, t)), items.first_dim(i))
-                 for i, t in zip(items.split(mb.inputs, [cut]), items.split(mb.targets, [cut]), strict=True)]
-        if inconclusive_reason(parts, loss_fn, ignore_index, shift) is None:
-            return parts
-        best = best or parts
-    return best
 
 
 def _unexplained(

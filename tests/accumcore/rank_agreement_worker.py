@@ -9,11 +9,15 @@ after the other in the same processes (a spawn costs seconds), each with a Train
   sums, refused by the loss check on rank 1 alone; a token id out of range in the forward of a
   micro-batch inside the window): both ranks raise ``RankFailed`` with the same message, at
   once, instead of rank 0 waiting in a collective until the process group's timeout.
+- The check on a sharded model (FSDP2 ``fully_shard``, float64): uneven shares (3 and 2
+  micro-batches) pass and train as without the check; a loss that sums and a per-row mean that
+  only rank 1's padded rows expose fail at window 1 on both ranks with the fix named.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from trainer_reference import VOCAB, TokenCrossEntropy, token_dataset, token_model
 
+import accumcore
 from accumcore import Callback, ExactnessError, Trainer
 from accumcore.distributed import RankFailed
 
@@ -61,9 +66,13 @@ def _full_rows(rank: int, n: int, length: int = 6) -> tuple[torch.Tensor, torch.
     return torch.randint(0, VOCAB, (n, length), generator=g), torch.randint(0, VOCAB, (n, length), generator=g)
 
 
-def _fit(batches: list, loss: nn.Module, steps: int, verify: bool | str) -> dict[str, Any]:
-    """Fit a DDP token model on this rank's ``batches``; the exactness events, the error."""
-    model = DistributedDataParallel(token_model(torch.float32))
+def _fit(batches: list, loss: Any, steps: int, verify: bool | str, sharded: bool = False) -> dict[str, Any]:
+    """Fit a DDP (or FSDP2-sharded, float64) token model on this rank's ``batches``; the
+    exactness events, the error, the final parameters."""
+    if sharded:
+        model: nn.Module = accumcore.shard(token_model(torch.float64))
+    else:
+        model = DistributedDataParallel(token_model(torch.float32))
     events = Events()
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=loss,
                       accumulation_steps=steps, callbacks=[events], verify_window=verify)
@@ -75,8 +84,9 @@ def _fit(batches: list, loss: nn.Module, steps: int, verify: bool | str) -> dict
         error = {"cause": exc.cause, "message": str(exc)}
     except RankFailed as exc:
         error = {"rank": exc.rank, "kind": exc.kind, "message": str(exc), "own": type(exc.__cause__).__name__}
+    params = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in model.parameters()]
     return {"events": [(m, d) for k, m, d in events.events if k == "exactness_check"], "error": error,
-            "steps": trainer.global_step, "seconds": time.monotonic() - started}
+            "steps": trainer.global_step, "seconds": time.monotonic() - started, "params": params}
 
 
 def exact_on_rank0_only(rank: int) -> dict[str, Any]:
@@ -148,6 +158,27 @@ def forward_error_on_rank1(rank: int) -> dict[str, Any]:
     return _fit(batches, TokenCrossEntropy(), 2, False)
 
 
+def _sharded_batches(rank: int) -> list:
+    """Padded rows: 3 micro-batches on rank 0, 2 on rank 1 (it runs a zero-weight pass)."""
+    x, y = token_dataset(10, seed=30 + rank).tensors
+    return [(x[i:i + 2], y[i:i + 2]) for i in range(0, 6 if rank == 0 else 4, 2)]
+
+
+def sharded_exact(rank: int) -> dict[str, Any]:
+    checked = _fit(_sharded_batches(rank), TokenCrossEntropy(), 3, True, sharded=True)
+    checked["unchecked_params"] = _fit(_sharded_batches(rank), TokenCrossEntropy(), 3, False, sharded=True)["params"]
+    return checked
+
+
+def sharded_rows(rank: int) -> dict[str, Any]:
+    if rank == 0:
+        x, y = _full_rows(rank, 4)
+        batches = [(x[:2], y[:2]), (x[2:], y[2:])]
+    else:
+        batches = _sharded_batches(rank)
+    return _fit(batches, RowMean(), 2, True, sharded=True)
+
+
 CASES = {
     "exact_on_rank0_only": exact_on_rank0_only,
     "fewer_micro_batches_than_ranks": fewer_micro_batches_than_ranks,
@@ -157,6 +188,9 @@ CASES = {
     "bad_targets_checked": lambda rank: bad_targets_on_rank1(rank, True),
     "loss_check": loss_check_on_rank1,
     "forward_error": forward_error_on_rank1,
+    "sharded_exact": sharded_exact,
+    "sharded_sums": lambda rank: _fit(_sharded_batches(rank), SumTokens(), 3, True, sharded=True),
+    "sharded_rows": sharded_rows,
 }
 
 
@@ -165,6 +199,7 @@ def run(rank: int, world: int, init_file: str, out_dir: str, names: list[str]) -
                             timeout=timedelta(seconds=60))
     try:
         torch.set_num_threads(1)
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
         results = {name: CASES[name](rank) for name in names}
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:

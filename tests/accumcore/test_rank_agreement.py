@@ -12,13 +12,17 @@ the same processes, one Trainer each):
   a loss refused by the loss check on rank 1 alone; a token id out of range in a forward
   inside the window) is raised on both ranks as the same ``RankFailed`` within 5 s, rank 1's
   own error as its cause (before: rank 0 waited in the window's all-reduce until the process
-  group's timeout, 120 s in the audit's run).
+  group's timeout, 120 s in the audit's run);
+- on a sharded model (FSDP2 ``fully_shard``, float64) the check compares the reduce-scattered
+  shards: uneven shares pass (1e-16) and train bitwise as unchecked; a summing loss and a
+  per-row mean fail at window 1 with the fix named.
 """
 
 from __future__ import annotations
 
 import pytest
 import rank_agreement_worker as worker
+import torch
 import torch.multiprocessing as mp
 from rank_processes import start_method
 
@@ -81,3 +85,27 @@ def test_an_error_on_rank_1_alone_is_raised_on_both_ranks_at_once(results, case:
     assert zero["error"]["message"] == one["error"]["message"]
     assert one["error"]["own"] == kind  # rank 1's own error is the cause
     assert zero["steps"] == one["steps"]
+
+
+def test_a_sharded_model_is_checked_shard_by_shard_and_trains_as_without_the_check(results) -> None:
+    """FSDP2 on 2 gloo ranks, float64, rank 1 with fewer micro-batches: the reduce-scattered
+    window equals the big batch's shards, and the run ends bitwise where it ends unchecked."""
+    zero, one = (r["sharded_exact"] for r in results)
+    [(message, data)] = zero["events"]
+    assert data["status"] == "passed" and data["sharded"] and data["rel_error"] <= 1e-12, message
+    assert (data["micro_batches"], data["window_micro_batches"]) == (5, 5)
+    for result in (zero, one):
+        assert result["error"] is None and result["steps"] == 1
+        assert all(torch.equal(p, q) for p, q in zip(result["params"], result["unchecked_params"], strict=True))
+
+
+@pytest.mark.parametrize("case, cause, fix", [
+    ("sharded_sums", "reduction", "reduction='mean'"),
+    ("sharded_rows", "count_items", "count_items='rows'"),
+])
+def test_a_sharded_model_fails_a_lying_loss_at_window_1_with_the_fix(results, case: str, cause: str, fix: str) -> None:
+    zero, one = (r[case] for r in results)
+    [(message, data)] = zero["events"]
+    assert data["status"] == "failed" and fix in message
+    assert all(r["error"]["cause"] == cause and r["steps"] == 0 for r in (zero, one))
+    assert zero["error"]["message"] == one["error"]["message"]

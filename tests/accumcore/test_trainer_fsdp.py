@@ -177,9 +177,8 @@ def test_bf16_parameters_and_cpu_offload_train_and_inexact_options_are_refused(t
     _start(worker.run_policies, 2, (str(tmp_path / "init"), str(tmp_path)))
     results = [torch.load(tmp_path / f"policies-rank{rank}.pt") for rank in range(2)]
     for result in results:
-        verify, fp16, unmarked = result["refusals"]
+        fp16, unmarked = result["refusals"]  # (verify_window runs on a sharded model: test_rank_agreement)
         assert "reduction='mean' attribute" in unmarked
-        assert "verify_window cannot run on a sharded (FSDP) model" in verify and "verify_window=False" in verify
         assert "precision='fp16'" in fp16 and "mixed_precision=True" in fp16
         losses = result["losses"]
         assert all(math.isfinite(x) for x in losses) and len(losses) == 4 * 2

@@ -153,7 +153,7 @@ def run_policies(rank: int, world: int, init_file: str, out_dir: str) -> None:
         def unmarked_mean(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return TokenCrossEntropy()(outputs, targets)
 
-        for options in ({"verify_window": True}, {"precision": "fp16"}, {"loss_fn": unmarked_mean}):
+        for options in ({"precision": "fp16"}, {"loss_fn": unmarked_mean}):
             model = accumcore.shard(token_model(torch.float32))
             try:
                 Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), **{"loss_fn": TokenCrossEntropy(), **options})
