@@ -41,6 +41,9 @@ def register(commands: Any) -> None:
     submit.add_argument("--watch", action="store_true", help="follow the job until it ends")
     submit.add_argument("--idempotency-key", help="resubmitting with the same key is a no-op")
     submit.add_argument("--json", action="store_true", help="print the job as JSON")
+    submit.add_argument("--tag", action="append", metavar="TAG",
+                        help="label the job (repeat for more; added to the spec's tags)")
+    submit.add_argument("--notes", metavar="TEXT", help="notes on the job (replace the spec's notes)")
     submit.set_defaults(func=cmd_submit)
 
     listing = commands.add_parser("jobs", help="list jobs, newest first")
@@ -78,6 +81,11 @@ def register(commands: Any) -> None:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
+    if args.tag:
+        given = spec.get("tags") or []
+        spec["tags"] = (given if isinstance(given, list) else [given]) + args.tag
+    if args.notes is not None:
+        spec["notes"] = args.notes
     with make_client() as client:
         job = client.submit(spec, idempotency_key=args.idempotency_key)
         if args.json:

@@ -40,6 +40,8 @@ from services.spec.hashing import spec_hash as spec_hash
 # the ORM's statement construction and hits the compiled-statement cache.
 _INSERT_JOB = insert(cast(Table, Job.__table__))
 _INSERT_EVENT = insert(cast(Table, JobEvent.__table__))
+# Attribute key -> column name (a Core INSERT takes the table's names: tag_text is "tags").
+_COLUMN_NAMES = {a.key: a.columns[0].name for a in Job.__mapper__.column_attrs}
 
 
 def create_job(
@@ -55,6 +57,8 @@ def create_job(
     idempotency_key: str | None = None,
     max_active_jobs: int | None = None,
     priority: int = 1,
+    tags: list[str] | None = None,
+    notes: str | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job; returns ``(job, created)``. Does not commit.
 
@@ -65,7 +69,7 @@ def create_job(
     Writes the ``created`` event when it creates the job.
     With ``max_active_jobs``, a new job that would give the owner more unfinished jobs than
     that raises ActiveJobCapReached (the guarantee under concurrent submits: ``quotas``);
-    the caller rolls back.
+    the caller rolls back. ``tags`` and ``notes``: what the owner says about it (``edit_job``).
     """
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
@@ -75,6 +79,7 @@ def create_job(
         effective_batch_size=effective_batch_size, total_optimizer_steps=total_optimizer_steps,
         idempotency_key=idempotency_key, priority=priority,
     )
+    values.update(tag_text=tag_text(tags or []), notes=notes or None)
     # A short id (the id's random tail) names one of the owner's jobs: draw again while it
     # is taken (odds 10,000 / 2**30 at 10,000 jobs; two submits racing for the same
     # tail, 1 in 2**30 each, are not guarded).
@@ -137,7 +142,7 @@ def _insert_job(session: Session, values: dict[str, Any]) -> Job | None:
     idempotency key was taken (by a concurrent request, or earlier)."""
     if values["idempotency_key"] is None:
         # One Core INSERT instead of an ORM flush (the submit hot path).
-        session.connection().execute(_INSERT_JOB, values)
+        session.connection().execute(_INSERT_JOB, {_COLUMN_NAMES[k]: v for k, v in values.items()})
     elif session.execute(
         insert_for(session, Job).values(**values).on_conflict_do_nothing().returning(Job.id)
     ).scalar() is None:

@@ -30,6 +30,7 @@ from pydantic import (
 
 from services.catalog import check_compatible, compatible_datasets, model_path
 from services.settings import TRACKERS
+from services.spec import labels
 from services.spec.errors import one_of, spec_error
 from services.spec.fields import (
     MAX_STEPS,
@@ -260,6 +261,17 @@ class JobSpec(BaseModel):
     model_config = SPEC_CONFIG
 
     name: Annotated[str | None, WrapValidator(_job_name)] = None
+    tags: Annotated[
+        list[str], WrapValidator(labels.tags),
+        Field(default_factory=list, description=f"the owner's labels: at most {labels.MAX_TAGS}, "
+              f"each 1 to {labels.MAX_TAG_LENGTH} letters, digits or _ . : -; `accum jobs --tag` "
+              "filters by them, and the job page edits them"),
+    ]
+    notes: Annotated[
+        str | None, WrapValidator(labels.notes),
+        Field(description=f"the owner's notes, at most {labels.MAX_NOTES_LENGTH:,} characters; "
+              "searched by `accum jobs --search`, shown and edited on the job page"),
+    ] = None
     model: Model
     dataset: Dataset
     gpus: Annotated[
@@ -551,8 +563,9 @@ class JobSpec(BaseModel):
 
     def normalised(self) -> dict[str, Any]:
         """JSON-ready spec with every default filled; `parse_spec` of it gives this spec back."""
+        # tags and notes are the job's metadata (its row keeps them, editable): not the spec's.
         data = self.model_dump(
-            mode="json", exclude={"model", "dataset", "optimizer", "scheduler", "init_from"}
+            mode="json", exclude={"model", "dataset", "optimizer", "scheduler", "init_from", "tags", "notes"}
         )
         if self.init_from is not None:
             data["init_from"] = self.init_from.normalised()

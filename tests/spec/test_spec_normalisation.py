@@ -13,9 +13,9 @@ def test_defaults_are_filled_and_names_become_objects() -> None:
     normalised = parse_spec(MINIMAL_SPEC).normalised()
     # init_from, trackers and register_model are left out when absent or empty, strategy (ddp)
     # and fsdp when the default, and nodes and min_nodes for one node, so specs stored before
-    # them hash the same.
+    # them hash the same. tags and notes are the job row's (editable), never the spec's.
     left_out = {"init_from", "trackers", "register_model", "strategy", "fsdp", "nodes", "min_nodes",
-                "activation_checkpointing", "peft"}
+                "tags", "notes", "activation_checkpointing", "peft"}
     assert set(normalised) == set(JobSpec.model_fields) - left_out
     assert normalised["name"] == "mlp-digits"
     assert normalised["model"] == {"name": "mlp"}

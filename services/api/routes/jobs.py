@@ -126,6 +126,8 @@ def stored(session: Session, spec: JobSpec, owner: Owner, settings: Settings,
             idempotency_key=idempotency_key,
             max_active_jobs=settings.max_active_jobs_per_owner,
             priority=PRIORITIES[spec.priority],
+            tags=spec.tags,
+            notes=spec.notes,
         )
         session.commit()
     except IdempotencyConflict as exc:

@@ -93,3 +93,35 @@ def test_control_characters_in_any_text_are_422_at_their_field(
     assert client.get(f"/v1/jobs/{job_id}", headers=alice).json()["notes"] is None  # nothing stored
     fine = client.patch(f"/v1/jobs/{job_id}", headers=alice, json={"notes": "line one\n\tline two"})
     assert fine.status_code == 200 and fine.json()["notes"] == "line one\n\tline two"
+
+
+def test_tags_and_notes_given_at_submit_are_the_jobs_not_its_specs(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any]
+) -> None:
+    """Issue 43 item 5: spec fields `tags` and `notes` set them at submit (stored as a PATCH
+    would: sorted tags, each once), searchable; the spec keeps neither (nor its hash)."""
+    given = {**spec, "name": "tagged", "tags": ["sweep-3", "lr:0.2", "sweep-3"], "notes": "first try\n\twarm-up 5"}
+    response = client.post("/v1/jobs", json=given, headers=alice)
+    assert response.status_code == 201, response.text
+    job = client.get(f"/v1/jobs/{response.json()['id']}", headers=alice).json()
+    assert (job["tags"], job["notes"]) == (["lr:0.2", "sweep-3"], "first try\n\twarm-up 5")
+    assert "tags" not in job["spec"] and "notes" not in job["spec"]
+    assert listed(client, alice, tag="sweep-3") == ["tagged"] and listed(client, alice, q="WARM-UP") == ["tagged"]
+    keyed = {"Idempotency-Key": "tags-1", **alice}
+    first = client.post("/v1/jobs", json=given, headers=keyed).json()["id"]
+    again = client.post("/v1/jobs", json={**given, "notes": "other words"}, headers=keyed)
+    assert again.status_code == 200 and again.json()["id"] == first  # the same training
+
+
+def test_bad_tags_and_notes_at_submit_are_422_with_the_bounds(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any]
+) -> None:
+    def error(**fields: Any) -> str:
+        return str(field_error(client.post("/v1/jobs", json={**spec, **fields}, headers=alice),
+                               f"body.{next(iter(fields))}")["msg"])
+
+    assert error(tags=["ok", "two words"]).startswith("tags[1]: a tag is 1 to 40 letters, digits or _ . : -")
+    assert "at most 20 tags" in error(tags=[f"t{i}" for i in range(21)])
+    assert "at most 20 tags" in error(tags="sweep")
+    assert "at most 10,000 characters" in error(notes="x" * 10_001)
+    assert "ESC" in error(notes="see \x1b]0;title\x07")  # refused before the spec is read

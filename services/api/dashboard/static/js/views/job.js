@@ -107,6 +107,8 @@ class JobPage {
     this.deleteButton = el("button", { type: "button", id: "delete", class: "danger", onclick: () => this.remove() }, "Delete");
     this.csvButton = el("button", { type: "button", id: "export-csv", title: "every logged point, not downsampled", onclick: () => this.exportCsv() }, "CSV");
     this.problem = el("div", { id: "problem" });
+    this.labels = el("section", { id: "labels", class: "labels" });
+    this.editingLabels = false;
     this.summary = el("dl", { class: "summary" });
     this.streamState = el("span", { class: "muted small", id: "stream-state" });
     this.chartGrid = el("div", { class: "charts" });
@@ -127,6 +129,7 @@ class JobPage {
         el("a", { href: `#/submit?from=${job.id}`, class: "button", id: "clone" }, "Clone"),
         this.csvButton, this.cancelButton, this.resumeButton, this.deleteButton),
       this.problem,
+      this.labels,
       this.summary,
       el("section", {},
         el("div", { class: "section-head" }, el("h2", {}, "Training curves ", this.streamState),
@@ -203,7 +206,51 @@ class JobPage {
     this.showError();
     this.spec.textContent = JSON.stringify(spec, null, 2);
     this.renderAttempts();
+    this.showLabels();
     this.logs.update(job);
+  }
+
+  // The owner's tags and notes (set at submit, PATCH /v1/jobs/ID edits them); the stream's
+  // updates leave the form alone while it is open.
+  showLabels() {
+    if (this.editingLabels) return;
+    const { tags = [], notes } = this.job;
+    clear(this.labels,
+      el("div", { class: "labels-head" },
+        el("div", { class: "tags", id: "job-tags" }, tags.length
+          ? tags.map((t) => el("a", { href: `#/jobs?tag=${encodeURIComponent(t)}`, class: "tag", dataset: { tag: t } }, t))
+          : el("span", { class: "muted small" }, "No tags")),
+        el("button", { type: "button", id: "edit-labels", class: "small", onclick: () => this.editLabels() }, "Edit tags and notes")),
+      notes ? el("p", { id: "job-notes", class: "notes" }, notes) : el("p", { id: "job-notes", class: "muted small" }, "No notes"));
+  }
+
+  editLabels() {
+    this.editingLabels = true;
+    const tags = el("input", { id: "tags-input", value: (this.job.tags ?? []).join(", "), maxlength: 900,
+      placeholder: "sweep-3, baseline", "aria-label": "tags, separated by commas" });
+    const notes = el("textarea", { id: "notes-input", rows: 4, maxlength: 10000, "aria-label": "notes" });
+    notes.value = this.job.notes ?? "";
+    const problem = el("div");
+    const done = () => { this.editingLabels = false; this.showLabels(); };
+    const save = async (event) => {
+      event.preventDefault();
+      const body = { tags: tags.value.split(",").map((t) => t.trim()).filter(Boolean), notes: notes.value };
+      try {
+        const job = await api(`v1/jobs/${this.id}`, { method: "PATCH", body, signal: this.signal });
+        this.editingLabels = false;
+        this.show(job);
+      } catch (error) {
+        if (!this.signal.aborted) clear(problem, errorBox(error));
+      }
+    };
+    clear(this.labels, el("form", { id: "labels-form", onsubmit: save },
+      el("label", {}, "Tags ", el("span", { class: "muted small" }, "(letters, digits, _ . : -; commas between)"), tags),
+      el("label", {}, "Notes", notes),
+      problem,
+      el("div", { class: "toolbar" },
+        el("button", { type: "submit", id: "save-labels", class: "primary" }, "Save"),
+        el("button", { type: "button", id: "cancel-labels", onclick: done }, "Cancel"))));
+    tags.focus();
   }
 
   // The job's error, once, with the worker's traceback folded under it.
