@@ -37,6 +37,7 @@ from sqlalchemy.exc import DataError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.api.field_messages import reword
 from services.api.unknown_fields import body_model, explain_unknown_fields
 from services.jobdb.db import database_unreachable, first_line
 from services.spec.refusal import Refusal
@@ -196,7 +197,8 @@ async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_request_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = explain_unknown_fields(exc.errors(), body_model(request))
+    model = body_model(request)
+    errors = reword(explain_unknown_fields(exc.errors(), model), model)
     problem = _malformed_json(errors) or validation_problem(errors)
     return problem.response()
 

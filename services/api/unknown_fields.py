@@ -39,21 +39,54 @@ def field_names_at(model: type[BaseModel], path: Sequence[Any]) -> list[str] | N
     return list(current.model_fields) if current else None
 
 
+def _nested_names(model: type[BaseModel], path: Sequence[Any]) -> list[str]:
+    """`optimizer.lr`, ...: the fields one mapping below the one at `path`, dotted, for a
+    field written a level too high (`lr: 0.1` beside `model`)."""
+    names = field_names_at(model, path) or []
+    return [f"{name}.{inner}" for name in names
+            for inner in field_names_at(model, [*path, name]) or []]
+
+
+def _meant(given: str, names: list[str], model: type[BaseModel], path: Sequence[Any]) -> str | None:
+    close = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    nested = _nested_names(model, path)
+    lasts = {name.rsplit(".", 1)[-1]: name for name in nested}
+    deeper = difflib.get_close_matches(given, list(lasts), n=1, cutoff=0.8)
+    return lasts[deeper[0]] if deeper else None
+
+
 def explain_unknown_fields(
     errors: Sequence[Mapping[str, Any]], model: type[BaseModel] | None
 ) -> list[Mapping[str, Any]]:
     """`errors` with each unknown field's message naming the closest field and, in
-    `ctx.allowed`, every field of its mapping."""
+    `ctx.allowed`, every field of its mapping. A misspelt field is said once: the error that
+    the field it stands for is missing (`max_step` for `max_steps`) is dropped."""
     explained: list[Mapping[str, Any]] = []
+    meant: set[tuple[Any, ...]] = set()
     for error in errors:
         loc = tuple(error.get("loc", ()))
         names = field_names_at(model, loc[1:-1]) if model and error.get("type") == "extra_forbidden" and loc else None
-        if not names:
+        if not names or model is None:
             explained.append(error)
             continue
         given = str(loc[-1])
-        close = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]}?" if close else f"one of: {', '.join(names)}"
+        close = _meant(given, names, model, loc[1:-1])
+        hint = f"did you mean {close}?" if close else f"one of: {', '.join(names)}"
+        if close:
+            meant.add((*loc[:-1], close))
         explained.append({**error, "msg": f"unknown field {given!r}; {hint}",
                           "ctx": {"allowed": names}})
-    return explained
+    return [error for error in explained if not _stands_for_typo(error, meant)]
+
+
+def _stands_for_typo(error: Mapping[str, Any], meant: set[tuple[Any, ...]]) -> bool:
+    """A missing-field error about a field that a misspelt one was meant to be."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") == "missing":
+        return loc in meant
+    if error.get("type") == "missing_one_of":
+        allowed = (error.get("ctx") or {}).get("allowed") or []
+        return any((*loc[:-1], name) in meant for name in allowed)
+    return False

@@ -97,6 +97,9 @@ _ROUTES_AS_COMMANDS = [
     (re.compile(r"GET /v1/jobs\b"), "`accum jobs`"),
     (re.compile(r"GET /v1/tokens\b"), "`accum token list`"),
     (re.compile(r"GET /v1/catalog/(models|datasets)\b"), r"`accum catalog \1`"),
+    # POST .../resume's fields are `accum resume`'s options
+    (re.compile(r"\bfrom_scratch: true\b"), "--from-scratch"),
+    (re.compile(r"(?<![\w-])from_step: "), "--from-step: "),
 ]
 
 

@@ -79,7 +79,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         with sigint_interrupts():  # Ctrl-C ends any command, also one started as `cmd &`
             return int(args.func(args) or 0)
     except UsageError as exc:
-        print(f"accum {args.command}: {exc}", file=sys.stderr)
+        print(hanging(f"accum {args.command}: ", str(exc), indent=2), file=sys.stderr)
         return 2
     except (AccumAPIError, ConfigError, CommandError) as exc:
         first, *more = exc.lines() if isinstance(exc, AccumAPIError) else [str(exc)]

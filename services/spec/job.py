@@ -438,9 +438,10 @@ class JobSpec(BaseModel):
             )
         if steps is None and effective is None:
             raise spec_error(
-                "exactly_one",
+                "missing_one_of",
                 "give accumulation_steps (micro-batches per optimizer step) "
                 "or effective_batch_size (samples per optimizer step)",
+                ("accumulation_steps", "effective_batch_size"),
             )
         if effective is None:
             return None
@@ -519,8 +520,9 @@ class JobSpec(BaseModel):
             raise spec_error("exactly_one", "give epochs or max_steps, not both")
         if epochs is None and max_steps is None:
             raise spec_error(
-                "exactly_one",
+                "missing_one_of",
                 "give epochs (passes over the training set) or max_steps (optimizer steps)",
+                ("epochs", "max_steps"),
             )
         return max_steps
 

@@ -37,11 +37,40 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=SpecLoader)  # noqa: S506 - SpecLoader is a SafeLoader
 
 
+# What usually causes PyYAML's commonest complaints, said as the fix.
+_YAML_FIXES = {
+    "mapping values are not allowed here": "check the indentation",
+    "a tab cannot": "indent with spaces",
+    "could not find expected ':'": "write `field: value`",
+}
+# PyYAML's names of what a problem was inside, in the words of the text a person wrote.
+_OPENED = {"flow sequence": "[ list", "flow mapping": "{ mapping", "quoted scalar": "quote",
+           "block collection": "indented block", "block mapping": "indented block"}
+
+
+def yaml_problem(exc: yaml.YAMLError, source: str) -> str:
+    """`spec.yaml:3:19: mapping values are not allowed here; check the indentation`: where
+    and what, as compilers say it (not PyYAML's `in "<unicode string>"` and excerpt)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = str(getattr(exc, "problem", None) or str(exc).splitlines()[0])
+    problem = problem.replace("found character '\\t' that cannot start any token",
+                              "a tab cannot start a line's text")
+    fix = next((f for text, f in _YAML_FIXES.items() if text in problem), None)
+    opened, context = getattr(exc, "context_mark", None), str(getattr(exc, "context", "") or "")
+    inside = next((words for name, words in _OPENED.items() if name in context), None)
+    if not fix and inside and opened is not None:
+        fix = f"the {inside} opened at line {opened.line + 1}"
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+    return f"{where}: invalid YAML: {problem}" + (f"; {fix}" if fix else "")
+
+
 def parse_spec_text(text: str, source: str, suffix: str = ".yaml") -> dict[str, Any]:
     """A spec mapping from JSON (`suffix` ".json") or YAML text; `source` names it in errors."""
     try:
         spec = json.loads(text) if suffix == ".json" else parse_yaml(text)
-    except (ValueError, yaml.YAMLError) as exc:
+    except yaml.YAMLError as exc:
+        raise SpecFileError(yaml_problem(exc, source)) from exc
+    except ValueError as exc:
         raise SpecFileError(f"spec file {source} is not valid {suffix[1:].upper()}: {exc}") from exc
     if not isinstance(spec, dict):
         raise SpecFileError(

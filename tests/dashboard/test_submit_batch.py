@@ -29,6 +29,9 @@ def test_an_effective_batch_with_m_auto_is_sent_and_cloned_as_such(logged_in: An
     page = logged_in
     page.goto("/#/submit")
     page.fill("#queue", deployment.stack.queue)
+    # The form's own choice is shown in words, not as its values (m_n, effective, by_epoch).
+    expect(page.locator("#f-batch-by option")).to_have_text(
+        ["m × N", "effective batch (N follows)", "N by epoch"])
     page.select_option("#f-batch-by", "effective")
     expect(page.locator("#n")).to_be_hidden()
     page.fill("#f-effective-batch-size", "64")

@@ -272,8 +272,9 @@ def resume_job(
         if body.from_step not in steps:
             raise invalid_field(
                 ("body", "from_step"),
-                f"job {job_id} has no checkpoint at step {body.from_step}; its retained "
-                f"checkpoints are at steps {steps} (or resume from_scratch)",
+                f"job {job_id} has no checkpoint at step {body.from_step}; "
+                + (f"its checkpoints are at steps {', '.join(map(str, steps))}" if steps
+                   else "it has none") + " (or resume with from_scratch: true)",
                 body.from_step, allowed=steps,
             )
     if body.timeout is not None and int(body.timeout) > settings.max_job_seconds:

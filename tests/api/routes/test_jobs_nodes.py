@@ -19,11 +19,11 @@ from ..helpers import field_error, jobs_stored
 
 
 @pytest.mark.parametrize(("fields", "loc", "words"), [
-    ({"nodes": 0}, "body.nodes", "greater than 0"),
+    ({"nodes": 0}, "body.nodes", "must be an integer from 1 to 64; got 0"),
     ({"nodes": 65}, "body.nodes", "64"),
     ({"nodes": "two"}, "body.nodes", "integer"),
     ({"nodes": 2, "min_nodes": 3}, "body.min_nodes", "min_nodes 3 is more than nodes 2"),
-    ({"nodes": 2, "min_nodes": 0}, "body.min_nodes", "greater than 0"),
+    ({"nodes": 2, "min_nodes": 0}, "body.min_nodes", "from 1 to 64; got 0"),
     # 48 samples: whole micro-batches of 16 on 3 nodes and on 1, not on 2.
     ({"nodes": 3, "min_nodes": 1, "accumulation_steps": 1}, "body.min_nodes", "on 2 nodes"),
 ])

@@ -72,7 +72,9 @@ export async function render({ root, params, signal, me }) {
     let input;
     let list = null;
     if (field.choices) {
-      input = el("select", { id }, field.choices.map(([value, title]) => el("option", { value, title }, value)));
+      // A spec value is shown as written in a spec (its meaning on hover); a choice of the form
+      // itself (batch_by) by its label: its value is nothing a person writes.
+      input = el("select", { id }, field.choices.map(([value, title]) => el("option", { value, title }, field.own && title ? title : value)));
     } else if (field.check) {
       input = el("input", { id, type: "checkbox" });
     } else {
