@@ -81,6 +81,11 @@ class Settings(BaseSettings):
     # taking the message and claiming the job). Long enough that a job merely waiting for a
     # busy worker gets at most one duplicate (harmless: the claim drops it) per period.
     requeue_after_s: float = Field(default=300.0, gt=0)
+    # The same rescue in seconds where waiting cannot explain it (issue 42: Redis restarted
+    # without persistence, a managed failover): a queued job whose last message is this old,
+    # while a worker of its queue sits idle and the broker holds no message for it (waiting on
+    # the queue or taken by a worker), is sent again (services.housekeeping.reaper).
+    idle_requeue_after_s: float = Field(default=5.0, gt=0)
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     # Where a job's `dataset.data_root` may point: one list that the API (at submit) and every
     # worker (before reading) check, so give them the same. Empty: <home>/data, which is the

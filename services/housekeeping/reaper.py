@@ -9,6 +9,9 @@ A job still ``queued`` whose last message is older than ``ACCUM_REQUEUE_AFTER_S`
 (``stale_queued_jobs``: the broker was down when the API submitted it, or a worker died
 between taking its message and claiming it) is enqueued again, at most once per period; a job
 whose publish failed (marked unsent: ``enqueued_at`` NULL) on the next pass, in submit order.
+Sooner where waiting cannot explain it: a queued job beside an idle worker of its queue, with
+no message of its own in the broker, is sent again once its last is ``ACCUM_IDLE_REQUEUE_AFTER_S``
+old (the broker lost its memory: ``resend_for_idle_workers_once``).
 
     reaper = LeaseReaper(settings).start()
     ...
@@ -29,18 +32,25 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Collection
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.dispatch.broker import DEFAULT_QUEUE
+from services.dispatch.broker_messages import jobs_in_broker
 from services.dispatch.unsent import resend_stale_once, send_in_order
 from services.housekeeping.retention import sweep_retention
 from services.jobdb.gangs import settle_stale_gangs
-from services.jobdb.leases import reap_expired_leases
+from services.jobdb.leases import (
+    reap_expired_leases,
+    stale_queued_ids,
+    stale_queued_jobs,
+)
 from services.jobdb.models import Job
+from services.jobdb.queue_order import held_jobs
 from services.jobdb.sessions import session_factory
+from services.jobdb.workers import idle_workers
 from services.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -82,6 +92,38 @@ def reap_once(
     return [job_id for job_id, _ in requeued]
 
 
+def resend_for_idle_workers_once(
+    settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
+) -> list[str]:
+    """The database is the truth for the queue: on each queue (of ``queues``) with an idle
+    worker, enqueue again, in submit order, the queued jobs whose last message is older than
+    ``ACCUM_IDLE_REQUEUE_AFTER_S`` and of which the broker holds no message (``jobs_in_broker``:
+    none waiting, none taken by a worker), as after Redis restarted without persistence;
+    returns their ids. Not a job the running cap holds (the claim would drop it), nor on a
+    broker that cannot be read so (the embedded one keeps its queues on disk):
+    ``resend_stale_once`` after ``ACCUM_REQUEUE_AFTER_S`` is the rescue there."""
+    now = _now(clock)
+    older_than = now - timedelta(seconds=float(settings.idle_requeue_after_s))
+    with session_factory(settings).begin() as session:
+        idle = [queue for queue in idle_workers(session, settings.lease_timeout_s, now)
+                if queues is None or queue in queues]
+        waiting = stale_queued_ids(session, older_than, idle) if idle else []
+        held = held_jobs(session, [job_id for job_id, _ in waiting], settings.max_running_jobs_per_owner)
+    lost: list[str] = []
+    for queue in sorted({queue for _, queue in waiting}):
+        present = jobs_in_broker(settings, queue)
+        if present is not None:
+            lost += [job_id for job_id, of in waiting
+                     if of == queue and job_id not in present and job_id not in held]
+    if not lost:
+        return []
+    with session_factory(settings).begin() as session:  # unless another reaper sent it meanwhile
+        resent = stale_queued_jobs(session, older_than=older_than, now=now, among=lost)
+    send_in_order(settings, resent, "job %s sat queued beside an idle worker and the broker had "
+                  "no message for it; enqueued again on %s")
+    return [job_id for job_id, _ in resent]
+
+
 def settle_gangs_once(
     settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
 ) -> dict[str, str]:
@@ -97,7 +139,8 @@ def settle_gangs_once(
 
 
 class LeaseReaper:
-    """A daemon thread calling ``reap_once`` and ``resend_stale_once`` every ``interval_s``
+    """A daemon thread calling ``reap_once``, ``resend_stale_once`` and
+    ``resend_for_idle_workers_once`` (and the sweeps below) every ``interval_s``
     (``ACCUM_REAPER_INTERVAL_S``), with ``clock`` as their time."""
 
     def __init__(
@@ -134,14 +177,16 @@ class LeaseReaper:
                 steps: tuple[Callable[[], object], ...] = (
                     lambda: reap_once(self.settings, self.clock, self.queues),
                     lambda: resend_stale_once(self.settings, self.clock, self.queues),
+                    lambda: resend_for_idle_workers_once(self.settings, self.clock, self.queues),
                     lambda: sweep_retention(self.settings, self.clock),
                     lambda: settle_gangs_once(self.settings, self.clock, self.queues),
                 )
-                for name, step in zip(("reap", "resend", "retention", "gangs"), steps, strict=True):
+                names = ("reap", "resend", "resend_idle", "retention", "gangs")
+                for name, step in zip(names, steps, strict=True):
                     try:
                         step()
                     except Exception:  # keep reaping after a database or broker blip
-                        if name == "resend":
+                        if name.startswith("resend"):
                             # Jobs wait for this send (a 20 s broker cut delayed one by
                             # ACCUM_REQUEUE_AFTER_S, 300 s): try again soon, not a period later.
                             wait_s = min(self.interval_s, UNSENT_RETRY_S)

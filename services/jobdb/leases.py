@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, true, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, true, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -474,7 +474,7 @@ def _record_reaped(session: Session, job: Any, moved: Any, target: dict[str, Any
 
 def stale_queued_jobs(
     session: Session, older_than: datetime, limit: int = 100, now: datetime | None = None,
-    queues: Collection[str] | None = None,
+    queues: Collection[str] | None = None, among: Collection[str] | None = None,
 ) -> list[tuple[str, str]]:
     """``(id, queue)`` of jobs ``queued`` whose broker message was last sent before
     ``older_than`` (``enqueued_at``; never sent counts as stale): the message may be lost (the
@@ -484,15 +484,12 @@ def stale_queued_jobs(
     merely waits for a free worker (a duplicate is harmless: the claim drops it). In submit
     order (ids grow with time), so they start in that order.
     Safe with many reapers at once: the staleness test is repeated on the row being updated,
-    so only one of them gets each job. Does not commit.
+    so only one of them gets each job. ``among``: only these jobs. Does not commit.
     """
     now = now or utcnow()
-    is_stale = and_(
-        Job.status == JobStatus.QUEUED,
-        (Job.enqueued_at.is_(None)) | (Job.enqueued_at < older_than),
-    )
-    if queues is not None:  # a worker's reaper: its own queues, sent through its own broker
-        is_stale = and_(is_stale, Job.queue.in_(list(queues)))
+    is_stale = _stale(older_than, queues)
+    if among is not None:
+        is_stale = and_(is_stale, Job.id.in_(list(among)))
     stale = select(Job.id).where(is_stale).order_by(Job.id).limit(limit)
     rows = session.execute(
         update(Job)
@@ -502,6 +499,27 @@ def stale_queued_jobs(
         .execution_options(synchronize_session=False)
     ).all()
     return sorted((row.id, row.queue) for row in rows)
+
+
+def stale_queued_ids(
+    session: Session, older_than: datetime, queues: Collection[str], limit: int = 100
+) -> list[tuple[str, str]]:
+    """``(id, queue)`` of the jobs ``stale_queued_jobs`` would send, in submit order, marking
+    none: a reaper that must ask the broker first marks them with ``among`` afterwards."""
+    rows = session.execute(
+        select(Job.id, Job.queue).where(_stale(older_than, queues)).order_by(Job.id).limit(limit)
+    ).all()
+    return [(row.id, row.queue) for row in rows]
+
+
+def _stale(older_than: datetime, queues: Collection[str] | None) -> ColumnElement[bool]:
+    is_stale = and_(
+        Job.status == JobStatus.QUEUED,
+        (Job.enqueued_at.is_(None)) | (Job.enqueued_at < older_than),
+    )
+    if queues is not None:  # a worker's reaper: its own queues, sent through its own broker
+        is_stale = and_(is_stale, Job.queue.in_(list(queues)))
+    return is_stale
 
 
 def mark_unsent(session: Session, job_ids: list[str]) -> None:

@@ -83,3 +83,22 @@ def next_in_line(session: Session, job_id: str) -> tuple[str, str, int] | None:
         .limit(1)
     ).one_or_none()
     return (row.id, row.queue, row.priority) if row is not None else None
+
+
+def held_jobs(session: Session, job_ids: list[str], cap: int) -> set[str]:
+    """Of these queued jobs, those the running cap holds (their owner runs ``cap`` jobs or more
+    on their queue; 0 = no cap): a message would only be dropped by the claim."""
+    if cap <= 0 or not job_ids:
+        return set()
+    running = (
+        select(Job.owner_id, Job.queue, func.count().label("jobs"))
+        .where(Job.status.in_(ordered(ACTIVE)))
+        .group_by(Job.owner_id, Job.queue)
+        .subquery()
+    )
+    held = session.scalars(
+        select(Job.id)
+        .join(running, and_(running.c.owner_id == Job.owner_id, running.c.queue == Job.queue))
+        .where(Job.id.in_(job_ids), running.c.jobs >= cap)
+    )
+    return set(held)

@@ -101,6 +101,17 @@ def list_workers(
     return views
 
 
+def idle_workers(session: Session, lease_timeout_s: float, now: datetime | None = None) -> dict[str, int]:
+    """Per queue, its live workers that hold no job (``list_workers``' ``idle``). One that took a
+    message and has not claimed its job yet counts as idle too: ask the broker before acting."""
+    idle: dict[str, int] = {}
+    for view in list_workers(session, lease_timeout_s, now):
+        if view.state == "idle":
+            for queue in view.row.queues or []:
+                idle[queue] = idle.get(queue, 0) + 1
+    return idle
+
+
 def ranks_offered(gpus: int | None, devices: list[dict[str, Any]] | None) -> int:
     """The DDP ranks one worker offers a job: its GPUs, else the CPU ranks it registered
     (``accum worker --cpu-ranks K``: ``"ranks"`` on its CPU device); 0 = one process only."""

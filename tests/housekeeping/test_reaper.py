@@ -7,11 +7,20 @@ import time
 from collections.abc import Callable
 
 import pytest
+from job_specs import TINY_SPEC
 from kombu import Connection
+from worker_rows import worker_row
 
 from services.dispatch.broker import TASK_NAME, make_celery
-from services.housekeeping.reaper import LeaseReaper, reap_once, resend_stale_once
-from services.jobdb import jobs, leases
+from services.dispatch.enqueue import enqueue_job
+from services.housekeeping.reaper import (
+    LeaseReaper,
+    reap_once,
+    resend_for_idle_workers_once,
+    resend_stale_once,
+)
+from services.jobdb import jobs, leases, tokens
+from services.jobdb import workers as store_workers
 from services.jobdb.sessions import session_factory
 from services.settings import Settings
 
@@ -90,6 +99,50 @@ def test_queued_job_with_a_lost_message_is_enqueued_again_once_per_period(
     assert queued_job_ids(settings, "a100") == [lost_id]
     # still queued a period after the re-send: once more
     assert resend_stale_once(settings, clock=ahead(602)) == [lost_id]
+
+
+def test_a_job_beside_an_idle_worker_is_sent_again_only_when_the_broker_holds_no_message(
+    settings: Settings, redis_url: str
+) -> None:
+    """Issue 42 item 3, on a real Redis: of three queued jobs, one's message waits on the queue,
+    one's was taken by a consumer and not acknowledged (a worker between taking it and claiming
+    the job: listed idle), one's was lost. With a worker of the queue idle, only the lost one
+    is sent again, after ACCUM_IDLE_REQUEUE_AFTER_S, once; none while every worker is busy, nor
+    one the running cap holds; the embedded broker, which cannot be read so, is left alone."""
+    settings = settings.model_copy(update={
+        "broker_url": redis_url, "requeue_after_s": 300, "idle_requeue_after_s": 5,
+        "lease_timeout_s": 60, "max_running_jobs_per_owner": 1})
+    with session_factory(settings).begin() as session:
+        alice, _ = tokens.create_owner_with_token(session, "alice")
+        bob, _ = tokens.create_owner_with_token(session, "bob")
+        taken, waiting, lost, held, running = (
+            jobs.create_job(session, owner=owner, spec=TINY_SPEC, queue="q")[0].id
+            for owner in (alice, alice, alice, bob, bob))
+    enqueue_job(settings, taken, "q")
+    enqueue_job(settings, waiting, "q")
+    with Connection(redis_url) as conn:
+        consumer = make_celery(settings, queues=["q"]).conf.task_queues[0](conn.default_channel)
+        message = consumer.get(no_ack=False)  # kombu keeps it in Redis's unacked hash until acked
+        assert message is not None and message.decode()[0] == [taken]
+        assert resend_for_idle_workers_once(settings, clock=ahead(6)) == []  # no worker
+        with session_factory(settings).begin() as session:
+            store_workers.register(session, worker_row("idle@n1", ["q"]))
+            store_workers.register(session, worker_row("busy@n2", ["q"]))
+            assert leases.claim_job(session, running, "busy@n2/1", "n2", "cpu", lease_timeout_s=600,
+                                    worker_name="busy@n2")
+        # `held`: bob runs `running`, at the cap of 1
+        assert resend_for_idle_workers_once(settings) == []  # too soon: a message may be on its way
+        embedded = settings.model_copy(update={"broker_url": Settings(home=settings.home).broker_url})
+        assert resend_for_idle_workers_once(embedded, clock=ahead(6)) == []
+        assert resend_for_idle_workers_once(settings, clock=ahead(6)) == [lost]
+        assert resend_for_idle_workers_once(settings, clock=ahead(12)) == []  # its message waits now
+        message.ack()
+    with session_factory(settings).begin() as session:
+        assert leases.claim_job(session, lost, "idle@n1/1", "n1", "cpu", lease_timeout_s=600,
+                                worker_name="idle@n1")
+    # both workers busy now: `taken` (acked, unclaimed) is left to ACCUM_REQUEUE_AFTER_S
+    assert resend_for_idle_workers_once(settings, clock=ahead(20)) == []
+    assert queued_job_ids(settings, "q") == [waiting, lost]
 
 
 def test_a_workers_reaper_resends_the_jobs_of_its_own_queues_only(

@@ -7,12 +7,21 @@ again, empty: the queued messages are gone. Promised: the submit still answers 2
 the job; the running job finishes in its first attempt; the worker reconnects, and the
 reaper's lost-message rescue (``ACCUM_REQUEUE_AFTER_S``) re-sends every queued job, so all
 four succeed, each trained once.
+
+Issue 42 item 3: the database is the truth for the queue. Six jobs wait in Redis with no worker
+up; Redis restarts empty; a worker starts, idle, with ACCUM_REQUEUE_AFTER_S at its default
+(300 s): each job still starts within 15 s of the worker being idle (the reaper sends a queued
+job again beside an idle worker when the broker holds no message for it,
+``ACCUM_IDLE_REQUEUE_AFTER_S``), and trains once. The first test holds that rescue to its
+"no message held": there the worker is idle (it has not claimed the job yet) while it takes
+its first job's message, and its queued jobs wait in Redis behind the running one.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +123,46 @@ def test_jobs_survive_a_broker_restart(
     for job, count in zip(finished, started, strict=True):
         assert job.status == "succeeded", f"{job.id}: {job.status} {job.error}\n{stack.worker_logs()}"
         assert job.attempts == 1 and count == 1, f"{job.id} trained {count} times"
+
+
+def test_queued_jobs_whose_messages_redis_lost_start_beside_an_idle_worker(
+    private_redis: PrivateRedis, tmp_path: Path, record_figure: Any
+) -> None:
+    stack = make_stack(private_redis.url, tmp_path)
+    stack.settings = stack.settings.model_copy(update={"requeue_after_s": 300.0})  # the default
+    broker = redis.Redis.from_url(private_redis.url)
+    try:
+        jobs = [stack.create(max_steps=2, checkpoint_every=2) for _ in range(6)]
+        messages_before = queued_messages(broker, stack.queue)
+        private_redis.stop()
+        private_redis.start()
+        messages_after = queued_messages(broker, stack.queue)
+        stack.wait_ready(stack.start_worker())
+        idle_since = datetime.now(UTC)
+        finished = [stack.wait(job_id, timeout=120) for job_id in jobs]
+        started = [stack.event_kinds(job_id).count("started") for job_id in jobs]
+    finally:
+        stack.stop_workers()
+        broker.close()
+
+    # The worker runs one job at a time: each job's wait is from the moment the worker was
+    # idle (ready, or done with the job before) to its start.
+    waits, free = [], idle_since
+    for job in sorted(finished, key=lambda job: job.started_at or idle_since):
+        assert job.started_at is not None and job.finished_at is not None, job.id
+        waits.append((job.started_at - free).total_seconds())
+        free = job.finished_at
+    once = sum(job.status == "succeeded" and job.attempts == 1 and count == 1
+               for job, count in zip(finished, started, strict=True))
+    record_figure(
+        "redis_lost_queue",
+        area="fault",
+        check="Redis (no persistence) restarted with 6 jobs queued in it and no worker up; then one "
+        "worker starts, idle (ACCUM_REQUEUE_AFTER_S 300, ACCUM_IDLE_REQUEUE_AFTER_S 5)",
+        figure=f"{messages_before} queued messages -> {messages_after} after restart; {once}/6 trained "
+        f"exactly once; longest wait beside the idle worker {max(waits):.1f} s (was up to 300 s)",
+        passed=messages_after == 0 and once == 6 and max(waits) <= 15,
+    )
+    assert messages_before == 6 and messages_after == 0, "the restart should have dropped the messages"
+    assert once == 6, [(job.status, job.attempts, count) for job, count in zip(finished, started, strict=True)]
+    assert max(waits) <= 15, waits
