@@ -83,16 +83,22 @@ def ranks_refusal(gpus: int, queue: str, offer: QueueOffer) -> Refusal | None:
     """``gpus: k`` asks for k ranks on one worker: GPUs, or the CPU ranks of a worker started
     with ``--cpu-ranks``. Any worker trains a ``gpus: 1`` job in one process (on its CPU when it
     has no GPU: the spec's documented fallback); none trains a DDP job on ranks it did not
-    register. The worker that takes a job applies the same rule (services/worker/runner.py)."""
+    register. The worker that takes a job applies the same rule (services/worker/runner.py).
+    The message counts the live workers: a stopped one (a worker of an earlier `accum up`)
+    is no help now, though one that may come back still lets a job in."""
     most = max(offer.max_ranks, 1)
     if gpus <= most:
         return None
+    has = (f"{offer.live} live worker{'s' if offer.live != 1 else ''}, with at most "
+           f"{offer.live_ranks} ranks{' (one process a job)' if not offer.live_ranks else ''}"
+           if offer.live else "no live worker")
+    stopped = offer.workers - offer.live
     return Refusal(
         ("gpus",),
-        f"gpus {gpus} is more than any worker of queue {queue!r} offers: at most {offer.max_ranks} "
-        f"rank{'s' if offer.max_ranks != 1 else ''} (GPUs, or CPU ranks of `accum worker "
-        f"--cpu-ranks K`) on one worker ({offer.workers} worker{'s' if offer.workers != 1 else ''}); "
-        f"ask for at most {most}, or submit to a queue of bigger nodes",
+        f"gpus {gpus} needs a worker with {gpus} ranks (GPUs, or CPU ranks); queue {queue!r} has "
+        f"{has}{f', {stopped} stopped not counted' if stopped else ''}. Ask for gpus {most} or "
+        f"less, or start a worker with {gpus} GPUs or `--cpu-ranks {gpus}` (`accum worker` or "
+        "`accum up`)",
         gpus, list(range(most + 1)),
     )
 

@@ -127,6 +127,8 @@ class QueueOffer:
 
     workers: int = 0
     ranks: list[int] = field(default_factory=list)  # what each worker offers (multi-node jobs)
+    live: int = 0  # workers not stopped (what an error message counts; a stopped one may return)
+    live_ranks: int = 0  # the most ranks one of those offers
     max_gpus: int = 0
     max_ranks: int = 0
     models: set[str] = field(default_factory=set)
@@ -141,12 +143,15 @@ def queue_offers(session: Session, seen_since: datetime) -> dict[str, QueueOffer
     offers: dict[str, QueueOffer] = {}
     rows = session.execute(
         select(Worker.queues, Worker.gpus, Worker.devices, Worker.models, Worker.datasets,
-               Worker.plugins).where(Worker.last_seen >= seen_since)
+               Worker.plugins, Worker.stopped_at).where(Worker.last_seen >= seen_since)
     ).all()
-    for queues, gpus, devices, models, datasets, plugins in rows:
+    for queues, gpus, devices, models, datasets, plugins, stopped_at in rows:
         for queue in queues or []:
             offer = offers.setdefault(queue, QueueOffer())
             offer.workers += 1
+            if stopped_at is None:
+                offer.live += 1
+                offer.live_ranks = max(offer.live_ranks, ranks_offered(gpus, devices))
             offer.ranks.append(ranks_offered(gpus, devices))
             offer.max_gpus = max(offer.max_gpus, gpus or 0)
             offer.max_ranks = max(offer.max_ranks, ranks_offered(gpus, devices))

@@ -35,11 +35,11 @@ def test_form_errors_are_shown_once_at_their_field_in_its_words(
     page.fill("#lr", "0")  # the browser lets 0 through; the API refuses it
     page.fill("#queue", deployment.stack.queue)
     page.click("#submit-job")
-    expect(page.locator("#lr-error")).to_have_text("must be greater than 0")
+    expect(page.locator("#lr-error")).to_have_text("must be a number greater than 0 and at most 10; got 0")
     expect(page.locator("#m-error")).to_be_empty()
     body = page.locator("main").inner_text()
     assert "body." not in body and "optimizer.lr" not in body
-    assert body.count("must be greater than 0") == 1
+    assert body.count("must be a number greater than 0") == 1
     expect(page).to_have_url(re.compile(r"#/submit$"))
     shot(page, "submit-errors")
 

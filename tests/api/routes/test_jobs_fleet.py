@@ -78,6 +78,23 @@ def test_a_cpu_only_queue_takes_one_gpu_jobs_on_its_cpu_but_no_ddp(
     assert "--cpu-ranks" in error["msg"]  # how a CPU node offers more
 
 
+def test_ranks_refused_count_the_live_workers_and_say_what_to_do(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    """Workers of earlier `accum up` runs, stopped, are not counted as the queue's workers."""
+    with session_factory.begin() as session:
+        for name in ("cpu@old1", "cpu@old2", "cpu@now"):
+            store_workers.register(session, worker_row(name, ["default"]))
+        for name in ("cpu@old1", "cpu@old2"):
+            store_workers.mark_stopped(session, name)
+    error = field_error(client.post("/v1/jobs", json={**spec, "gpus": 2}, headers=alice), "body.gpus")
+    assert error["msg"] == (
+        "gpus 2 needs a worker with 2 ranks (GPUs, or CPU ranks); queue 'default' has 1 live "
+        "worker, with at most 0 ranks (one process a job), 2 stopped not counted. Ask for gpus 1 "
+        "or less, or start a worker with 2 GPUs or `--cpu-ranks 2` (`accum worker` or `accum up`)")
+
+
 def test_a_cpu_worker_registered_with_cpu_ranks_takes_ddp_jobs_up_to_them(
     client: TestClient, alice: dict[str, str], spec: dict[str, Any],
     session_factory: sessionmaker[Session],
