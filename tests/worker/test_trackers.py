@@ -54,6 +54,7 @@ from services.jobdb.sessions import session_factory
 from services.jobdb.tracker_runs import runs_of
 from services.ports import free_port
 from services.worker.trackers.base import RunIdentity
+from services.worker.trackers.sink import outage_cause
 from services.worker.trackers.wandb_files import history, records
 from services.worker.trackers.wandb_tracker import run_files
 
@@ -327,4 +328,7 @@ def test_mlflows_client_fails_at_once_against_a_server_that_is_down(monkeypatch:
     with pytest.raises(Exception) as raised:
         tracker.open(RunIdentity(job_id="down-job", name="down", owner="o", queue="q", params={}))
     assert time.monotonic() - started < 60, "the client retried a refused connection"
+    # What the sink's tracker_undelivered event says of it: the server, not a missing client.
+    assert outage_cause(raised.value, "mlflow") == (
+        "server refused the connection", "is it running at ACCUM_MLFLOW_TRACKING_URI?")
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0", raised.value

@@ -25,6 +25,7 @@ What it still proves:
 
 from __future__ import annotations
 
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,7 @@ def test_a_tracker_down_for_the_whole_attempt_gets_every_step_once_when_back(
     until(lambda: "tracker_undelivered" in event_kinds(sessions, job_id), "the tracker_undelivered event")
     row = the_row(sessions, job_id)
     assert row.delivered_step == -1 and row.undelivered.startswith("ConnectionError")
+    assert undelivered_message(sessions, job_id).startswith("mlflow server unreachable (no answer): ")
     refused = tracker.refused
     until(lambda: tracker.refused > refused, "a retry a period later")
     assert not sink.done.is_set() and tracker.calls == []
@@ -223,3 +225,31 @@ def test_a_resumed_attempt_sends_each_step_once(
             for name, points in by_name(stored_as(first) + stored_as(second)).items()}
     assert tracker.points() == {name: points for name, points in want.items() if points}
     assert (the_row(sessions, job_id).delivered_step, tracker.ended) == (12, ("succeeded", None))
+
+
+def undelivered_message(sessions: sessionmaker[Session], job_id: str) -> str:
+    with sessions() as session:
+        return next(e.message for e in list_events(session, job_id, limit=100)
+                    if e.kind == "tracker_undelivered")
+
+
+def test_a_client_missing_on_the_worker_is_said_as_such_not_as_a_server_down(
+    session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real MLflow tracker on a worker without MLflow's client (its import fails, as where
+    `accum[trackers]` is not installed): the event names the install, not a server."""
+    from services.worker.trackers.mlflow_tracker import MlflowTracker
+
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)  # `import` raises ImportError
+    sessions = session_factory
+    job_id, owner = a_job(sessions)
+    ensure_row(sessions, job_id, "mlflow")
+    identity = RunIdentity(job_id=job_id, name="digits", owner=owner, queue="q", params={})
+    sink = TrackerSink(MlflowTracker("http://127.0.0.1:9", "accum", None), sessions, identity,
+                       attempt=1, flush_every_s=3600)  # no retry within the test
+    sink.start()
+    until(lambda: "tracker_undelivered" in event_kinds(sessions, job_id), "the tracker_undelivered event")
+    message = undelivered_message(sessions, job_id)
+    assert message.startswith("mlflow client not installed on the worker: ")
+    assert message.endswith("(install it there: pip install 'accum[trackers]')")
+    assert "unreachable" not in message and "refused" not in message

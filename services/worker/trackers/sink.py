@@ -222,10 +222,10 @@ class TrackerSink:
         # The message names the client's error type only: its text may hold the server's address.
         since = (f"steps after {self.delivered_step}" if self.delivered_step >= 0
                  else "the job's parameters and steps")
+        cause, fix = outage_cause(exc, self.tracker.name)
         self._event("tracker_undelivered",
-                    f"{self.tracker.name} unreachable ({type(exc).__name__}): {since} not "
-                    "delivered yet; the job goes on and they are sent when it is back (a "
-                    "missing client: install accum[trackers] on the worker)",
+                    f"{self.tracker.name} {cause}: {since} not delivered yet; the job goes on "
+                    f"and they are sent when it is back ({fix})",
                     {"step": self.delivered_step, "waiting_steps": waiting})
 
     def _event(self, kind: str, message: str, data: dict[str, object]) -> None:
@@ -244,6 +244,35 @@ class TrackerSink:
         except Exception:
             log.warning("job %s: recording %s delivery failed", self.identity.job_id,
                         self.tracker.name, exc_info=True)
+
+
+# Where each tracker's server is set (the fix a down server's event names).
+_SERVER_SETTING = {"mlflow": "ACCUM_MLFLOW_TRACKING_URI", "wandb": "ACCUM_WANDB_BASE_URL"}
+_UNREACHABLE_TEXT = ("connection refused", "max retries exceeded", "timed out",
+                     "name or service not known", "failed to establish a new connection")
+
+
+def outage_cause(exc: BaseException, tracker: str) -> tuple[str, str]:
+    """(what happened, what to do) for a tracker's error, from its type along the chain of
+    causes (MLflow's client raises its own exception from the connection's): a client that is
+    not installed, a server that refused or did not answer, or another error of the tracker.
+    Neither says the error's text: it may hold the server's address or a token."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain and len(chain) < 10:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    if any(isinstance(e, ImportError) for e in chain):
+        return ("client not installed on the worker",
+                "install it there: pip install 'accum[trackers]'")
+    where = _SERVER_SETTING.get(tracker, "the tracker's settings")
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or any(
+            "refused" in str(e).lower() for e in chain):
+        return "server refused the connection", f"is it running at {where}?"
+    if any(isinstance(e, TimeoutError | ConnectionError) for e in chain) or any(
+            text in str(e).lower() for e in chain for text in _UNREACHABLE_TEXT):
+        return "server unreachable (no answer)", f"is it running, and reachable at {where}?"
+    return f"failed ({type(exc).__name__})", "the worker's log has the client's error"
 
 
 def steps_of(raw: list[dict[str, Any]]) -> list[StepPoints]:
