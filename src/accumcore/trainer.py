@@ -52,6 +52,7 @@ from accumcore import (
     sharded_checkpoint,
     sharding,
 )
+from accumcore.batchnorm_sync import BatchNormReplay
 from accumcore.callbacks import Callback, CallbackList, CheckpointInfo
 from accumcore.checkpoint import save_checkpoint
 from accumcore.evaluation import evaluate
@@ -247,6 +248,9 @@ class Trainer:
         self.seed = seed  # None until the first fit agrees on one (``_agree_seed``)
         # DDP or FSDP: the ranks agree on each window's counts and on the epoch's end.
         self._ddp = distributed.ddp_wrapped(self.model) or self.sharded
+        # BatchNorm running statistics kept the one-process ones on any number of ranks.
+        replay = BatchNormReplay(self.model) if self._ddp else None
+        self._batchnorm = replay if replay is not None and replay.layers else None
         self._history = FitHistory()
 
     def _place_model(self, model: torch.nn.Module, precision: str) -> None:
@@ -544,6 +548,16 @@ class Trainer:
         stream = distributed.rank()
         return [micro_batch_seed(base, self.batch_in_epoch + i, stream) for i in range(count)]
 
+    def _micro_batch_positions(self, count: int) -> list[int]:
+        """Global positions of this rank's micro-batches in the window (the layout's, each
+        split in ``oom_split`` pieces after an out-of-memory back-off), to order them."""
+        assert self._layout is not None
+        positions = list(self._layout.rank_batches(self.window_in_epoch))
+        if len(positions) != count:
+            positions = list(range(count))
+        split = self.oom_split
+        return [position * split + part for position in positions for part in range(split)]
+
     def _iterate(self, loader: Iterable[Any], skip: int) -> Iterator[Any]:
         """A new iterator over the loader, past its first ``skip`` batches (skipped now)."""
         loader = host_loader(loader)  # not a CudaPrefetcher's: it would put the window on the device
@@ -572,6 +586,12 @@ class Trainer:
             self._largest_batch = max(self._largest_batch, *(_batch_samples(b) for b in window))
         if self._detect_shift and (window or self._ddp):
             self._set_shift_labels(window)
+        # Under DDP/FSDP with a global order (rule 14): BatchNorm's running statistics
+        # replayed in that order on every rank at the window's end (``batchnorm_sync``).
+        batchnorm = self._batchnorm if self._layout is not None and self._batchnorm is not None else None
+        if batchnorm is not None and not batchnorm.active():
+            batchnorm = None
+        self._runner.batchnorm = batchnorm
         while True:
             # What can fail on one rank alone, before the window's collectives: under DDP/FSDP
             # the error is agreed by every rank (issue 41 item 4), none left waiting in a
@@ -597,6 +617,8 @@ class Trainer:
                     distributed.agree_on_error(error, distributed.comm_device(self.model))
                 self._verify_pending = verify(self, micro_batches, first=not self._verify_ran)
                 self._verify_ran = True
+            if batchnorm is not None:
+                batchnorm.start_window(self._micro_batch_positions(len(window)))
             try:
                 # A rank that failed joins the window's all-reduce only to say so (its flag).
                 result = self._runner.run(micro_batches, windows_left, failed=error is not None)
@@ -608,11 +630,15 @@ class Trainer:
                 distributed.raise_agreed(error)
             if isinstance(result, str):  # STOPPED, or EXHAUSTED (DDP: no rank has data left)
                 self.optimizer.zero_grad(set_to_none=True)
+                if batchnorm is not None:
+                    batchnorm.discard()
                 return result
             outcome = None if result is None else self._stepper.step(result)
             if outcome is not None and outcome.failed:
                 distributed.raise_agreed(result.error if result is not None else None)
             if outcome is not None and not outcome.oom:
+                if batchnorm is not None:
+                    batchnorm.finish_window()  # a collective: every rank's outcome is the same
                 self._window_was_last = result is not None and result.last_window
                 return outcome
             self.optimizer.zero_grad(set_to_none=True)

@@ -183,6 +183,8 @@ class WindowRunner:
         # DDP: 0 rows (copied) of the first micro-batch whose forward ran: the empty pass of a
         # rank whose micro-batch raised (its own 0 rows may raise the same way).
         self.good_empty: Any = None
+        # DDP/FSDP with BatchNorm: records each micro-batch's statistics (``batchnorm_sync``).
+        self.batchnorm: Any = None
         self.feed = DeviceFeed(device)
         self.keyed_rng = KeyedRng(device)  # each micro-batch's own RNG stream (``MicroBatch.rng_key``)
 
@@ -236,9 +238,13 @@ class WindowRunner:
                 keyed = self.keyed_rng.enter(mb.rng_key)
                 try:
                     with distributed.no_sync(self.model, synced and index < last):
+                        if self.batchnorm is not None:
+                            self.batchnorm.begin(index)
                         with self.precision.autocast():
                             outputs = items.forward(module, inputs)
                             loss = self.loss_fn(outputs, targets)
+                        if self.batchnorm is not None:
+                            self.batchnorm.end()  # (not a checkpointed recompute's statistics)
                         _check_scalar(loss)
                         in_sync_backward = synced and index == last
                         if self.ddp and self.good_empty is None:

@@ -11,6 +11,11 @@ Each rank also trains a dropout MLP (``train_dropout``: 23 samples, micro-batche
 of 8 then 4), its process seeded apart from the other ranks (as a user seeding ``seed + rank``
 would), recording every dropout mask it draws: with randomness keyed by the global
 micro-batch, the masks and the trajectory are those of one process.
+
+And two real models (issue 41): a BatchNorm CNN (``train_batchnorm``: its running statistics
+replayed in the global micro-batch order on every rank, ``accumcore.batchnorm_sync``; each rank
+evaluates its slice of the validation set) and a tiny GPT-2 with dropout 0.3 built from
+transformers' config (``train_dropout_lm``: no download), each rank's process seeded apart.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
-from trainer_reference import TokenCrossEntropy, class_dataset, token_dataset, token_model
+from trainer_reference import VOCAB, TokenCrossEntropy, class_dataset, token_dataset, token_model
 
 from accumcore import Trainer, load_checkpoint
 from accumcore.data import make_loader
@@ -111,6 +117,86 @@ def train_dropout(rank: int, world: int, checkpoint_dir: Path | None = None, res
     }
 
 
+BN_SAMPLES = 23  # 12 micro-batches of 2 (the last 1): windows of 4
+BN_WINDOW = 4
+
+
+def batchnorm_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 3),
+    ).to(torch.float64)
+
+
+def image_dataset(n: int, seed: int) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    return torch.utils.data.TensorDataset(torch.randn(n, 1, 4, 4, generator=g, dtype=torch.float64) * 2 + 1,
+                                          torch.randint(0, 3, (n,), generator=g))
+
+
+def _plain(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def train_batchnorm(rank: int, world: int) -> dict:
+    """The BatchNorm CNN (DDP-wrapped when ``world`` > 1): final weights, buffers (running
+    statistics and batches tracked), logged losses and val_loss after each epoch."""
+    model: nn.Module = batchnorm_model()
+    if world > 1:
+        model = DistributedDataParallel(model)
+    torch.manual_seed(100 + rank)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
+                      loss_fn=nn.CrossEntropyLoss(), accumulation_steps=BN_WINDOW)
+    val = image_dataset(9, seed=5)
+    val_slice = torch.utils.data.Subset(val, list(range(rank, len(val), world)))
+    history = trainer.fit(make_loader(image_dataset(BN_SAMPLES, seed=4), MICRO_BATCH, seed=SEED, rank=rank, world=world),
+                          epochs=EPOCHS, val_loader=torch.utils.data.DataLoader(val_slice, batch_size=2))
+    plain = _plain(model)
+    return {"params": [p.detach().clone() for p in plain.parameters()],
+            "buffers": [b.detach().clone() for b in plain.buffers()],
+            "losses": [s["loss"] for s in history.steps],
+            "val_losses": [e["val_loss"] for e in history.evals]}
+
+
+LM_SAMPLES = 13  # 7 micro-batches of 2 (the last 1): windows of 4 and 3
+
+
+class ShiftedTokenCrossEntropy(nn.Module):
+    """The causal LM's token-mean cross-entropy of logits[..., :-1] against labels[..., 1:], in
+    float64 (a stock Hugging Face loss casts the logits to float32)."""
+
+    reduction = "mean"
+    ignore_index = -100
+
+    def forward(self, outputs, labels: torch.Tensor) -> torch.Tensor:
+        logits = outputs.logits[:, :-1]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+def dropout_lm() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                        resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3)
+    return GPT2LMHeadModel(config).to(torch.float64)
+
+
+def train_dropout_lm(rank: int, world: int) -> dict:
+    """The tiny dropout GPT-2 on padded token sequences (labels -100 after each one's length),
+    DDP-wrapped when ``world`` > 1, each rank's process seeded apart."""
+    model: nn.Module = dropout_lm()
+    if world > 1:
+        model = DistributedDataParallel(model)
+    torch.manual_seed(100 + rank)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5),
+                      loss_fn=ShiftedTokenCrossEntropy(), shift_labels=True, accumulation_steps=4)
+    history = trainer.fit(make_loader(token_dataset(LM_SAMPLES, length=6, seed=17), MICRO_BATCH, seed=SEED,
+                                      rank=rank, world=world), epochs=EPOCHS)
+    return {"params": [p.detach().clone() for p in _plain(model).parameters()],
+            "losses": [s["loss"] for s in history.steps]}
+
+
 def run(rank: int, world: int, init_file: str, out_dir: str, checkpoint_dir: str | None, resume: str | None) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
@@ -124,6 +210,9 @@ def run(rank: int, world: int, init_file: str, out_dir: str, checkpoint_dir: str
             rank, world, Path(checkpoint_dir) / "dropout" if checkpoint_dir else None,
             Path(resume).parent / "dropout" / f"{DROPOUT_CHECKPOINT_STEP}.pt" if resume else None,
         )
+        if resume is None:
+            result["batchnorm"] = train_batchnorm(rank, world)
+            result["dropout_lm"] = train_dropout_lm(rank, world)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
