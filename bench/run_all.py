@@ -232,6 +232,8 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 for k, value in r["measured"].items()]
     if name == "job_start":
         return job_start_rows(r)
+    if name == "memory_levers":
+        return memory_levers_rows(r)
     if name == "multi_node":
         return [row("max abs distance of final weights (float32), gpus: 2 and nodes: 2 (N: 2) vs one process "
                     f"(N: 4), {r['steps']} steps", f"<= {_fmt(r['target'])}", r["measured"], r["verdict"]),
@@ -243,6 +245,41 @@ def rows_for(name: str, r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         return [(figure, "(in name)", f"see bench/results/{name}.jsonl", str(verdict))
                 for figure, verdict in r["targets"].items()]
     return [(r.get("figure", name), "-", "see bench/results/" + name + ".jsonl", "-")]
+
+
+def memory_levers_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """bench/trainer/memory_levers.py: per workload the activation peak and the recompute's
+    cost; LoRA's trainable parameters and optimizer states; the GPU rows, predicted."""
+    lines = []
+    for workload, values in r["workloads"].items():
+        peak = values["activation_peak_mb"]
+        ratio = values["activation_ratio"]
+        lines += [
+            (f"activation peak, checkpointing every block / plain, {workload}, m={values['m']} "
+             f"({peak['plain']:.1f} -> {peak['checkpointed']:.1f} MB)", "< 1", _fmt(ratio),
+             "pass" if ratio < 1 else "miss"),
+            ("  same, Trainer.fit time checkpointed / plain (the recompute)", "(shown)",
+             _fmt(values["step_time_ratio"]), "-"),
+        ]
+    lora, full = r["lora"]["lora"], r["lora"]["full"]
+    lines += [
+        (f"LoRA r {r['config']['lora_r']} on c_attn, trainable parameters (tiny GPT-2): LoRA / full", "(shown)",
+         f"{lora['trainable']:,} / {full['trainable']:,}", "-"),
+        ("  same, AdamW state bytes after a step: LoRA / full", "(shown)", _fmt(r["lora"]["state_ratio"]),
+         f"{lora['optimizer_state_bytes']:,} / {full['optimizer_state_bytes']:,} B"),
+    ]
+    gpt2 = next(iter(r["workloads"].values()), {})
+    for model, values in r.get("gpu", {}).items():
+        lines.append((
+            f"GPU: {model}, 512 tokens, m=4: peak memory and tokens/s against HF Trainer, same levers",
+            "(one GPU run)",
+            f"predicted: weights + grads + AdamW {values['full_adamw_gb']:.1f} GB full, "
+            f"{values['lora_adamw_gb']:.2f} GB with LoRA r {r['config']['lora_r']} ({values['lora_parameters']:,} "
+            f"of {values['parameters']:,} trained); activations x{_fmt(gpt2.get('activation_ratio'))} "
+            "with checkpointing (the CPU GPT-2 row)",
+            _not_measured(values["status"].removeprefix("not measured: ")),
+        ))
+    return lines
 
 
 def job_start_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:

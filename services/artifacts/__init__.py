@@ -41,6 +41,7 @@ __all__ = [
     "delete_checkpoint",
     "is_sharded_key",
     "manifest_key",
+    "merged_key",
     "open_store",
     "sha256_of",
 ]
@@ -49,6 +50,12 @@ __all__ = [
 def checkpoint_key(job_id: str, step: int) -> str:
     """The key of a job's checkpoint at ``step``: what checkpoint rows hold."""
     return f"{job_id}/{step}.pt"
+
+
+def merged_key(job_id: str) -> str:
+    """The key of a LoRA job's merged model (``peft.merge``): its ``save_pretrained`` files as
+    one uncompressed tar, what ``GET /v1/jobs/{id}/merged`` serves."""
+    return f"{job_id}/merged.tar"
 
 
 SHARD_MANIFEST = "manifest.json"

@@ -113,4 +113,11 @@ def check_peft(options: PeftOptions | None, data: Mapping[str, Any]) -> PeftOpti
             "hf: model",
             HF_MODELS,
         )
+    if options.merge and data.get("strategy") == "fsdp":
+        raise spec_error(
+            "not_applicable",
+            'peft.merge writes the merged model from one process, and strategy "fsdp" keeps it in '
+            'shards: use strategy "ddp", or merge: false (the adapters are in the checkpoints)',
+            [False],
+        )
     return options

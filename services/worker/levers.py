@@ -4,6 +4,7 @@ and the 8-bit optimizer (bitsandbytes), in the order ``build_run`` applies them.
     module = levers.apply(spec, module)          # after building, before DDP/FSDP wrapping
     optimizer = levers.adamw8bit(spec, params)   # spec.optimizer.name == "adamw8bit"
     levers.save_merged(module, directory)        # peft.merge: save_pretrained of base + adapters
+    levers.store_merged(module, uploads, job_id)  # ... as <job>/merged.tar in the artifact store
 
 LoRA comes first (its adapters are wrapped with their block), checkpointing next, then the
 strategy's wrapping (FSDP shards the checkpointed blocks, as torchtitan orders them). peft and
@@ -13,8 +14,10 @@ job with the extra to install.
 
 from __future__ import annotations
 
+import tarfile
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,9 +25,13 @@ from torch import nn
 from accumcore import checkpoint_activations
 from accumcore.activation_checkpointing import checkpointed_blocks
 from accumcore.frozen import trainable
+from services.artifacts import merged_key, sha256_of
 from services.catalog.builders.own_models import Logits
 from services.spec import JobSpec
 from services.spec.levers import PeftOptions
+
+if TYPE_CHECKING:
+    from services.worker.checkpoints.uploads import CheckpointUploads
 
 # Classifier heads a re-made `hf:` classifier trains in full beside the adapters (peft's own
 # list for sequence classification): BERT, DeBERTa, ViT name it classifier, GPT-2/Llama score.
@@ -118,3 +125,17 @@ def save_merged(module: nn.Module, directory: Path) -> Path:
     merged.config.use_cache = type(merged.config)().use_cache  # checkpointing turned it off
     merged.save_pretrained(directory)
     return directory
+
+
+def store_merged(module: nn.Module, uploads: CheckpointUploads, job_id: str) -> str:
+    """``save_merged`` packed as one tar (``tar xf`` it, then ``from_pretrained`` the folder)
+    and stored at ``merged_key(job_id)``; returns the key."""
+    uploads.staging_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=uploads.staging_dir) as folder:
+        merged = save_merged(module, Path(folder) / "merged")
+        packed = Path(folder) / "merged.tar"
+        with tarfile.open(packed, "w") as tar:
+            tar.add(merged, arcname="merged")
+        sha256, size = sha256_of(packed)
+        uploads.put(merged_key(job_id), packed, sha256, size)
+    return merged_key(job_id)

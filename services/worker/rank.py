@@ -26,11 +26,12 @@ from typing import Any
 
 from accumcore import Callback, NonFiniteError, load_checkpoint
 from accumcore.checkpoint import CheckpointWriteError
+from accumcore.distributed import unwrap
 from services.jobdb.sessions import session_factory
 from services.jobdb.status import resume_hint
 from services.settings import Settings
 from services.spec import JobSpec
-from services.worker import micro_batch, phases
+from services.worker import levers, micro_batch, phases
 from services.worker.attempt import Attempt, Flags, Outcome, outcome
 from services.worker.build import Run, build_run
 from services.worker.callbacks import StoreCallback
@@ -84,6 +85,8 @@ def run_attempt(place: Place, settings: Settings, spec: JobSpec, attempt: Attemp
             run.trainer.load_state_dict(restored(run, checkpoint))
         phases.mark("build")
         stopped = fit(run, attempt, settings, lease_lost=lambda: heartbeat is not None and heartbeat.lease_lost)
+        if not stopped and writer.store is not None and spec.peft is not None and spec.peft.merge:
+            levers.store_merged(unwrap(run.trainer.model), writer.store.uploads, attempt.job_id)
     except BaseException:
         writer.fail()
         raise

@@ -23,7 +23,8 @@ from bench import run_all
 ROOT = Path(__file__).resolve().parents[2]
 IN_PROCESS = ["trainer_vs_loop", "trainer_vs_lightning", "exactness", "memory",
               "accumulation_cost", "auto_micro_batch", "resnet50_h100", "prefetch_memory", "host_cost",
-              "fit_setup", "job_start"]
+              "fit_setup", "job_start",
+              pytest.param("memory_levers", marks=pytest.mark.slow)]  # ~20 s: importing timm under load
 PEERS_HERE = all(importlib.util.find_spec(name) for name in ("lightning", "accelerate"))
 
 

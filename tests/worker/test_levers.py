@@ -104,8 +104,15 @@ def test_a_lora_run_checkpoints_its_adapters_and_resumes_bitwise(tmp_path: Path)
                                                  strict=True))
 
 
-def test_the_merged_model_loads_with_from_pretrained(tmp_path: Path) -> None:
+def test_the_stored_merged_model_loads_with_from_pretrained(tmp_path: Path) -> None:
+    """What ``peft.merge`` stores at the job's end (a tar in a real local store), unpacked."""
+    import tarfile
+
     from transformers import GPT2LMHeadModel
+
+    from services.artifacts import open_store
+    from services.artifacts.cache import NodeCache
+    from services.worker.checkpoints.uploads import CheckpointUploads
 
     model = _lora_gpt2()
     with torch.no_grad():
@@ -113,8 +120,13 @@ def test_the_merged_model_loads_with_from_pretrained(tmp_path: Path) -> None:
             if "lora_B" in name:
                 parameter.normal_()  # adapters that change the output
     checkpoint_activations(model)  # a checkpointed job's blocks are unwrapped for the download
-    levers.save_merged(model, tmp_path / "merged")
-    loaded = GPT2LMHeadModel.from_pretrained(tmp_path / "merged", dtype=torch.float64).eval()
+    store = open_store(f"file://{tmp_path / 'store'}")
+    uploads = CheckpointUploads(store, NodeCache(tmp_path / "cache", 1 << 30), "job1", retry_for_s=1.0)
+    key = levers.store_merged(model, uploads, "job1")
+    store.get(key, tmp_path / "merged.tar")
+    with tarfile.open(tmp_path / "merged.tar") as tar:
+        tar.extractall(tmp_path / "download", filter="data")
+    loaded = GPT2LMHeadModel.from_pretrained(tmp_path / "download" / "merged", dtype=torch.float64).eval()
     tokens = _data().tensors[0][:3]
     expected = copy.deepcopy(model).eval()(tokens).logits
     assert torch.allclose(loaded(tokens).logits, expected, atol=1e-10)

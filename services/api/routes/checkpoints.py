@@ -18,7 +18,13 @@ from services.api.deps import ArtifactsDep, SessionDep, SettingsDep
 from services.api.errors import Problem, problem_responses
 from services.api.routes.jobs import NOT_FOUND, job_or_404
 from services.api.schemas import MAX_INT32, CheckpointList, CheckpointPublic
-from services.artifacts import ArtifactStore, StoreUnavailable, consolidated_key, is_sharded_key
+from services.artifacts import (
+    ArtifactStore,
+    StoreUnavailable,
+    consolidated_key,
+    is_sharded_key,
+    merged_key,
+)
 from services.jobdb import checkpoints as store_checkpoints
 
 router = APIRouter(
@@ -130,6 +136,34 @@ def download_checkpoint(
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{stored.size}"
     return StreamingResponse(chunks, status_code=206 if span else 200, headers=headers,
                              media_type="application/octet-stream")
+
+
+@router.get(
+    "/{job_id}/merged",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-tar": {}}, "description": "The merged model's files"}, **NOT_FOUND},
+)
+def download_merged(*, session: SessionDep, owner: CurrentOwner, store: ArtifactsDep, job_id: str) -> Response:
+    """A LoRA job's final model with its adapters merged (spec `peft.merge`): a tar of its
+    `save_pretrained` folder; `tar xf` it and `from_pretrained("merged")`."""
+    job = job_or_404(session, job_id, owner)
+    job_id, peft = job.id, (job.spec or {}).get("peft") or {}
+    session.close()
+    try:
+        stored = store.head(merged_key(job_id))
+        if stored is None:
+            why = ("its spec has no peft.merge: true" if not peft.get("merge")
+                   else "it has not finished training yet (the merged model is written at its end)")
+            raise HTTPException(status.HTTP_404_NOT_FOUND,
+                                detail=f"job {job_id} has no merged model: {why}; its adapters are in its "
+                                f"checkpoints (GET /v1/jobs/{job_id}/checkpoints)")
+        chunks = store.open(merged_key(job_id), 0, stored.size)
+    except StoreUnavailable as exc:
+        raise Problem(status.HTTP_503_SERVICE_UNAVAILABLE, "Artifact Store Unavailable",
+                      f"{exc}; retry later", headers={"Retry-After": "5"}) from exc
+    headers = {"ETag": f'"{stored.sha256}"', "Content-Length": str(stored.size),
+               "Content-Disposition": f'attachment; filename="{job_id}-merged.tar"'}
+    return StreamingResponse(chunks, headers=headers, media_type="application/x-tar")
 
 
 def served_file_of_shards(store: ArtifactStore, manifest: str, job_id: str, step: int) -> str:

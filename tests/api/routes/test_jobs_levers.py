@@ -1,12 +1,17 @@
 """The memory levers through the API: adamw8bit refused for a CPU job with the reason at
-body.optimizer.name, a bad activation_checkpointing at its field, and the job view saying
-which levers a job has on."""
+body.optimizer.name, a bad activation_checkpointing at its field, the job view saying
+which levers a job has on, and a LoRA job's merged model served as a tar."""
 
 from __future__ import annotations
 
+import tarfile
+from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
+
+from services.artifacts import merged_key, open_store
+from services.settings import Settings
 
 
 def test_adamw8bit_for_a_cpu_job_is_422_at_optimizer_name(
@@ -38,3 +43,23 @@ def test_the_job_view_lists_the_levers_on(client: TestClient, alice: dict[str, s
     assert job["levers"] == ["activation_checkpointing (every 2)", "lora (r 4, alpha 16, merge)"]
     plain = client.post("/v1/jobs", json=spec, headers=alice).json()
     assert client.get(f"/v1/jobs/{plain['id']}", headers=alice).json()["levers"] == []
+
+
+def test_the_merged_model_is_served_as_a_tar_once_stored(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any], api_settings: Settings, tmp_path: Path,
+) -> None:
+    """GET /v1/jobs/ID/merged: 404 saying why until the worker stored it (services.worker.levers
+    .store_merged, tested with a real model in tests/worker/test_levers.py), then the tar."""
+    job = client.post("/v1/jobs", json=spec, headers=alice).json()
+    missing = client.get(f"/v1/jobs/{job['id']}/merged", headers=alice)
+    assert missing.status_code == 404 and "no peft.merge" in missing.json()["detail"]
+    folder = tmp_path / "merged"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    packed = tmp_path / "merged.tar"
+    with tarfile.open(packed, "w") as tar:
+        tar.add(folder, arcname="merged")
+    open_store(api_settings.artifacts_url).put(merged_key(job["id"]), packed)
+    served = client.get(f"/v1/jobs/{job['id']}/merged", headers=alice)
+    assert served.status_code == 200 and served.content == packed.read_bytes()
+    assert served.headers["content-type"] == "application/x-tar"
