@@ -95,6 +95,8 @@ class Stack:
             # in every worker, so results are bitwise comparable across workers.
             OMP_NUM_THREADS="1",
             MKL_NUM_THREADS="1",
+            # Tests run as root on the CI machine; a worker refuses root unless told (issue 42).
+            ACCUM_ALLOW_ROOT="1",
         )
         return env
 

@@ -70,7 +70,8 @@ def main() -> None:
         [sys.executable, "-m", "services.worker", "--queues", deployment.queue, "--loglevel", "WARNING",
          "--hostname", f"bench-node2-{os.getpid()}@localhost"],
         cwd=ROOT, env=dict(os.environ, ACCUM_HOME=str(second_home), ACCUM_DATABASE_URL=deployment.settings.database_url,
-                           ACCUM_BROKER_URL=deployment.settings.broker_url, OMP_NUM_THREADS="1"),
+                           ACCUM_BROKER_URL=deployment.settings.broker_url, OMP_NUM_THREADS="1",
+                           ACCUM_ALLOW_ROOT="1"),
         stdout=log, stderr=subprocess.STDOUT,
     )
     try:

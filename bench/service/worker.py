@@ -64,7 +64,8 @@ class Deployment:
             self.settings = Settings(home=self.tmp, database_url=db, broker_url=REDIS)
         upgrade(self.settings.database_url)
         env = dict(os.environ, ACCUM_HOME=str(self.tmp), ACCUM_DATABASE_URL=self.settings.database_url,
-                   ACCUM_BROKER_URL=self.settings.broker_url, OMP_NUM_THREADS=str(threads), **(env or {}))
+                   ACCUM_BROKER_URL=self.settings.broker_url, OMP_NUM_THREADS=str(threads),
+                   ACCUM_ALLOW_ROOT="1", **(env or {}))  # a throwaway worker, also where benches run as root
         self.log = open(self.tmp / "worker.log", "wb")  # noqa: SIM115 - closed in close()
         self.worker = subprocess.Popen(
             [sys.executable, "-m", "services.worker", "--queues", self.queue, "--loglevel", "WARNING"],

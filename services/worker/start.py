@@ -105,6 +105,7 @@ def checked_settings(settings: Settings, pool: str, cpu_ranks: int | None) -> Se
     """The settings this worker runs with, refused now where every job would fail."""
     if pool not in ("solo", "prefork"):
         raise ValueError(f"pool must be 'solo' or 'prefork', got {pool!r}")
+    refuse_root(settings)
     if cpu_ranks is not None:
         settings = with_cpu_ranks_setting(settings, cpu_ranks)
     # A worker that cannot write its checkpoints would fail every job it takes: refuse now.
@@ -112,6 +113,20 @@ def checked_settings(settings: Settings, pool: str, cpu_ranks: int | None) -> Se
     if refusal is not None:
         raise SystemExit(refusal)
     return settings
+
+
+def refuse_root(settings: Settings, euid: int | None = None) -> None:
+    """A worker runs its jobs' code (models, plugins, ``hf:`` loaders) and reads the paths they
+    name: as root, a job could read or write anything on the node, and its errors showed root's
+    own paths. Refused unless ``ACCUM_ALLOW_ROOT=1`` says so; the Docker image runs as ``accum``."""
+    euid = os.geteuid() if euid is None and hasattr(os, "geteuid") else euid
+    if euid == 0 and not settings.allow_root:
+        raise SystemExit(
+            "accum worker: refusing to run as root: every job's code would run with root's "
+            "rights on this node. Start it as an unprivileged user (e.g. `sudo -u accum accum "
+            "worker ...`; the Docker image runs as `accum`), or set ACCUM_ALLOW_ROOT=1 to run "
+            "it as root anyway."
+        )
 
 
 def preload_runner(pool: str = "solo") -> None:

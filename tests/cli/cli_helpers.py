@@ -30,6 +30,7 @@ def accum_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCUM_")}
     env["ACCUM_HOME"] = str(home)
     env["XDG_CONFIG_HOME"] = str(home / "user-config")
+    env["ACCUM_ALLOW_ROOT"] = "1"  # the worker `accum up` starts, where tests run as root
     return env
 
 

@@ -52,7 +52,8 @@ def test_a_gpus_2_job_sent_at_the_first_answer_of_accum_up_is_refused(
 ) -> None:
     home, port = tmp_path / "home", free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ACCUM_")}, "ACCUM_HOME": str(home),
-           "XDG_CONFIG_HOME": str(tmp_path / "user-config")}  # `accum up` records itself there
+           "XDG_CONFIG_HOME": str(tmp_path / "user-config"),  # `accum up` records itself there
+           "ACCUM_ALLOW_ROOT": "1"}  # its worker, where tests run as root
     # The token exists before `accum up` starts, so the first request can already carry it.
     settings = Settings(home=home)
     upgrade_database(settings)

@@ -1,6 +1,8 @@
 """A worker whose artifact store is not writable refuses to start, with one line naming the
 store's URL and the error (a real ``python -m services.worker`` process); one with a working
-S3 store starts. ``--cpu-ranks`` outside its setting's bounds stops it naming the bound."""
+S3 store starts. ``--cpu-ranks`` outside its setting's bounds stops it naming the bound. As root
+it refuses to start unless ACCUM_ALLOW_ROOT=1 (these tests run as root on the CI machine: the
+helper below sets it, as every fixture that starts a worker does)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 
 from services.ports import free_port
 from services.settings import Settings
-from services.worker.start import with_cpu_ranks_setting
+from services.worker.start import refuse_root, with_cpu_ranks_setting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,9 +24,24 @@ ROOT = Path(__file__).resolve().parents[2]
 def worker(tmp_path: Path, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "services.worker", "--queues", "start-test"],
-        cwd=ROOT, env={**os.environ, "ACCUM_HOME": str(tmp_path / "home"), **env},
+        cwd=ROOT, env={**os.environ, "ACCUM_HOME": str(tmp_path / "home"), "ACCUM_ALLOW_ROOT": "1", **env},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+
+
+def test_a_worker_refuses_to_run_as_root_unless_told_to(tmp_path: Path) -> None:
+    """Issue 42 item 4: a worker run as root outside Docker ran every job's code as root (and
+    its errors showed /root/...). The refusal says how to run it, and how to override."""
+    settings = Settings(home=tmp_path / "home", allow_root=False)
+    with pytest.raises(SystemExit, match=r"refusing to run as root.*ACCUM_ALLOW_ROOT=1"):
+        refuse_root(settings, euid=0)
+    refuse_root(settings, euid=1000)
+    refuse_root(settings.model_copy(update={"allow_root": True}), euid=0)
+    if os.geteuid() == 0:  # and the real process, where this machine lets us be root
+        process = worker(tmp_path, ACCUM_ALLOW_ROOT="0")
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 1 and stderr.strip().splitlines()[-1].startswith(
+            "accum worker: refusing to run as root"), stderr
 
 
 def test_an_unreachable_s3_store_stops_the_worker_with_one_line(tmp_path: Path) -> None:
