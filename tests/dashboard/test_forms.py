@@ -115,3 +115,29 @@ def test_clone_opens_the_form_with_the_jobs_spec(logged_in: Any, deployment: Dep
     assert clone.pop("timeout") == (original.pop("timeout") or deployment.stack.settings.max_job_seconds)
     assert {**clone, "name": None} == {**original, "name": None}
     assert clone["name"] == "to-clone-clone"
+
+
+def test_the_form_sends_checkpointing_and_lora_for_an_hf_model(logged_in: Any, deployment: Deployment) -> None:
+    """The memory levers: LoRA's fields appear for an hf: model only, both levers reach the stored
+    spec as the API takes them, and the job page lists them."""
+    page = logged_in
+    page.goto("/#/submit")
+    expect(page.locator("#f-peft-method")).to_be_hidden()  # mlp: no adapters to fit
+    page.fill("#model", "hf:gpt2")
+    page.locator("#model").dispatch_event("change")
+    page.fill("#f-model-options", "{n_layer: 2, n_embd: 16, n_head: 2}")
+    page.select_option("#dataset", "text")
+    page.select_option("#f-activation-checkpointing", "2")
+    page.select_option("#f-peft-method", "lora")
+    page.fill("#f-peft-r", "4")
+    page.fill("#f-peft-target-modules", "c_attn")
+    page.check("#f-peft-merge")
+    page.fill("#queue", "no-worker-here")  # stays queued: nothing trains it
+    page.click("#submit-job")
+    page.wait_for_function("() => location.hash.startsWith('#/jobs/') || document.querySelector('#submit-message')?.textContent")
+    assert JOB_URL.search(page.url), page.locator("#submit-form").inner_text()
+    spec = job_spec(deployment, page.url.rsplit("/", 1)[1])
+    assert spec["activation_checkpointing"] == {"every": 2}
+    assert spec["peft"] == {"method": "lora", "r": 4, "alpha": 16, "dropout": 0.0, "target_modules": ["c_attn"],
+                            "merge": True}
+    expect(page.locator("#levers")).to_have_text("activation_checkpointing (every 2), lora (r 4, alpha 16, merge)")

@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from accumcore import Trainer, checkpoint_activations
+from accumcore.activation_checkpointing import checkpointed_blocks
 from accumcore.data import make_loader
 from accumcore.frozen import trainable
 from accumcore.schedule import AccumulationSchedule
@@ -154,3 +155,23 @@ def test_a_job_spec_with_both_levers_builds_and_trains_adapters_only_on_checkpoi
     assert all(torch.equal(value, dict(module.named_parameters())[name]) for name, value in base.items())
     state = torch.load(tmp_path / "2.pt", weights_only=True)
     assert all("lora_" in key for key in state["model"])
+
+
+def test_a_sequence_classifier_trains_its_adapters_and_its_remade_head() -> None:
+    """The catalog's Logits around an hf: classifier: LoRA goes inside (peft's default targets
+    for the model type), the head it re-made for the data's classes is trained in full, and
+    checkpointing finds the blocks through both wrappers."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    from services.catalog.builders.own_models import Logits
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=13, n_positions=8, n_embd=8, n_layer=2, n_head=2, num_labels=3, pad_token_id=0)
+    model = levers.add_lora(Logits(GPT2ForSequenceClassification(config)), PeftOptions(r=2))
+    assert checkpointed_blocks(checkpoint_activations(model)) == 2
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert any("lora_A" in n for n in trained) and any(".score." in n for n in trained)
+    assert all("lora_" in n or ".score." in n for n in trained)
+    logits = model(input_ids=torch.randint(1, 13, (4, 8)))
+    F.cross_entropy(logits, torch.tensor([0, 1, 2, 0])).backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if n in trained)
