@@ -32,8 +32,8 @@ def evaluate(
     use_ddp = distributed.ddp_wrapped(model) or sharded
     module = distributed.unwrap(model)
     # FSDP: each forward all-gathers, so every rank runs as many as the rank with the most
-    # batches (the loaders' lengths), the missing ones on 0 rows; a rank with no batch at all
-    # takes the 0 rows' structure from another rank's first batch.
+    # batches (the loaders' lengths), the missing ones on one row (output unused); a rank with
+    # no batch at all takes a row of another rank's first batch.
     passes, batchless_ranks = _most_batches(loader, model) if sharded else (0, 0)
     empty: Any = None
     rng = capture_rng_state()
@@ -53,7 +53,8 @@ def evaluate(
                 inputs, targets = items.unpack(batch)
                 count = items.normalise_count(counter(inputs, targets))
                 passes -= 1
-                empty = items.empty_rows(inputs)
+                if sharded:
+                    empty = items.one_row(inputs)
                 if not isinstance(count, torch.Tensor) and count == 0:
                     if sharded:  # nothing to score, but the forward's all-gathers to join
                         items.forward(module, items.to_device(inputs, device))
@@ -98,9 +99,9 @@ def evaluate(
 
 
 def _first_empty_rows(loader: Iterable[Any]) -> Any:
-    """0 rows of the loader's first batch's inputs; None when it has none."""
+    """One row of the loader's first batch's inputs; None when it has none."""
     for batch in loader:
-        return items.empty_rows(items.unpack(batch)[0])
+        return items.one_row(items.unpack(batch)[0])
     return None
 
 

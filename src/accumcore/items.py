@@ -188,6 +188,19 @@ def empty_rows(value: Any) -> Any:
     return value
 
 
+def one_row(value: Any) -> Any:
+    """The batch's first row, every tensor copied (no storage of the batch kept alive): the
+    input of a pass that only joins the ranks' collectives (its output unused or times 0).
+    One row, not 0: some models (Hugging Face attention) cannot reshape an empty batch."""
+    if isinstance(value, torch.Tensor):
+        return value[:1].clone() if value.dim() else value
+    if isinstance(value, Mapping):
+        return {k: one_row(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(one_row(v) for v in value)
+    return value
+
+
 def split(value: Any, parts: int | list[int]) -> list[Any]:
     """Split along the first dimension into ``parts`` nearly equal chunks (OOM back-off), or
     at the row indices ``parts`` lists (``torch.tensor_split``'s two forms)."""

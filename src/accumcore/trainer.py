@@ -717,15 +717,17 @@ class Trainer:
     def _shift_shapes(self, batch: Any | None) -> None:
         """FSDP: every rank runs the label-shift detection's forward (a collective) where the
         ranks with a batch do (their batches' labels apply); a rank without a batch runs it on
-        0 rows of the first rank's (``sharding.shared_empty_rows``)."""
+        the first row of the first rank's (shared by ``sharding.shared_empty_rows``; a row, not
+        0 rows: some models cannot reshape an empty batch), its output unused."""
         offer = None
         if batch is not None:
             inputs, targets = items.unpack(batch)
-            offer = (label_shift.applies(inputs, targets), items.empty_rows(inputs))
+            offer = (label_shift.applies(inputs, targets), items.one_row(inputs))
         shared = sharding.shared_empty_rows(offer)
         if batch is None and shared is not None and shared[0]:
             module = distributed.unwrap(self.model)
             modes = [(m, m.training) for m in module.modules()]
+            rng = capture_rng_state()
             module.eval()
             try:
                 with torch.no_grad():
@@ -733,6 +735,7 @@ class Trainer:
             finally:
                 for m, training in modes:
                     m.training = training
+                restore_rng_state(rng)
 
     def _step(self, outcome: StepOutcome, started: float) -> dict[str, float]:
         self.global_step += 1

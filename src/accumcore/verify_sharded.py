@@ -5,7 +5,7 @@ The check of ``verify_window`` needs the big batch's gradient through the same m
 FSDP no rank holds the whole model, and every forward all-gathers and every backward
 reduce-scatters: every rank runs the same passes. So each rank runs one big-batch pass of its
 own share of the window (its micro-batches concatenated; a rank with none a zero-weight pass
-on 0 rows), weighted W_rank x k / W (FSDP divides by the world size k), and FSDP's
+on one row times 0), weighted W_rank x k / W (FSDP divides by the world size k), and FSDP's
 reduce-scatter leaves each rank the shard of sum_r W_r / W grad(mean loss of share r): the
 gradient of the window's mean, where the loss is the mean over the counted items. Then the
 trainer's own window code runs the micro-batches (n_i x k / W, zero-weight passes where a rank
@@ -82,7 +82,7 @@ def check_sharded(trainer: Any, micro_batches: list[MicroBatch], tolerance: floa
             data.update(rel_error=None, note="the window has no items (every target ignore_index): nothing to compare")
             return data
         with torch.autocast(device.type, enabled=False):
-            empty = sharding.shared_empty_rows(items.empty_rows(loaded[0].inputs) if loaded else None)
+            empty = sharding.shared_empty_rows(items.one_row(loaded[0].inputs) if loaded else None)
             world = distributed.world_size()
             _weighted_pass(trainer, big, local_items * world / total, empty)
             reference = _local_grads(params)
@@ -104,7 +104,7 @@ def check_sharded(trainer: Any, micro_batches: list[MicroBatch], tolerance: floa
 
 
 def _weighted_pass(trainer: Any, batch: tuple[Any, Any] | None, weight: float, empty: Any) -> None:
-    """One forward and backward of ``weight`` x loss (0 rows and an exact zero without a batch)."""
+    """One forward and backward of ``weight`` x loss (one row times 0 without a batch)."""
     for param in trainer.model.parameters():
         param.grad = None
     if batch is None:

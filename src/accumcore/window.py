@@ -179,9 +179,9 @@ class WindowRunner:
         self.sharded = sharding.is_sharded(model)
         self.defer_sync = self.sharded and sharding.check_sync_mode(fsdp_sync) == "window"
         self.collective = self.ddp or self.sharded  # the window's counts are all-reduced
-        self.empty_inputs: Any = None  # FSDP: 0 rows of an earlier micro-batch, for extra passes
-        # DDP: 0 rows (copied) of the first micro-batch whose forward ran: the empty pass of a
-        # rank whose micro-batch raised (its own 0 rows may raise the same way).
+        self.empty_inputs: Any = None  # FSDP: one row of an earlier micro-batch, for extra passes
+        # DDP: one row (copied) of the first micro-batch whose forward ran: the empty pass of a
+        # rank whose micro-batch raised (its own row may raise the same way).
         self.good_empty: Any = None
         # DDP/FSDP with BatchNorm: records each micro-batch's statistics (``batchnorm_sync``).
         self.batchnorm: Any = None
@@ -248,7 +248,7 @@ class WindowRunner:
                         _check_scalar(loss)
                         in_sync_backward = synced and index == last
                         if self.ddp and self.good_empty is None:
-                            self.good_empty = _copy(items.empty_rows(loaded))
+                            self.good_empty = items.one_row(loaded)
                         self._backward(mb, loss, outputs, weight_factor, divisor, losses, counts)
                 finally:
                     self.keyed_rng.exit(keyed)
@@ -258,7 +258,7 @@ class WindowRunner:
                 return self._drop_window(micro_batches, loaded, synced, total_items, total_samples, manual_sync,
                                          error)
         if self.sharded:
-            self.empty_inputs = items.empty_rows(loaded) if loaded is not None else self.empty_inputs
+            self.empty_inputs = items.one_row(loaded) if loaded is not None else self.empty_inputs
             inputs = targets = outputs = loss = loaded = None
             self._zero_weight_passes(len(micro_batches), passes)
         return WindowResult(
@@ -312,12 +312,12 @@ class WindowRunner:
 
     def _share_empty_inputs(self, micro_batches: list[MicroBatch]) -> None:
         """FSDP, some rank has no micro-batch in this window and has seen none: every rank
-        offers 0 rows of a micro-batch (an earlier one's, or this window's first), and a rank
+        offers one row of a micro-batch (an earlier one's, or this window's first), and a rank
         without its own takes the first offer (a collective: every rank calls it)."""
         offer = self.empty_inputs
         if offer is None and micro_batches:
             rng = capture_rng_state()  # loading may draw random transforms: the pass loads it again
-            offer = items.empty_rows(micro_batches[0].load()[0])
+            offer = items.one_row(micro_batches[0].load()[0])
             restore_rng_state(rng)
         shared = sharding.shared_empty_rows(offer)
         if self.empty_inputs is None:
@@ -398,7 +398,7 @@ class WindowRunner:
             if error is not None:
                 if loaded is None and self.good_empty is None:
                     raise error  # nothing loaded to shape the empty pass with
-                self._empty_pass(self.good_empty if self.good_empty is not None else items.empty_rows(loaded))
+                self._empty_pass(self.good_empty if self.good_empty is not None else items.one_row(loaded))
                 distributed.unwrap(self.model).zero_grad(set_to_none=True)
                 return WindowResult(None, total_items, total_samples, len(micro_batches), manual_sync, error=error)
             if loaded is None:
@@ -414,43 +414,40 @@ class WindowRunner:
                             oom=True, oom_fatal=fatal)
 
     def _empty_sync_pass(self, loaded: Any) -> None:
-        """Forward and backward a batch of 0 samples through DDP: every parameter gets a zero
+        """Forward and backward one row times 0 through DDP: every parameter gets a zero
         gradient, so this rank takes part in the gradient all-reduce."""
-        self._empty_pass(items.empty_rows(loaded))
+        self._empty_pass(items.one_row(loaded))
         distributed.unwrap(self.model).zero_grad(set_to_none=True)
 
     def _zero_weight_passes(self, done: int, passes: int) -> None:
         """FSDP: the passes this rank lacks to join the window's all-gathers and
-        reduce-scatters, each on 0 rows (an exact zero gradient); the last one syncs. A rank
-        that has seen no micro-batch got its 0 rows from another (``_share_empty_inputs``)."""
+        reduce-scatters, each on one row times 0 (an exact zero gradient); the last one syncs. A
+        rank that has seen no micro-batch got its row from another (``_share_empty_inputs``)."""
         for index in range(done, passes):
             if self.defer_sync:
                 sharding.defer_gradient_sync(self.model, index < passes - 1)
             self._empty_pass(self.empty_inputs)
 
     def _empty_pass(self, empty_inputs: Any) -> None:
-        """Forward and backward a batch of 0 samples with an exact zero loss. Buffers
-        (BatchNorm statistics of an empty batch) are put back afterwards."""
+        """Forward and backward one row of an earlier micro-batch with an exact zero loss
+        (outputs x 0: every gradient exactly 0), in eval mode (a BatchNorm refuses one row in
+        train mode; dropout draws nothing). One row, not 0: some models (Hugging Face
+        attention) cannot reshape an empty batch. Modes and buffers are put back afterwards."""
         module = distributed.unwrap(self.model)
         buffers = [(b, b.detach().clone()) for b in module.buffers()]
+        modes = [(m, m.training) for m in module.modules()]
         inputs = items.to_device(empty_inputs, self.device)
-        with self.precision.autocast():
-            outputs = items.forward(self.model, inputs)
-        self.precision.backward(_zero_through(outputs))
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
-
-
-def _copy(value: Any) -> Any:
-    """``value`` with every tensor cloned (0 rows: no storage of the batch kept alive)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, Mapping):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return type(value)(_copy(v) for v in value)
-    return value
+        module.eval()
+        try:
+            with self.precision.autocast():
+                outputs = items.forward(self.model, inputs)
+            self.precision.backward(_zero_through(outputs))
+        finally:
+            for module_, training in modes:
+                module_.training = training
+            with torch.no_grad():
+                for buffer, saved in buffers:
+                    buffer.copy_(saved)
 
 
 def _check_scalar(loss: Any) -> None:

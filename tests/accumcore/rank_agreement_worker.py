@@ -9,6 +9,12 @@ after the other in the same processes (a spawn costs seconds), each with a Train
   sums, refused by the loss check on rank 1 alone; a token id out of range in the forward of a
   micro-batch inside the window): both ranks raise ``RankFailed`` with the same message, at
   once, instead of rank 0 waiting in a collective until the process group's timeout.
+- Label-shift detection agreed by the ranks: a tiny float64 causal LM shaped like Hugging
+  Face's (keyword batches, its own shifted loss, attention heads reshaped as GPT-2 does, which
+  an empty batch cannot be) sharded with FSDP2, ``loss_fn=None`` and no ``shift_labels``, rank 1
+  without a micro-batch in the first window (it deadlocked: only rank 0 ran the detection's
+  forward, a collective; and the zero-weight passes on 0 rows failed the reshape); a BatchNorm1d
+  model whose micro-batch of one sample on rank 1 is refused in its forward.
 - The check on a sharded model (FSDP2 ``fully_shard``, float64): uneven shares (3 and 2
   micro-batches) pass and train as without the check; a loss that sums and a per-row mean that
   only rank 1's padded rows expose fail at window 1 on both ranks with the fix named.
@@ -179,6 +185,64 @@ def sharded_rows(rank: int) -> dict[str, Any]:
     return _fit(batches, RowMean(), 2, True, sharded=True)
 
 
+class TinyCausalLM(nn.Module):
+    """``model(input_ids=, labels=)`` -> {"loss", "logits"}: the mean cross-entropy of
+    logits[:, :-1] against labels[:, 1:], as a Hugging Face causal LM scores them; its hidden
+    states are split into heads with ``view(B, T, -1, 2)``, as GPT-2's attention does (0 rows
+    cannot be reshaped so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.mix = nn.Linear(8, 8)
+        self.head = nn.Linear(8, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        h = self.mix(self.embed(input_ids))
+        h = torch.tanh(h.view(h.shape[0], h.shape[1], -1, 2)).reshape(h.shape)
+        logits = self.head(h)
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1),
+                                                      ignore_index=-100)
+        return out
+
+
+def sharded_lm_detection(rank: int) -> dict[str, Any]:
+    """Rank 0 has 3 keyword micro-batches, rank 1 none: windows of 2 per rank."""
+    torch.manual_seed(0)
+    model = accumcore.shard(TinyCausalLM().to(torch.float64))
+    x, y = token_dataset(8, seed=40 + rank).tensors
+    # Rank 1 has no micro-batch in the first window: it comes to the detection without data.
+    batches = [{"input_ids": x[i:i + 2], "labels": y[i:i + 2]} for i in range(0, 6, 2)] if rank == 0 else []
+    events = Events()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=None, accumulation_steps=2,
+                      callbacks=[events])
+    started = time.monotonic()
+    trainer.fit(batches, epochs=1)
+    return {"shift": trainer.shift_labels, "steps": trainer.global_step, "seconds": time.monotonic() - started,
+            "detected": [d for k, _, d in events.events if k == "shift_labels_detected"]}
+
+
+def batchnorm_refuses_one_sample(rank: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)))
+    g = torch.Generator().manual_seed(50 + rank)
+    x, y = torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+    batches = [(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)]
+    if rank == 1:
+        batches[1] = (x[2:3], y[2:3])  # one sample: "Expected more than 1 value per channel"
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=nn.CrossEntropyLoss(),
+                      accumulation_steps=2)
+    started = time.monotonic()
+    error = None
+    try:
+        trainer.fit(batches, epochs=1)
+    except RankFailed as exc:
+        error = {"rank": exc.rank, "kind": exc.kind, "message": str(exc), "own": type(exc.__cause__).__name__}
+    return {"error": error, "steps": trainer.global_step, "seconds": time.monotonic() - started}
+
+
 CASES = {
     "exact_on_rank0_only": exact_on_rank0_only,
     "fewer_micro_batches_than_ranks": fewer_micro_batches_than_ranks,
@@ -191,6 +255,8 @@ CASES = {
     "sharded_exact": sharded_exact,
     "sharded_sums": lambda rank: _fit(_sharded_batches(rank), SumTokens(), 3, True, sharded=True),
     "sharded_rows": sharded_rows,
+    "sharded_lm_detection": sharded_lm_detection,
+    "batchnorm_one_sample": batchnorm_refuses_one_sample,
 }
 
 

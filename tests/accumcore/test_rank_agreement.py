@@ -12,7 +12,10 @@ the same processes, one Trainer each):
   a loss refused by the loss check on rank 1 alone; a token id out of range in a forward
   inside the window) is raised on both ranks as the same ``RankFailed`` within 5 s, rank 1's
   own error as its cause (before: rank 0 waited in the window's all-reduce until the process
-  group's timeout, 120 s in the audit's run);
+  group's timeout, 120 s in the audit's run), a BatchNorm1d refusing rank 1's one-sample
+  micro-batch too; label-shift detection of a sharded tiny causal LM (``loss_fn=None``, keyword
+  batches) with a rank that has no data in the first window is decided by both ranks (it
+  deadlocked);
 - on a sharded model (FSDP2 ``fully_shard``, float64) the check compares the reduce-scattered
   shards: uneven shares pass (1e-16) and train bitwise as unchecked; a summing loss and a
   per-row mean fail at window 1 with the fix named.
@@ -109,3 +112,19 @@ def test_a_sharded_model_fails_a_lying_loss_at_window_1_with_the_fix(results, ca
     assert data["status"] == "failed" and fix in message
     assert all(r["error"]["cause"] == cause and r["steps"] == 0 for r in (zero, one))
     assert zero["error"]["message"] == one["error"]["message"]
+
+
+def test_a_batchnorm_refusing_one_sample_on_rank_1_fails_both_ranks_at_once(results) -> None:
+    zero, one = (r["batchnorm_one_sample"] for r in results)
+    for result in (zero, one):
+        assert result["error"]["kind"] == "ValueError" and "Expected more than 1 value per channel" in result["error"]["message"]
+        assert result["seconds"] < 5 and result["steps"] == 0
+    assert zero["error"]["message"] == one["error"]["message"]
+
+
+def test_label_shift_detection_on_a_sharded_lm_is_agreed_with_a_rank_without_data(results) -> None:
+    """Rank 1 has no micro-batch: it joins the detection's forward (a collective under FSDP)
+    on a row rank 0 shares, and both ranks count the labels shifted."""
+    zero, one = (r["sharded_lm_detection"] for r in results)
+    assert zero["detected"] == one["detected"] == [{"shift_labels": True}]
+    assert zero["shift"] is one["shift"] is True and zero["steps"] == one["steps"] == 2
