@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     presign_expires_s: int = Field(default=300, gt=0, le=7 * 24 * 3600)
     lease_timeout_s: float = Field(default=60.0, gt=0)
     heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    # How often a training job's host CPU/memory, process RSS and GPU figures are sampled; each
+    # sample is recorded with the next optimizer step (services.worker.system_metrics).
+    system_metrics_every_s: float = Field(default=1.0, ge=0.05, le=3600)
     reaper_interval_s: float = Field(default=10.0, gt=0)
     # A queued job whose broker message was sent longer ago than this gets another one from
     # the reaper (the first may be lost: broker down at submit time, a worker killed between
@@ -133,9 +136,6 @@ class Settings(BaseSettings):
     # registers them (`accum worker --cpu-ranks K`). 0: `gpus: 0` or `1` jobs only, one process;
     # such a worker never trains a `gpus: 2` job on CPU (services/fleet.py).
     cpu_ranks: int = Field(default=0, ge=0, le=64)
-    # A worker refuses to start as root unless this is set (issue 42): a job's code, data paths
-    # and errors would run and read with root's rights. The Docker image runs as its own user.
-    allow_root: bool = False
     # Multi-node jobs (`nodes: n`, services.jobdb.gangs, services.worker.gang). The address this
     # worker's node is reached at by the other nodes of a gang it leads (its rendezvous store
     # listens there), the ports it may open for that, and how long a gang may take to gather

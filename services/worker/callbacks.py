@@ -42,7 +42,6 @@ from services.worker.checkpoints.shards import ShardedUploads
 from services.worker.checkpoints.uploads import ArtifactQuotaExceeded, CheckpointUploads
 from services.worker.heartbeat import Heartbeat
 from services.worker.retry import retry_while_unreachable
-from services.worker.system_metrics import GpuSampler, gpu_sampler
 
 log = logging.getLogger(__name__)
 
@@ -120,16 +119,12 @@ class StoreCallback(Callback):
         # moved on to the next epoch when it saves at an epoch's end (that is where a resume
         # starts, and what the file keeps).
         self._last_step_epoch: tuple[int, int] | None = None
-        # The training device's utilisation, memory and power with each step (NVML; None on
-        # CPU or without nvidia-ml-py: then nothing is logged).
-        self._gpu: GpuSampler | None = None
 
     # ------------------------------------------------------------------ trainer hooks
     def should_stop(self) -> bool:
         return self.heartbeat is not None and self.heartbeat.should_stop()
 
     def on_fit_start(self, trainer: Any) -> None:
-        self._gpu = gpu_sampler(getattr(trainer, "device", "cpu"))
         self._stopped.clear()
         self._writer = threading.Thread(target=self._write_loop, name="accum-metrics", daemon=True)
         self._writer.start()
@@ -137,8 +132,6 @@ class StoreCallback(Callback):
     def on_step(self, trainer: Any, metrics: dict[str, float]) -> None:
         step, epoch = int(metrics["step"]), int(metrics["epoch"])
         self._last_step_epoch = (step, epoch)
-        if self._gpu is not None:
-            metrics = {**metrics, **self._gpu.sample()}
         rows = metric_rows(step, epoch, metrics)
         progress = {"epoch": epoch, "optimizer_step": step, "total_optimizer_steps": self.total_steps}
         with self._buffer_lock:  # uncontended but for the writer's swap: ~100 ns
@@ -271,9 +264,6 @@ class StoreCallback(Callback):
     def close(self) -> None:
         """Wait for the upload in flight, stop the writer thread and write what is left (also
         called if fit raises); raises the upload's error, if it failed."""
-        if self._gpu is not None:
-            self._gpu.close()
-            self._gpu = None
         try:
             self.uploads.wait()
         finally:

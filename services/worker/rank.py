@@ -44,6 +44,7 @@ from services.worker.heartbeat import Heartbeat
 from services.worker.place import Place
 from services.worker.pulse import RankLink
 from services.worker.strategy import model_wrapper, sharded
+from services.worker.system_metrics import SystemMetrics
 from services.worker.trackers.callback import TrackerCallback
 from services.worker.trackers.job import job_trackers
 from services.worker.warm_start import describe, job_initial_weights
@@ -67,7 +68,10 @@ def run_attempt(place: Place, settings: Settings, spec: JobSpec, attempt: Attemp
             it raises for every rank at once, and why; the rank's progress beats.
     """
     writer = Writer.open(place, settings, spec, attempt, heartbeat)
-    callbacks = [c for c in (stop, writer.store, writer.trackers, writer.shards) if c is not None]
+    # The system metrics first: each sample joins a step's metrics before the store and the
+    # trackers read them.
+    callbacks = [c for c in (stop, writer.system, writer.store, writer.trackers, writer.shards)
+                 if c is not None]
     try:
         run = build_run(
             spec, callbacks=callbacks,
@@ -144,12 +148,13 @@ def gather_warm_start(run: Run, place: Place) -> None:
 
 class Writer:
     """What rank 0 records of the attempt (the other ranks have none): the store callback
-    (metrics, progress, checkpoint rows and uploads) and the job's trackers; and on every rank
-    of a sharded (FSDP) attempt, the store of its own checkpoint files."""
+    (metrics, progress, checkpoint rows and uploads), the job's trackers and the system metrics
+    sampled beside them; and on every rank of a sharded (FSDP) attempt, the store of its own
+    checkpoint files."""
 
     def __init__(self, store: StoreCallback | None, trackers: TrackerCallback | None,
-                 shards: ShardCallback | None = None) -> None:
-        self.store, self.trackers, self.shards = store, trackers, shards
+                 shards: ShardCallback | None = None, system: SystemMetrics | None = None) -> None:
+        self.store, self.trackers, self.shards, self.system = store, trackers, shards, system
 
     @classmethod
     def open(cls, place: Place, settings: Settings, spec: JobSpec, attempt: Attempt,
@@ -172,7 +177,8 @@ class Writer:
             retry_for_s=settings.lease_timeout_s,  # a spawned rank 0 has no heartbeat of its own
             shards=shards,
         )
-        return cls(store, job_trackers(settings, sessions, attempt, spec, uploads))
+        return cls(store, job_trackers(settings, sessions, attempt, spec, uploads),
+                   system=SystemMetrics(settings.system_metrics_every_s))
 
     def record_start(self, run: Run, spec: JobSpec, attempt: Attempt) -> None:
         """The run's size, the micro-batch ``"auto"`` chose (once per job), the warm start and
@@ -181,6 +187,9 @@ class Writer:
             return
         micro_batch.remember(self.store.sessions, spec, attempt, run.micro_batch_size, run.accumulation_steps)
         self.store.total_steps = run.total_steps
+        if self.system is not None:
+            note = self.system.start(run.trainer.device)
+            self.store.on_event(run.trainer, "system_metrics", note, {"every_s": self.system.every_s})
         if run.warm_start is not None:
             self.store.on_event(run.trainer, "warm_start", describe(run.warm_start), run.warm_start)
         for kind, message, data in run.notes:
@@ -191,6 +200,8 @@ class Writer:
         told by ``flags``: the heartbeat in the worker's process, the supervisor's stop and its
         reason in a spawned rank (a lost lease and a hand-back leave them open for the next
         attempt)."""
+        if self.system is not None:
+            self.system.close()
         if self.store is not None:
             self.store.close()
         if self.shards is not None:
@@ -204,6 +215,8 @@ class Writer:
             phases.mark("tracker_end")
 
     def fail(self) -> None:
+        if self.system is not None:
+            self.system.close()
         if self.store is not None:
             with contextlib.suppress(Exception):  # the first error is the one to report
                 self.store.close()  # stop the writer thread

@@ -26,7 +26,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # playwright); refusing it proves the image works without it.
 HEAVY = ("torch", "torchvision", "numpy", "sklearn", "scipy", "greenlet")
 API_EXTRAS = ("s3",)
-OPPORTUNISTIC = {"cryptography", "xxhash", "httpx2", "cffi", "brotlicffi", "hiredis", "sniffio"}
+OPPORTUNISTIC = {"cryptography", "xxhash", "httpx2", "cffi", "brotlicffi", "hiredis", "sniffio", "psutil"}
 
 PROBE = """
 import importlib.abc, json, sys
@@ -101,7 +101,8 @@ def test_api_imports_no_heavy_package_and_needs_only_listed_ones(tmp_path: Path)
     # Imported only because they happen to be installed here (by the models and test extras):
     # redis-py uses cryptography and xxhash when present, starlette's TestClient prefers
     # httpx2, cryptography brings cffi, anyio uses sniffio, and FastAPI's telemetry imports
-    # whichever OpenTelemetry SDK parts are installed. The image runs without them.
+    # whichever OpenTelemetry SDK parts are installed (its resources import psutil, which the
+    # worker extra installs). The image runs without them.
     needed = {n for n in needed - OPPORTUNISTIC if not n.startswith("opentelemetry-")} | (
         needed & {"opentelemetry-api"}
     )

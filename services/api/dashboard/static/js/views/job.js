@@ -21,19 +21,25 @@ const COMPACT_AT = 3 * MAX_POINTS;
 const RECONNECT_MS = 2000;
 const PANELS = [
   { id: "chart-loss", title: "Loss", metrics: ["loss", "val_loss"], always: true },
+  // System metrics (services/worker/system_metrics.py), beside the loss; a panel the job has no
+  // figure for (no GPU, no NVML) takes no place, live or not.
+  { id: "chart-host", title: "Host CPU and memory %", metrics: ["host_cpu_percent", "host_memory_percent"], ifAny: true },
+  { id: "chart-rss", title: "Process memory (RSS, bytes)", metrics: ["process_rss_bytes"], ifAny: true },
+  { id: "chart-gpu", title: "GPU utilisation %", metrics: ["gpu_utilization_percent"], ifAny: true },
+  { id: "chart-gpu-memory", title: "GPU memory used (bytes)", metrics: ["gpu_memory_used_bytes"], ifAny: true },
   { id: "chart-val-accuracy", title: "Validation accuracy", metrics: ["val_accuracy"], waiting: "Waiting for the first evaluation" },
   { id: "chart-lr", title: "Learning rate", metrics: ["lr"] },
   { id: "chart-grad-norm", title: "Gradient norm", metrics: ["grad_norm"] },
   { id: "chart-samples", title: "Samples/s", metrics: ["samples_per_s"] },
 ];
-// Any other metric the run logs (items_per_s, step_time_s, a GPU worker's system metrics, ...)
+// Any other metric the run logs (items_per_s, step_time_s, GPU power, ...)
 // gets a chart of its own, after these, the first time a point of it arrives.
 const DRAWN = new Set(PANELS.flatMap((p) => p.metrics));
 const EVENT_TONES = {
   succeeded: "good", started: "info", resumed: "info", checkpoint: "muted", created: "muted",
   failed: "bad", traceback: "bad", process_died: "bad", oom_backoff: "warn", requeued: "warn", lease_expired: "warn",
   fp16_step_skipped: "warn", nonfinite_step_skipped: "warn", batchnorm_warning: "warn",
-  cancel_requested: "muted", cancelled: "muted",
+  cancel_requested: "muted", cancelled: "muted", system_metrics: "muted",
 };
 // How an attempt ended, in the page's words (the API's `outcome`).
 const OUTCOMES = {
@@ -412,7 +418,7 @@ class JobPage {
       const empty = lines.every((l) => !l.series.length);
       // A finished job shows the curves it has; a live one keeps every panel's place, so a
       // chart that gets its first point does not push the page about.
-      panel.chart.figure.hidden = empty && finished && !panel.always;
+      panel.chart.figure.hidden = empty && (finished || panel.ifAny) && !panel.always;
       if (empty) panel.chart.placeholder(finished ? "No training steps were logged" : panel.waiting ?? "Waiting for the first point");
       panel.chart.set(lines, { xMode: this.settings.xMode, smoothing: this.settings.smoothing, markers });
     }
