@@ -100,6 +100,19 @@ def _range(node: Schema, integer: bool) -> str:
     return " " + " and ".join(parts) if parts else ""
 
 
+def _count(low: int | None, high: int | None, unit: str) -> str:
+    """` of 2 items`, ` of 1 to 40 characters`, ` of at most 20 items` ('' without bounds)."""
+    low = low or None  # at least 0 says nothing
+    if low is None and high is None:
+        return ""
+    many = f"{unit}s" if (high if high is not None else low) != 1 else unit
+    if low == high:
+        return f" of {_number(low)} {many}"
+    if low is not None and high is not None:
+        return f" of {_number(low)} to {_number(high)} {many}"
+    return f" of at most {_number(high)} {many}" if high is not None else f" of at least {_number(low)} {many}"
+
+
 def describe(node: Schema) -> str:
     """What one schema alternative takes, in words: `an integer from 1 to 64`."""
     if "const" in node:
@@ -114,10 +127,9 @@ def describe(node: Schema) -> str:
     if kind == "boolean":
         return "true or false"
     if kind == "string":
-        return "text"
+        return "text" + _count(node.get("minLength"), node.get("maxLength"), "character")
     if kind == "array":
-        size = node.get("minItems") if node.get("minItems") == node.get("maxItems") else None
-        return f"a list of {size}" if size is not None else "a list"
+        return "a list" + _count(node.get("minItems"), node.get("maxItems"), "item")
     if kind == "object" and node.get("properties"):
         required = list(node.get("required") or [])
         optional = [name for name in node["properties"] if name not in required]
@@ -141,6 +153,10 @@ def _takes(nodes: Sequence[Schema], error: Mapping[str, Any]) -> str:
     bounds = {"gt": "greater than", "ge": "at least", "lt": "less than", "le": "at most"}
     said = [f"{words} {_number(ctx[key])}" for key, words in bounds.items() if key in ctx]
     kind = str(error.get("type", ""))
+    if kind in ("too_long", "too_short", "string_too_long", "string_too_short"):
+        unit = "character" if kind.startswith("string") else "item"
+        return ("text" if unit == "character" else "a list") + _count(
+            ctx.get("min_length"), ctx.get("max_length"), unit)
     noun = ("an integer" if kind.startswith("int") else "a number" if kind.startswith("float")
             else "true or false" if kind.startswith("bool") else "text" if kind.startswith("str")
             else "a valid value")

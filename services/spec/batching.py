@@ -89,3 +89,32 @@ def total_optimizer_steps(spec: JobSpec, train_size: int | None = None) -> int |
         (end - start) * steps_per_epoch(spec, start, train_size)
         for start, end in zip(bounds, bounds[1:], strict=False)
     )
+
+
+def batch_over_data(spec: JobSpec, train_size: int) -> tuple[str, str] | None:
+    """(field, message) when a step of `spec` asks for more samples than the training split
+    holds: each optimizer step would then see the whole split, not the batch asked for (the
+    window is cut short), silently a different run. None when it fits, or with "auto"."""
+    micro = micro_batch_size(spec)
+    if micro is None and spec.effective_batch_size is None:
+        return None
+    steps = spec.accumulation_steps
+    schedule = [int(e) for e in steps] if isinstance(steps, dict) else [0]
+    effective = max(effective_batch_size(spec, epoch) for epoch in schedule)
+    if effective <= train_size:
+        return None
+    world = world_size(spec)
+    ranks = f" x {world} ranks" if world > 1 else ""
+    if spec.effective_batch_size is not None:
+        asked = f"effective_batch_size {effective:,}"
+    else:
+        most = max(accumulation_at(spec, epoch) or 0 for epoch in schedule)
+        asked = f"micro_batch_size {micro:,} x accumulation_steps {most:,}{ranks} = {effective:,}"
+    whole = micro is not None and micro * world > train_size
+    field = ("micro_batch_size" if whole else "effective_batch_size"
+             if spec.effective_batch_size is not None else "accumulation_steps")
+    return field, (
+        f"{asked} samples a step is more than the {train_size:,} training samples of dataset "
+        f"{spec.dataset.name!r}{' (one micro-batch holds them all)' if whole else ''}: every "
+        f"step would see those {train_size:,}, not {effective:,}. Lower {field} so that a step "
+        f"takes at most {train_size:,}")

@@ -20,6 +20,7 @@ from typing import Any
 from services.catalog import DatasetInfo, configured_dataset, require_model
 from services.catalog.sizes import MemoryEstimate, estimate_memory, gib
 from services.spec.batching import (
+    batch_over_data,
     micro_batch_size,
     steps_per_epoch,
     total_optimizer_steps,
@@ -179,6 +180,9 @@ def limit_refusals(spec: JobSpec, limits: SpecLimits) -> list[Refusal]:
                 spec.epochs,
             )
         )
+    if data.train_size is not None and (over := batch_over_data(spec, data.train_size)):
+        field, message = over  # own data: the worker says it at the job's start (an event)
+        refusals.append(_refusal(field, message, getattr(spec, field), "batch_over_data"))
     if not sized_by_catalog(spec, data):
         return refusals  # own models and data: the worker checks them at the job's start
     estimate = step_memory(spec, data)

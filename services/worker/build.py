@@ -42,6 +42,7 @@ from services.catalog.build import (
 )
 from services.spec import JobSpec, world_size
 from services.spec import total_optimizer_steps as spec_total_steps
+from services.spec.batching import batch_over_data
 from services.worker import levers, micro_batch, strategy
 
 # Effectively "until max_steps": fit counts epochs from 0 and stops at max_steps first.
@@ -355,6 +356,9 @@ def build_run(
     val_loader = make_loader(val, micro, shuffle=False, collate_fn=bundle.collate_fn)
     total = spec_total_steps(spec, train_size=len(bundle.train))  # type: ignore[arg-type]  # map-style datasets are Sized
     assert total is not None  # the size is known here
+    if (over := batch_over_data(spec, len(bundle.train))) is not None:  # type: ignore[arg-type]
+        # Own data is sized only here: the submit check (services.spec.limits) could not say it.
+        notes.append(("batch_over_data", over[1], {"field": over[0], "train_size": len(bundle.train)}))  # type: ignore[arg-type]
     trainer = make_trainer(spec, model, optimizer, window, total, device,
                            [*callbacks, *compile_watch(model, notes)], checkpoint_dir)
     notes.extend(strategy.notes(spec, model.module))

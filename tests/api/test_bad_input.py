@@ -51,7 +51,7 @@ BAD_SPECS = [
     ("gpus=65", with_changes(gpus=65), "body.gpus", "from 0 to 64; got 65"),
     ("too-many-steps", with_changes(dataset={"name": "fake", "size": 10**7}, micro_batch_size=1, accumulation_steps=1, epochs=100), "body.epochs", "at most 100,000,000"),
     ("model-too-large", with_changes(model={"name": "mlp", "hidden": 65536, "depth": 64}), "body.model", "cannot fit on one device"),
-    ("batch-too-large", with_changes(model="vit_l_16", dataset={"name": "fake", "image_size": 1024}, micro_batch_size=1024), "body.micro_batch_size", "cannot fit on one device"),
+    ("batch-too-large", with_changes(model="vit_l_16", dataset={"name": "fake", "image_size": 1024, "size": 4096}, micro_batch_size=1024), "body.micro_batch_size", "cannot fit on one device"),
 ]
 
 

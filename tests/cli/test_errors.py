@@ -139,3 +139,79 @@ def test_commands_that_train_name_the_worker_extra_when_torch_is_missing(tmp_pat
         for command in ("demo", "up", "worker")
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_yaml_mistake_is_said_by_line_and_column_in_one_short_line(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("spec.yaml").write_text("model: mlp\ndataset: digits\n  micro_batch_size: 16\n")
+
+    code, out, err = accum(capsys, "submit", "spec.yaml")
+
+    assert code == 2 and out == ""
+    assert err.splitlines() == ["accum submit: spec.yaml:3:19: invalid YAML: mapping values are "
+                                "not allowed here;", "  check the indentation"]
+    assert_fits(err)
+
+
+def test_wrong_types_say_what_the_field_takes_in_our_words(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_spec: dict[str, Any]
+) -> None:
+    spec = {**tiny_spec, "epochs": 1.5, "seed": "x", "optimizer": {"name": "sgd"}}
+    code, _, err = accum(capsys, "submit", write_spec(tmp_path, spec))
+
+    assert code == 1
+    assert_fits(err)
+    said = unwrapped(err)
+    assert "epochs: must be an integer from 1 to 10,000; got 1.5" in said
+    assert 'seed: must be an integer from 0 to ' in said and '; got "x"' in said
+    assert "optimizer.lr: required: give a number greater than 0 and at most 10" in said
+    assert "Input should" not in said and "Field required" not in said
+
+
+def test_a_misspelt_field_is_said_once_with_the_name_meant(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_spec: dict[str, Any]
+) -> None:
+    """`max_step` for `max_steps`: not also "give epochs or max_steps"; a field written a level
+    too high is pointed at where it belongs."""
+    spec = {k: v for k, v in tiny_spec.items() if k != "epochs"}
+    code, _, err = accum(capsys, "submit", write_spec(tmp_path, {**spec, "max_step": 3, "lr": 0.1}))
+
+    assert code == 1
+    assert_fits(err)
+    head, *fields = err.splitlines()
+    assert head == "accum submit: 422 Invalid request (2 fields):"
+    assert [unwrapped(line) for line in fields] == [
+        "max_step: unknown field 'max_step'; did you mean max_steps?",
+        "lr: unknown field 'lr'; did you mean optimizer.lr?",
+    ]
+
+
+def test_a_batch_larger_than_the_dataset_is_refused_with_the_numbers(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_spec: dict[str, Any]
+) -> None:
+    spec = {**tiny_spec, "micro_batch_size": 4096, "accumulation_steps": 4}
+    code, _, err = accum(capsys, "submit", write_spec(tmp_path, spec))
+
+    assert code == 1
+    assert_fits(err)
+    assert unwrapped(err) == (
+        "accum submit: 422 Invalid request: micro_batch_size: 4,096 x "
+        "accumulation_steps 4 = 16,384 samples a step is more than the 1,437 training samples "
+        "of dataset 'digits' (one micro-batch holds them all): every step would see those "
+        "1,437, not 16,384. Lower micro_batch_size so that a step takes at most 1,437")
+
+
+def test_resume_names_its_options_not_the_apis_fields(
+    cli_env: Any, capsys: pytest.CaptureFixture[str], client: AccumClient, tiny_spec: dict[str, Any]
+) -> None:
+    job_id = str(client.submit(tiny_spec)["id"])
+
+    code, _, err = accum(capsys, "resume", job_id, "--from-step", "7")
+
+    assert code == 1
+    assert_fits(err)
+    assert unwrapped(err) == (
+        f"accum resume: 422 Invalid request: --from-step: job {job_id} has no checkpoint at step "
+        "7; it has none (or resume with --from-scratch)")

@@ -74,7 +74,7 @@ def test_a_model_too_large_for_the_device_is_refused_at_the_model_with_the_numbe
 
 
 def test_a_micro_batch_too_large_for_the_device_is_refused_at_the_micro_batch() -> None:
-    spec = {"model": "resnet50", "dataset": {"name": "fake", "image_size": 1024},
+    spec = {"model": "resnet50", "dataset": {"name": "fake", "image_size": 1024, "size": 4096},
             "micro_batch_size": 4096, "accumulation_steps": 1}
     found = errors(**spec)
     assert list(found) == ["body.micro_batch_size"] and "lower micro_batch_size" in found[

@@ -156,3 +156,22 @@ def test_ranks_draw_their_own_streams_and_the_trainer_keys_masks_by_the_spec_see
     assert all(a != b for a, b in zip(*draws, strict=True))
     assert one_draws[0] == draws[0][0]  # rank 0's torch stream is the one-GPU job's
     assert worker_seeds[0] == one.train_loader.generator.initial_seed() != worker_seeds[1]
+
+
+def test_a_batch_larger_than_own_data_is_said_at_the_start_with_the_numbers(tmp_path) -> None:
+    """Own data is sized only when the worker reads it (the submit check cannot): the job's
+    start says that each step sees the whole split, not the batch asked for."""
+    from services.worker.build import build_run
+
+    rows = "\n".join(f"{i / 40:.3f},{i % 2}" for i in range(40))
+    (tmp_path / "train.csv").write_text(f"x,label\n{rows}\n")
+    spec = parse_spec({**BASE, "dataset": {"name": "files", "data_root": str(tmp_path), "data_files": "train.csv",
+                                           "columns": {"features": ["x"], "label": "label"}},
+                       "micro_batch_size": 16, "accumulation_steps": 4})
+    run = build_run(spec, callbacks=[], checkpoint_dir=None, device="cpu")
+    [(message, data)] = [(m, d) for kind, m, d in run.notes if kind == "batch_over_data"]
+    size = data["train_size"]
+    assert data["field"] == "accumulation_steps" and size < 64
+    assert message == (f"micro_batch_size 16 x accumulation_steps 4 = 64 samples a step is more than the {size} "
+                       f"training samples of dataset 'files': every step would see those {size}, not 64. "
+                       f"Lower accumulation_steps so that a step takes at most {size}")
