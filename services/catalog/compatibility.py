@@ -41,16 +41,18 @@ def mismatch(model: ModelInfo, dataset: DatasetInfo) -> str | None:
 
 
 def compatible_datasets(model: str) -> list[str]:
-    """Names of the datasets `model` can train on (own data by its default task), sorted."""
+    """Names of the datasets `model` can train on, sorted: own data with any column mapping
+    that fits it (`files` with features and label for `mlp`; `mismatch` checks the one given)."""
     task = require_model(model).task
     every = {**DATASETS, **OWN_DATASETS}
-    return sorted(n for n, info in every.items() if task is None or info.task == task)
+    return sorted(n for n, info in every.items() if task is None or task in info.possible_tasks)
 
 
 def compatible_models(dataset: str) -> list[str]:
-    """Names of the catalog models that can train on `dataset`, built-ins first."""
-    task = require_dataset(dataset).task
-    return [name for name, info in MODELS.items() if info.task == task]
+    """Names of the catalog models that can train on `dataset` (with some column mapping, for
+    own data), built-ins first."""
+    tasks = require_dataset(dataset).possible_tasks
+    return [name for name, info in MODELS.items() if info.task in tasks]
 
 
 def _summarise_models(names: list[str]) -> str:

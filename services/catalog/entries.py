@@ -71,6 +71,13 @@ class DatasetInfo:
     source: DatasetSource = "builtin"
     features: int | None = None  # tabular rows: the number of feature columns
     pad_token_id: int | None = None  # text classification: the id its batches are padded with
+    # The tasks its options can give (own data: the column mapping decides); () = `task` only.
+    tasks: tuple[Task, ...] = ()
+
+    @property
+    def possible_tasks(self) -> tuple[Task, ...]:
+        """Every task this dataset can train with some options: what compatibility lists."""
+        return self.tasks or (self.task,)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -5,12 +5,18 @@ timm: model, imagefolder under an allowed data root, options, timeout, warm star
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import expect
+
+from accum import parse_yaml
 
 from .deployment import Deployment
 from .test_forms import JOB_URL, job_spec
@@ -120,3 +126,50 @@ def test_the_form_sends_your_own_model_and_data(logged_in: Any, deployment: Depl
     assert spec["timeout"] == 90 * 60
     assert spec["on_nonfinite"] == "skip" and spec["verify_window"] == "warn"
     assert spec["init_from"] == {"uri": data_root(deployment, "weights.pt"), "strict": False}
+
+
+def readme_csv_job() -> tuple[str, str]:
+    """The README's "Your own data" example: the script that writes the CSV, and the spec."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("## Your own data", 1)[1]
+    script = section.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    spec = section.split("accum submit - --watch <<EOF\n", 1)[1].split("\nEOF\n", 1)[0]
+    return script, spec
+
+
+def test_the_readmes_csv_job_is_submitted_through_the_form(logged_in: Any, deployment: Deployment) -> None:
+    """With model mlp the Dataset list offers `files` (features and label columns), and the
+    README's job typed into the form is the README's spec (that it trains as written is
+    tests/cli/test_readme.py's)."""
+    script, text = readme_csv_job()
+    points = Path(data_root(deployment, "points"))
+    points.mkdir(parents=True, exist_ok=True)
+    with (points / "train.csv").open("w") as out:
+        subprocess.run([sys.executable, "-c", script], stdout=out, check=True, timeout=30)
+    readme = parse_yaml(text.replace("$PWD/.accum/data", data_root(deployment)))
+    dataset = dict(readme["dataset"])
+    options = {k: v for k, v in dataset.items() if k not in ("name", "data_root")}
+
+    page = logged_in
+    page.goto("/#/submit")
+    page.fill("#model", readme["model"])
+    page.locator("#model").dispatch_event("change")
+    page.select_option("#dataset", dataset["name"])
+    page.fill("#data-root", dataset["data_root"])
+    page.fill("#f-dataset-options", json.dumps(options))
+    page.fill("#m", str(readme["micro_batch_size"]))
+    page.fill("#n", str(readme["accumulation_steps"]))
+    page.fill("#epochs", str(readme["epochs"]))
+    page.select_option("#f-optimizer-name", readme["optimizer"]["name"])
+    page.fill("#lr", str(readme["optimizer"]["lr"]))
+    page.fill("#queue", IDLE_QUEUE)
+    page.click("#submit-job")
+    page.wait_for_function("() => location.hash.startsWith('#/jobs/') || document.querySelector('#submit-message')?.textContent")
+    assert JOB_URL.search(page.url), page.locator("#submit-form").inner_text()
+    job_id = page.url.rsplit("/", 1)[1]
+    spec = job_spec(deployment, job_id)
+    assert {k: v for k, v in spec["dataset"].items() if k != "download"} == dataset
+    assert (spec["model"]["name"], spec["micro_batch_size"], spec["accumulation_steps"], spec["epochs"]) == (
+        readme["model"], readme["micro_batch_size"], readme["accumulation_steps"], readme["epochs"])
+    assert (spec["optimizer"]["name"], spec["optimizer"]["lr"]) == (readme["optimizer"]["name"], readme["optimizer"]["lr"])
+

@@ -35,6 +35,8 @@ COLUMN_MAPPINGS = {
     '{"image": "img", "label": "y"}': "image classification (timm:, hf:, catalog CNNs)",
     '{"features": ["a", "b"], "label": "y"}': "classification of feature vectors (mlp)",
 }
+# What a column mapping can make of files and hf_disk (language modelling by default).
+COLUMN_TASKS: tuple[Task, ...] = ("language_modeling", "classification")
 FILE_FORMATS = ("parquet", "json", "csv")
 DEFAULT_COLUMNS = {"text": "text"}
 DEFAULT_IMAGE_SIZE = 224
@@ -63,12 +65,14 @@ OWN_DATASETS: dict[str, DatasetInfo] = {
         "column mapping: text trains a language model (tokenised, packed or padded), text and "
         "label a sequence classifier, image or features and label a classifier.",
         "language_modeling", FILES_OPTIONS, max_seq_len=DEFAULT_MAX_LEN,
+        tasks=COLUMN_TASKS,
     ),
     "hf_disk": _own(
         "hf_disk",
         "A Hugging Face dataset saved with save_to_disk at data_root, with a column mapping "
         "(as files: text, text and label, image and label, features and label).",
         "language_modeling", HF_DISK_OPTIONS, max_seq_len=DEFAULT_MAX_LEN,
+        tasks=COLUMN_TASKS,
     ),
 }
 

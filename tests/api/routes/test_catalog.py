@@ -17,8 +17,15 @@ def test_models_list_every_catalog_model_with_its_compatible_datasets(
     assert {m["source"] for m in items[len(MODELS) + 2:]} <= {"plugin"}
     mlp = next(m for m in items if m["name"] == "mlp")
     assert mlp["description"] == MODELS["mlp"].description
+    # Own data by any column mapping that fits the model: files and hf_disk with features and
+    # a label train an mlp (the README's CSV job), though their default mapping (text) does not.
+    features = {"columns": {"features": ["x", "y"], "label": "label"}}
+    as_files = {"data_files": "train.csv", **features}
     assert mlp["compatible_datasets"] == sorted(
-        d for d in [*DATASETS, *OWN_DATASETS] if check_compatible("mlp", d) is None)
+        d for d in [*DATASETS, *OWN_DATASETS] if check_compatible("mlp", d) is None
+        or d in ("files", "hf_disk")
+        and check_compatible("mlp", d, as_files if d == "files" else features) is None)
+    assert {"files", "hf_disk"} <= set(mlp["compatible_datasets"])
     assert mlp["compatible_datasets"] == compatible_datasets("mlp")
 
 
