@@ -124,11 +124,13 @@ export function duration(seconds) {
   return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
 }
 
-// How long a job ran (or has been running): finished − started, or now − started.
+// How long a job ran (or has been running): finished − first started, or now − first started
+// (the job's own started_at is its latest attempt's: a restarted job took all of its attempts).
 export function runTime(job, now = Date.now()) {
   if (!job.started_at) return null;
+  const started = job.attempts?.[0]?.started_at ?? job.started_at;
   const end = job.finished_at ? Date.parse(job.finished_at) : FINISHED.has(job.status) ? null : now;
-  return end === null ? null : (end - Date.parse(job.started_at)) / 1000;
+  return end === null ? null : (end - Date.parse(started)) / 1000;
 }
 
 export function dateTime(timestamp) {
