@@ -26,6 +26,7 @@ from services.cli.output import (
     print_fields,
     print_json,
     print_table,
+    size,
     when,
     when_short,
 )
@@ -33,6 +34,9 @@ from services.cli.output import (
 # Metrics `accum status` prints, in this order, when the job has them (then any others).
 SHOWN_FIRST = ("loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s")
 SKIPPED = {"step", "epoch", "step_time_s", "items_per_s"}
+# The system metrics (services/worker/system_metrics.py): one `system` line, not one line each.
+SYSTEM = ("host_cpu_percent", "host_memory_percent", "process_rss_bytes", "gpu_utilization_percent",
+          "gpu_memory_used_bytes", "gpu_power_watts")
 
 
 def register(commands: Any) -> None:
@@ -227,12 +231,34 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     fields += [(f"{run['tracker']}", tracker_link(run)) for run in job.get("trackers") or []]
     latest = job.get("latest_metrics") or {}
     names = [n for n in SHOWN_FIRST if n in latest]
-    names += sorted(n for n in latest if n not in names and n not in SKIPPED)
+    names += sorted(n for n in latest if n not in names and n not in SKIPPED and n not in SYSTEM)
+    if (line := system_line(latest)) is not None:
+        fields.append(("system", line))
     stop = (error or {}).get("nonfinite") or {}
     fields += [(name, latest_value(job, name) + stopped_here(stop, name)) for name in names]
     if stop.get("metric") and stop["metric"] not in names:
         fields.append((stop["metric"], f"{stop.get('value')}{stopped_here(stop, stop['metric'])}"))
     return fields
+
+
+def system_line(latest: dict[str, Any]) -> str | None:
+    """The latest system sample: `host CPU 35%, memory 41%, RSS 312.4 MiB; GPU 97%, 40.1 GiB, 310 W`;
+    None for a job without one."""
+    def number(name: str) -> float | None:
+        value = latest.get(name)
+        return float(value) if isinstance(value, int | float) else None
+
+    parts = []
+    if (cpu := number("host_cpu_percent")) is not None:
+        parts.append(f"host CPU {cpu:.0f}%")
+    if (memory := number("host_memory_percent")) is not None:
+        parts.append(f"memory {memory:.0f}%")
+    if (rss := number("process_rss_bytes")) is not None:
+        parts.append(f"RSS {size(rss)}")
+    gpu = [f"{value:.0f}%" if name == "gpu_utilization_percent" else size(value) if name == "gpu_memory_used_bytes"
+           else f"{value:.0f} W" for name in SYSTEM[3:] if (value := number(name)) is not None]
+    text = ", ".join(parts) + (f"{'; ' if parts else ''}GPU {', '.join(gpu)}" if gpu else "")
+    return text or None
 
 
 def first_start(job: dict[str, Any]) -> str | None:

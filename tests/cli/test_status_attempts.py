@@ -1,6 +1,7 @@
 """`accum status` against a real API: every attempt of a restarted job (number, node, start,
 end, outcome and how its process died, time), the whole job's time (not its last attempt's),
-its tracker links, and the 6-character short id that `accum jobs` shows."""
+its tracker links, its latest system sample on one line, and the 6-character short id that
+`accum jobs` shows."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def test_status_lists_the_attempts_the_whole_time_and_the_tracker_link(
                          now=start + timedelta(seconds=200), worker_name="w2@b", poison_after=3)
         open_run(session, job_id, "mlflow")
         set_identity(session, job_id, "mlflow", f"r{job_id[-6:]}", url)
+    seed.progress(job_id, 23, {"loss": 0.5, "host_cpu_percent": 35.2, "host_memory_percent": 41.0,
+                                "process_rss_bytes": 312.4 * 2**20})
     seed.finish(job_id, "w2@b/1", "succeeded")
 
     code, out, _ = accum_in_process(capsys, "status", job_id[-6:])
@@ -48,6 +51,7 @@ def test_status_lists_the_attempts_the_whole_time_and_the_tracker_link(
     assert fields["id"] == job_id and fields["status"] == "succeeded (attempt 2)"
     assert fields["took"].startswith("5 min 0"), fields["took"]  # from attempt 1's start
     assert fields["mlflow"] == url
+    assert fields["system"] == "host CPU 35%, memory 41%, RSS 312.4 MiB" and "process_rss_bytes" not in out
     header, first, second, cause = out.split("\nattempts\n")[1].splitlines()
     assert header.split() == ["#", "node(s)", "started", "ended", "outcome", "took"]
     assert first.split()[:2] == ["1", "w1@a"] and first.endswith("lost       3 min 20 s")
