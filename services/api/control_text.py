@@ -13,7 +13,6 @@ text stored before this check, and a job's own output, which no request carries.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -68,14 +67,15 @@ def control_character_refusals(body: Any) -> list[FieldRefusal]:
 
 async def refuse_control_characters(request: Request) -> None:
     """The app's dependency: a JSON body with a control character in a string is a 422 naming
-    each such field. A body that is no JSON is left to the route's own parsing (its 422)."""
-    if request.method not in ("POST", "PUT", "PATCH"):
-        return
-    raw = await request.body()  # read once: the route's parsing reads the same bytes
-    if not raw:
+    each such field. A body that is no JSON is left to the route's own parsing (its 422).
+
+    The body is the one the route parsed: FastAPI reads a route's JSON body with
+    ``request.json()`` before it solves dependencies, and Starlette keeps the result on the
+    request, so it is decoded once (a route without a body model: here, once)."""
+    if request.method not in ("POST", "PUT", "PATCH") or not await request.body():
         return
     try:
-        body = json.loads(raw)
+        body = await request.json()
     except (ValueError, UnicodeDecodeError):
         return
     if refusals := control_character_refusals(body):

@@ -4,8 +4,10 @@ another owner's job is a 404."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from ..helpers import field_error
@@ -125,3 +127,26 @@ def test_bad_tags_and_notes_at_submit_are_422_with_the_bounds(
     assert "at most 20 tags" in error(tags="sweep")
     assert "at most 10,000 characters" in error(notes="x" * 10_001)
     assert "ESC" in error(notes="see \x1b]0;title\x07")  # refused before the spec is read
+
+
+def test_the_control_character_check_reads_the_body_the_route_parsed(
+    client: TestClient, alice: dict[str, str], spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42 item 4: the app-wide check decoded every JSON body a second time; it now walks
+    the body the route parsed (Starlette keeps it on the request), with the same refusals."""
+    raw, decoded = json.dumps({**spec, "name": "once"}).encode(), []
+    loads = json.loads
+
+    def counted(text: Any, *args: Any, **kwargs: Any) -> Any:
+        decoded.extend([text] if text == raw else [])
+        return loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counted)  # what starlette's Request.json calls
+    response = client.post("/v1/jobs", content=raw, headers={**alice, "Content-Type": "application/json"})
+    assert response.status_code == 201, response.text
+    assert len(decoded) == 1, f"the body was decoded {len(decoded)} times"
+    refused = client.post("/v1/jobs", content=json.dumps({**spec, "name": "x\x1b"}).encode(),
+                          headers={**alice, "Content-Type": "application/json"})
+    assert "U+001B (ESC)" in field_error(refused, "body.name")["msg"]
+    untyped = client.patch(f"/v1/jobs/{response.json()['id']}", content=b'{"notes": "a\\u0007"}', headers=alice)
+    assert "U+0007 (BEL)" in field_error(untyped, "body.notes")["msg"]  # no content type: parsed here
