@@ -44,7 +44,7 @@ from services.worker.heartbeat import Heartbeat
 from services.worker.parent_death import die_with_parent
 from services.worker.peer_loss import killed, lost_peer
 from services.worker.place import LOOPBACK, Place
-from services.worker.pulse import Pulse, RankLink, Silent, deadline_s, stop_reason
+from services.worker.pulse import Pulse, RankLink, Silent, deadline_s, margin_s, stop_reason
 from services.worker.rank import run_attempt
 from services.worker.rendezvous import ANY_PORT, join_store, open_server
 
@@ -87,7 +87,7 @@ def spawn_ranks(
     peer_lost = spawn.Array("b", here, lock=False)
     # stop: why this process stopped them (``pulse.stop_reason``); pulse: their progress.
     stop = spawn.Value("b", 0, lock=False)
-    pulse = Pulse.of(spawn, here, deadline_s(settings, spec))
+    pulse = Pulse.of(spawn, here, deadline_s(settings, spec), margin_s(settings))
     context = mp.start_processes(
         _rank_main,
         args=(asdict(first), settings.model_dump(mode="json"), attempt.spec, asdict(attempt),
@@ -158,7 +158,7 @@ def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, sto
             return _rank_failed(context, failed, finished, grace_s, peer_lost, pulse, node)
         alive = [p for p, code in zip(processes, codes, strict=True) if code is None]
         if pulse is not None and not any(finished):
-            silent = pulse.stale([i for i, code in enumerate(codes) if code is None])
+            silent = pulse.stale(alive_ranks(codes))
             if silent:
                 raise _hung(context, silent, node, f"past its deadline of {silent[0].deadline_s:.1f} s")
         if not alive:
@@ -167,6 +167,12 @@ def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, sto
             return Outcome.SUCCEEDED
         if heartbeat.should_stop() and not any(finished):
             if heartbeat.lease_lost or (deadline is not None and time.monotonic() > deadline):
+                # A follower whose attempt ended elsewhere (a peer lost): a silent rank here
+                # is who the others waited for; say so, and SIGKILL it (a stopped process
+                # would take _terminate's 10 s).
+                silent = pulse.behind(alive_ranks(codes), node.collective_timeout_s / 2) if pulse and node else []
+                if silent:
+                    _hung(context, silent, node, "the attempt ended on its other nodes")
                 _terminate(context)
                 return outcome(True, heartbeat)
             if deadline is None:
@@ -175,6 +181,10 @@ def watch_ranks(context: Any, finished: Any, heartbeat: Any, grace_s: float, sto
                 stop.value = stop_reason(heartbeat)
                 deadline = time.monotonic() + grace_s
         multiprocessing.connection.wait([p.sentinel for p in alive], timeout=POLL_S)
+
+
+def alive_ranks(codes: list[int | None]) -> list[int]:
+    return [i for i, code in enumerate(codes) if code is None]
 
 
 def _hung(context: Any, silent: list[Silent], node: Node | None, after: str) -> RankHung:

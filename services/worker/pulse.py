@@ -1,7 +1,7 @@
 """What a spawned rank and the worker that supervises it share: the stop the worker raises
 (and why), and the rank's progress beats, which tell a rank that trains from one that hung.
 
-    pulse = Pulse.of(spawn_context, ranks=k, base_s=deadline_s(settings, spec))  # the supervisor
+    pulse = Pulse.of(spawn_context, k, deadline_s(settings, spec), margin_s(settings))  # the supervisor
     link = RankLink(pulse, stop, local_rank)                                # in rank r's callbacks
     pulse.stale(alive)                                                      # silent ranks
 
@@ -13,12 +13,14 @@ the same code on a gang's leader and its followers) reads them each poll: a rank
 last beat is older than its deadline made no progress and is ``hung``.
 
 The deadline comes from ``ACCUM_COLLECTIVE_TIMEOUT_S``: ranks meet in a collective every
-window, so a peer of a stopped rank fails its collective after that long; a stopped rank
-itself (SIGSTOP, a deadlock outside a collective, a GPU that stopped answering) fails
-nothing, and its supervisor is the only one to notice. ``HUNG_FACTOR`` x the collective
-timeout leaves the peers blocked in a collective to fail first, of a lost peer, so the rank
-named is the one that stopped, not its waiting peers; and a rank's own slowest window
-stretches it (``GAP_FACTOR`` x its longest gap between beats), so long windows are no hang.
+window, so a peer of a stopped rank fails its collective that long after it entered it; a
+stopped rank itself (SIGSTOP, a deadlock outside a collective, a GPU that stopped answering)
+fails nothing, and its supervisor is the only one to notice. The deadline is the collective
+timeout plus a margin, so that its peers, silent too since their last beat but blocked in a
+collective, fail first (of a lost peer) and the rank named is the one that stopped: the margin
+is ``MARGIN_S`` (at most half the timeout), or ``GAP_FACTOR`` x the rank's longest gap between
+beats where its windows are slower (a peer enters the collective up to a window after its
+beat). Within the timeout + ``MARGIN_S`` for short windows: issue 40's bound is the timeout + 10 s.
 A rank is watched from its second beat (its first window may compile, and its exactness check
 runs twice: no bound) until its ``fit`` returns (``on_fit_end``: the final writes and the
 teardown have timeouts of their own).
@@ -34,8 +36,8 @@ from accumcore import Callback
 from services.settings import Settings
 from services.spec import JobSpec
 
-HUNG_FACTOR = 1.5  # x ACCUM_COLLECTIVE_TIMEOUT_S: a rank's peers blocked in a collective fail first
-GAP_FACTOR = 3.0  # x a rank's longest gap between beats seen so far
+MARGIN_S = 5.0  # past ACCUM_COLLECTIVE_TIMEOUT_S (at most half of it): its blocked peers fail first
+GAP_FACTOR = 1.5  # x a rank's longest gap between beats seen so far, where that is the longer margin
 ARMED_AT = 2  # beats before a rank is watched: its first window has no bound
 QUIET = -1  # beats: the rank left its step loop (fit returned), no longer watched
 
@@ -45,11 +47,15 @@ CANCEL, TIMEOUT, SHUTDOWN = 1, 2, 3
 
 
 def deadline_s(settings: Settings, spec: JobSpec) -> float:
-    """The shortest silence that ends an attempt as hung: ``HUNG_FACTOR`` x the collective
-    timeout; a sharded (FSDP) job's checkpoint also waits for every rank's upload (a store
-    outage for two lease timeouts: ``rank.Writer.open``'s side gather), without a beat."""
-    base = HUNG_FACTOR * settings.collective_timeout_s
+    """The silence before the margin that ends an attempt as hung: the collective timeout; a
+    sharded (FSDP) job's checkpoint also waits for every rank's upload (a store outage for two
+    lease timeouts: ``rank.Writer.open``'s side gather), without a beat."""
+    base = settings.collective_timeout_s
     return base + 2 * settings.lease_timeout_s if spec.strategy == "fsdp" else base
+
+
+def margin_s(settings: Settings) -> float:
+    return min(MARGIN_S, settings.collective_timeout_s / 2)
 
 
 def stop_reason(flags: Any) -> int:
@@ -82,11 +88,12 @@ class Pulse:
     beats: Any  # beats[r]: how many; QUIET once its fit returned
     gap: Any  # gap[r]: its longest gap between two beats since it was armed
     base_s: float
+    margin_s: float
 
     @classmethod
-    def of(cls, context: Any, ranks: int, base_s: float) -> Pulse:
+    def of(cls, context: Any, ranks: int, base_s: float, margin_s: float) -> Pulse:
         return cls(context.Array("d", ranks, lock=False), context.Array("q", ranks, lock=False),
-                   context.Array("d", ranks, lock=False), base_s)
+                   context.Array("d", ranks, lock=False), base_s, margin_s)
 
     def beat(self, rank: int) -> None:
         now = time.monotonic()
@@ -109,7 +116,7 @@ class Pulse:
             beats = self.beats[rank]
             if beats < ARMED_AT:
                 continue
-            deadline = max(self.base_s, GAP_FACTOR * self.gap[rank])
+            deadline = self.base_s + max(self.margin_s, GAP_FACTOR * self.gap[rank])
             if now - self.last[rank] > deadline:
                 silent.append(Silent(rank, now - self.last[rank], deadline, beats))
         return silent

@@ -4,10 +4,13 @@ CPU, float64, dropout on, windows of 3 micro-batches with a short last one: a ch
 run ends bitwise equal to the plain run (parameters and BatchNorm statistics), for an MLP of
 blocks and for a tiny GPT-2 built from its config. The control: the same checkpointing
 without the preserved RNG state (torchtitan's ``preserve_rng_state=False``) ends elsewhere,
-so the comparison can differ.
+so the comparison can differ. And the auto micro-batch probe, measuring the model as it trains,
+picks a larger m for the checkpointed one under the same memory cap.
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -88,3 +91,47 @@ def test_a_checkpointed_gpt2_with_dropout_trains_bitwise_as_the_plain_one() -> N
     model = checkpoint_activations(_gpt2())
     assert checkpointed_blocks(model) == 2 and model.config.use_cache is False
     assert _same(_train(model, data, ShiftedTokenLoss(), shift_labels=True), plain)
+
+
+def test_the_auto_micro_batch_probe_measures_the_checkpointed_model() -> None:
+    """micro_batch_size "auto" probes the model as it trains: under the same memory cap the
+    checkpointed GPT-2 gets a larger m than the plain one."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from accumcore.auto_batch import find_micro_batch_size, measure_footprint
+
+    torch.manual_seed(4)
+    plain = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    checkpointed = checkpoint_activations(copy.deepcopy(plain))
+    tokens = torch.randint(0, 64, (8, 64))
+
+    def sample(m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return tokens[:m], tokens[:m]
+
+    loss = ShiftedTokenLoss()
+    plain_8, checkpointed_8 = (measure_footprint(model, sample, 8, loss_fn=loss) for model in (plain, checkpointed))
+    assert plain_8 is not None and checkpointed_8 is not None and checkpointed_8 < plain_8
+    cap = (plain_8 + checkpointed_8) // 2
+    assert find_micro_batch_size(plain, sample, 8, loss_fn=loss, memory_limit_bytes=cap) < 8
+    assert find_micro_batch_size(checkpointed, sample, 8, loss_fn=loss, memory_limit_bytes=cap) == 8
+
+
+def test_checkpointed_blocks_sharded_with_fsdp_train_bitwise_as_the_sharded_plain_model(tmp_path) -> None:
+    """Checkpointing before ``shard`` (torchtitan's order: FSDP units are the wrapped blocks), in
+    a gloo group of one rank: bitwise the same state as the plain model sharded alike."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from accumcore import shard
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(30, 6, dtype=torch.float64), torch.randint(0, 3, (30,)))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    try:
+        states = []
+        for model in (shard(_mlp()), shard(checkpoint_activations(_mlp()))):
+            _train(model, data, verify_window=False)
+            states.append(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
+    finally:
+        dist.destroy_process_group()
+    assert _same(*states)

@@ -132,7 +132,7 @@ def test_a_rank_that_raised_is_a_lost_peer_only_when_it_said_so(said_lost: int) 
 
 
 def _beating(target: Callable[..., None], base_s: float) -> tuple[SimpleNamespace, object, Pulse]:
-    pulse = Pulse.of(multiprocessing.get_context("spawn"), 2, base_s=base_s)
+    pulse = Pulse.of(multiprocessing.get_context("spawn"), 2, base_s=base_s, margin_s=0.5)
     context, finished, _ = _start(target, pulse.last, pulse.beats)
     deadline = time.monotonic() + 60
     while min(pulse.beats) < ARMED_AT + 1:  # both watched: past their first window
@@ -142,7 +142,7 @@ def _beating(target: Callable[..., None], base_s: float) -> tuple[SimpleNamespac
 
 
 def test_a_stopped_rank_is_hung_past_its_deadline_and_every_rank_is_ended() -> None:
-    context, finished, pulse = _beating(ranks.beat_on, base_s=1.0)
+    context, finished, pulse = _beating(ranks.beat_on, base_s=0.5)  # + the margin: 1.0 s
     os.kill(context.processes[1].pid, signal.SIGSTOP)  # a stopped process handles no SIGTERM
     stopped = time.monotonic()
     with pytest.raises(RankHung, match=r"^node 1 of 2: rank 3 \(pid \d+, \d+ beats\) made no progress "

@@ -1,10 +1,12 @@
-"""A hung rank of a ``gpus: 2`` job, through real spawned gloo ranks: one rank SIGSTOPped mid-job
+"""The worker that supervises a job's spawned ranks (``services.worker.distributed``).
+
+A hung rank of a ``gpus: 2`` job, through real spawned gloo ranks: one rank SIGSTOPped mid-job
 (held at a known step: tests/held_jobs.py) is caught by the worker that supervises the ranks
 (``services.worker.pulse``: its beats stop; its peer's collective times out waiting for it)
 within ACCUM_COLLECTIVE_TIMEOUT_S + 10 s; the attempt closes ``node_lost`` with an event naming
 the node, the rank and its pid; the job resumes from its last checkpoint and trains each step
-once. And a cancelled ``gpus: 2`` job ends its tracker's run ``cancelled`` (its spawned rank 0
-learns why the supervisor stopped it)."""
+once. And a cancelled or timed-out ``gpus: 2`` job ends its tracker's run ``cancelled`` or
+``failed`` (the supervisor's stop says why; its spawned rank 0 ends the run by it)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from services.jobdb.sessions import session_factory
 from services.settings import Settings
 from services.worker.runner import run_job
 
-COLLECTIVE_TIMEOUT_S = 10.0  # the peer's collective fails after it; the pulse deadline is 1.5 x
+COLLECTIVE_TIMEOUT_S = 10.0  # the peer's collective fails after it; the pulse deadline 5 s later
 STEPS, HOLD_STEP, CHECKPOINT = 8, 4, 3
 SPEC = {"model": "mlp", "dataset": Hold.dataset(HOLD_STEP, micro_batches=2), "micro_batch_size": 16,
         "accumulation_steps": 2, "max_steps": STEPS, "checkpoint_every": CHECKPOINT,
@@ -88,3 +90,49 @@ def test_a_stopped_rank_of_a_gpus_2_job_ends_the_attempt_and_the_job_resumes(
         for pid in stopped:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def tensorboard_status(settings: Settings, job_id: str) -> list[bytes]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(settings.artifacts_path / "tensorboard" / job_id),
+                              size_guidance={"tensors": 0})
+    events.Reload()
+    return [s for e in events.Tensors("accum/status/text_summary") for s in e.tensor_proto.string_val]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("end", "status"), [("cancel", b"cancelled"), ("timeout", b"failed")])
+def test_a_stopped_gpus_2_job_ends_its_trackers_run_with_its_status(
+    settings: Settings, make_job: Callable[..., str], end: str, status: bytes,
+) -> None:
+    # A lease timeout (the ranks' grace to stop) long enough for them to start: the timeout
+    # stops them at their first window, their trackers open.
+    tracked = settings.model_copy(update={"trackers": ["tensorboard"], "tracker_flush_every_s": 0.2,
+                                          "lease_timeout_s": 60})
+    spec = {"model": "mlp", "dataset": "digits", "micro_batch_size": 64, "accumulation_steps": 2,
+            "max_steps": 100_000, "checkpoint_every": 100_000, "gpus": 2,
+            "optimizer": {"name": "sgd", "lr": 0.1}, "trackers": ["tensorboard"]}
+    if end == "timeout":  # past it before the ranks have started: they stop at their first window
+        job_id = make_job({**spec, "timeout": 1})
+        assert run_job(tracked, job_id, "w") == "failed"
+    else:
+        job_id = make_job(spec)
+        outcome: list[str] = []
+        runner = threading.Thread(target=lambda: outcome.append(run_job(tracked, job_id, "w")))
+        runner.start()
+        sessions = session_factory(tracked)
+        deadline = time.monotonic() + 180
+        while True:
+            with sessions() as session:
+                job = jobs.load_job(session, job_id)
+            assert job is not None and job.status in ("queued", "running"), (job and job.error)
+            if (job.progress or {}).get("optimizer_step", 0) > 0:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with sessions.begin() as session:
+            jobs.request_cancel(session, jobs.load_job(session, job_id))
+        runner.join(timeout=180)
+        assert outcome == ["cancelled"]
+    assert tensorboard_status(tracked, job_id) == [status]  # was: the run left open
