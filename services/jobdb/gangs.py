@@ -26,7 +26,7 @@ Functions here flush but never commit.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -81,6 +81,7 @@ class GangState:
     master_addr: str | None = None
     master_port: int | None = None
     reason: str = ""
+    master_secret: str = field(default="", repr=False)  # what a rank presents to join the store
 
 
 def nodes_of(spec: dict[str, Any] | None) -> tuple[int, int]:
@@ -154,21 +155,24 @@ def gang_state(session: Session, seat: Seat) -> GangState:
     )
     if job is not None and job.attempts >= seat.attempt and mine == seat.worker_id:
         endpoint = session.execute(
-            select(JobAttempt.master_addr, JobAttempt.master_port)
+            select(JobAttempt.master_addr, JobAttempt.master_port, JobAttempt.rendezvous_secret)
             .where(JobAttempt.job_id == seat.job_id, JobAttempt.attempt == seat.attempt)
         ).one_or_none()
-        addr, port = endpoint if endpoint is not None else (None, None)
-        return GangState(True, False, members, addr, port)
+        addr, port, secret = endpoint if endpoint is not None else (None, None, None)
+        return GangState(True, False, members, addr, port, master_secret=secret or "")
     if mine == seat.worker_id:
         return GangState(False, False, members)
     return GangState(False, True, members, reason=_release_reason(session, seat))
 
 
-def record_endpoint(session: Session, job_id: str, attempt: int, addr: str, port: int) -> None:
-    """Node 0 of a formed gang records where its rendezvous store listens. Does not commit."""
+def record_endpoint(session: Session, job_id: str, attempt: int, addr: str, port: int,
+                    secret: str) -> None:
+    """Node 0 of a formed gang records where its rendezvous store listens and the secret its
+    ranks present there (for the other nodes' workers only). Does not commit."""
     session.execute(
         update(JobAttempt).where(JobAttempt.job_id == job_id, JobAttempt.attempt == attempt)
-        .values(master_addr=addr, master_port=port).execution_options(synchronize_session=False)
+        .values(master_addr=addr, master_port=port, rendezvous_secret=secret)
+        .execution_options(synchronize_session=False)
     )
 
 

@@ -190,6 +190,9 @@ class JobAttempt(Base):
     # worker of node rank 0 on its advertised address (services.worker.gang); null otherwise.
     master_addr: Mapped[str | None] = mapped_column(String(200))
     master_port: Mapped[int | None] = mapped_column(Integer)
+    # What the attempt's ranks present to join that store (services.worker.rendezvous): the
+    # other nodes' workers read it here; never in an API answer, an event or a log.
+    rendezvous_secret: Mapped[str | None] = mapped_column(String(128))
 
 
 class AttemptMember(Base):

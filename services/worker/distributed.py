@@ -54,13 +54,13 @@ log = logging.getLogger(__name__)
 
 def spawn_ranks(
     settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartbeat, checkpoint: Path | None,
-    *, rank_offset: int = 0, world: int | None = None, master: tuple[str, int] | None = None,
+    *, rank_offset: int = 0, world: int | None = None, master: tuple[str, int, str] | None = None,
 ) -> Outcome:
     """Run this node's ``spec.gpus`` ranks; returns ``SUCCEEDED``, ``CANCELLED``,
     ``HANDED_BACK`` (worker shutdown), ``TIMED_OUT`` or ``LEASE_LOST``.
 
     ``rank_offset``, ``world`` and ``master`` place them in a larger world (ranks on several
-    nodes: the address and port of the store node 0's worker serves, ``services.worker.gang``);
+    nodes: the address, port and secret of the store node 0's worker serves, ``services.worker.gang``);
     by default this node is the whole world, and this process serves its rendezvous on a port
     the OS picks, bound until the ranks are gone (``services.worker.rendezvous``)."""
     here = max(spec.gpus, 1)  # a node of a multi-node job runs one process at least
@@ -74,10 +74,11 @@ def spawn_ranks(
                              what="a port the OS picks on this node")
         try:
             return spawn_ranks(settings, spec, attempt, heartbeat, checkpoint, rank_offset=rank_offset,
-                               world=world, master=(LOOPBACK, server.port))
+                               world=world, master=(LOOPBACK, server.port, server.secret))
         finally:
             server.close()  # every rank is gone
-    first = Place(rank=rank_offset, world=world or here, master_addr=master[0], master_port=master[1])
+    first = Place(rank=rank_offset, world=world or here, master_addr=master[0], master_port=master[1],
+                  master_secret=master[2])
     # finished[r]: FINISHED once rank r's fit returned, STOPPED when ``stop`` ended it (on rank 0,
     # after its last checkpoint and metrics are recorded): from then on a rank that dies in
     # teardown does not fail the job. ``stop`` is raised by this process (watch_ranks).
@@ -290,10 +291,11 @@ def _rank_main(
     settings = Settings(**settings_data)
     attempt = Attempt(**attempt_data)
     try:
-        # The store its worker serves (node 0's, for a gang); the attempt's keys under its own
-        # prefix. A dead or hung peer fails this rank's collective within ACCUM_COLLECTIVE_TIMEOUT_S.
-        store = join_store(place.master_addr, int(place.master_port or 0),
-                           f"{attempt.job_id}/{attempt.attempt}/", settings.collective_timeout_s)
+        # The store its worker serves (node 0's, for a gang), joined with the attempt's secret;
+        # the attempt's keys under its own prefix. A dead or hung peer fails this rank's
+        # collective within ACCUM_COLLECTIVE_TIMEOUT_S.
+        store = join_store(place.master_addr, int(place.master_port or 0), f"{attempt.job_id}/{attempt.attempt}/",
+                           place.master_secret, settings.collective_timeout_s)
         dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=place.rank,
                                 world_size=place.world, timeout=timedelta(seconds=settings.collective_timeout_s))
         try:

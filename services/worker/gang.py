@@ -66,6 +66,7 @@ class GangPlace:
     nnodes: int
     master_addr: str
     master_port: int
+    master_secret: str = field(repr=False)  # what its ranks present to join the store
     # Node 0: the rendezvous store it serves from this process for the attempt (closed when
     # the attempt ends here: ``close``); None on the other nodes.
     server: Server | None = field(default=None, compare=False, repr=False)
@@ -119,7 +120,8 @@ def wait_for_gang(
         if state.formed and seat.node_rank == 0 and state.master_port is None:
             return _open_endpoint(settings, seat, state)
         if state.formed and state.master_addr and state.master_port is not None:
-            return GangPlace(seat.node_rank, state.nnodes, state.master_addr, state.master_port)
+            return GangPlace(seat.node_rank, state.nnodes, state.master_addr, state.master_port,
+                             state.master_secret)
         if state.formed and not attempt_open(sessions, seat.job_id, seat.attempt):
             raise GangNotFormed(
                 f"job {seat.job_id}: attempt {seat.attempt} ended before node 0 opened its "
@@ -152,9 +154,9 @@ def _open_endpoint(settings: Settings, seat: Seat, state: GangState) -> GangPlac
     try:
         with sessions.begin() as session:
             server = open_rendezvous(settings.rendezvous_ports, ports_in_use(session, address),
-                                     timeout_s=settings.collective_timeout_s)
+                                     address=address, timeout_s=settings.collective_timeout_s)
             try:
-                record_endpoint(session, seat.job_id, seat.attempt, address, server.port)
+                record_endpoint(session, seat.job_id, seat.attempt, address, server.port, server.secret)
             except BaseException:
                 server.close()
                 raise
@@ -165,21 +167,22 @@ def _open_endpoint(settings: Settings, seat: Seat, state: GangState) -> GangPlac
         raise GangNotFormed(f"job {seat.job_id}: {exc}") from exc
     log.info("job %s: gang of %d nodes formed; rendezvous at %s:%d", seat.job_id,
              state.nnodes, address, server.port)
-    return GangPlace(seat.node_rank, state.nnodes, address, server.port, server)
+    return GangPlace(seat.node_rank, state.nnodes, address, server.port, server.secret, server)
 
 
-def open_rendezvous(ports: str, taken: set[int], *, timeout_s: float,
+def open_rendezvous(ports: str, taken: set[int], *, address: str, timeout_s: float,
                     rng: random.Random | None = None) -> Server:
     """Node 0's rendezvous store, served from this process on a port of the range ``ports``
     (ACCUM_RENDEZVOUS_PORTS) that no open attempt recorded on this address, bound as it is
-    picked (``services.worker.rendezvous``): a port another process holds is skipped. From a
-    random start, so two leaders on one host rarely try the same port first."""
+    picked (``services.worker.rendezvous``), on ``address`` only (ACCUM_ADVERTISE_ADDRESS): a
+    port another process holds is skipped. From a random start, so two leaders on one host
+    rarely try the same port first."""
     from services.worker.rendezvous import open_server  # lazy: this module stays torch-free
 
     candidates = [port for port in port_range(ports) if port not in taken]
     start = (rng or random).randrange(len(candidates)) if candidates else 0
     return open_server(
-        candidates[start:] + candidates[:start], timeout_s=timeout_s,
+        candidates[start:] + candidates[:start], address=address, timeout_s=timeout_s,
         what=f"ACCUM_RENDEZVOUS_PORTS {ports!r} on this node, {len(taken)} of them recorded by "
              "running gangs; widen the range (e.g. 29500-29599), and open it between the nodes",
     )

@@ -28,7 +28,7 @@ def spawn_node_ranks(settings: Settings, spec: JobSpec, attempt: Attempt, flags:
     here = ranks_per_node(spec.gpus)
     try:
         return spawn_ranks(settings, spec, attempt, flags, checkpoint, rank_offset=gang.node_rank * here,
-                           world=world_of(spec.gpus, gang.nnodes), master=(gang.master_addr, gang.master_port))
+                           world=world_of(spec.gpus, gang.nnodes), master=(gang.master_addr, gang.master_port, gang.master_secret))
     except RankFailed as exc:
         if exc.peer_lost:
             raise NodeLost(f"node {gang.node_rank} of {gang.nnodes}: {exc}") from exc

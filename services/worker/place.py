@@ -10,7 +10,7 @@ world size and the master address the launcher is given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LOOPBACK = "127.0.0.1"
 
@@ -25,6 +25,8 @@ class Place:
     device: str | None = None  # None: the build picks (``build.pick_device``)
     master_addr: str = LOOPBACK  # the process group's rendezvous (rank 0's node)
     master_port: int | None = None  # None: no process group (a world of 1)
+    # What a rank presents to join the rendezvous (``services.worker.rendezvous``): never shown.
+    master_secret: str = field(default="", repr=False)
 
     @property
     def writes(self) -> bool:

@@ -123,12 +123,13 @@ def test_members_see_the_formed_gang_and_node_0_s_endpoint(
     assert join(session_factory, job.id, 3) is None  # running now: not claimable
     with session_factory.begin() as session:
         assert gang_state(session, other).formed and gang_state(session, other).master_port is None
-        record_endpoint(session, job.id, leader.attempt, "127.0.0.1", 29512)
+        record_endpoint(session, job.id, leader.attempt, "127.0.0.1", 29512, "s" * 64)
     with session_factory() as session:
         for seat in (leader, other):
             state = gang_state(session, seat)
             assert (state.formed, state.nnodes, state.master_addr, state.master_port) == (
                 True, 2, "127.0.0.1", 29512)
+            assert state.master_secret == "s" * 64 and "s" * 64 not in repr(state)
         assert ports_in_use(session, "127.0.0.1") == {29512}
         assert ports_in_use(session, "127.0.0.2") == set()
 

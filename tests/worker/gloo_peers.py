@@ -47,16 +47,18 @@ def join_a_store_that_is_gone(port: int, results: Any) -> None:
         results.put((1, lost_peer(exc), f"{type(exc).__name__}: {exc}"))
 
 
-def all_reduce_at_a_served_store(rank: int, port: int, timeout_s: float, pids: Any, results: Any) -> None:
-    """A rank as the service runs one: a client of the store its worker serves, SIGKILLed when
-    that worker dies (``die_with_parent``); all-reduces until it fails, then reports."""
+def all_reduce_at_a_served_store(rank: int, endpoint: tuple[int, str], timeout_s: float, pids: Any,
+                                 results: Any) -> None:
+    """A rank as the service runs one: a client of the store its worker serves (``endpoint``:
+    its port and the attempt's secret), SIGKILLed when that worker dies (``die_with_parent``);
+    all-reduces until it fails, then reports."""
     import torch.distributed as dist
 
     from services.worker.parent_death import die_with_parent
     from services.worker.rendezvous import join_store
 
     die_with_parent()
-    store = join_store("127.0.0.1", port, "job/1/", timeout_s)
+    store = join_store("127.0.0.1", endpoint[0], "job/1/", endpoint[1], timeout_s)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
                             timeout=timedelta(seconds=timeout_s))
     pids.put((rank, os.getpid()))
@@ -71,10 +73,32 @@ def lead(timeout_s: float, ports: Any, pids: Any, results: Any) -> None:
     from services.worker.rendezvous import ANY_PORT, open_server
 
     server = open_server([ANY_PORT], timeout_s=timeout_s, what="test")
+    endpoint = (server.port, server.secret)
     rank = multiprocessing.get_context("spawn").Process(
-        target=all_reduce_at_a_served_store, args=(0, server.port, timeout_s, pids, results))
+        target=all_reduce_at_a_served_store, args=(0, endpoint, timeout_s, pids, results))
     rank.start()
-    ports.put(server.port)
+    ports.put(endpoint)
     pids.put(("worker", os.getpid()))
     while True:
         time.sleep(1)
+
+
+def all_reduce_once_and_wait(rank: int, endpoint: tuple[int, str], timeout_s: float, done: Any,
+                             results: Any) -> None:
+    """A rank of a 2-rank gloo group at the store its worker serves: write a key of its own
+    (``rank<r>``), all-reduce rank + 1 once, report ``(rank, sum)``, and stay in the group (its
+    keys in the store) until ``done``."""
+    import torch
+    import torch.distributed as dist
+
+    from services.worker.rendezvous import join_store
+
+    store = join_store("127.0.0.1", endpoint[0], "job/1/", endpoint[1], timeout_s)
+    store.set(f"rank{rank}", str(os.getpid()))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
+                            timeout=timedelta(seconds=timeout_s))
+    tensor = torch.tensor([rank + 1.0])
+    dist.all_reduce(tensor)
+    results.put((rank, float(tensor)))
+    done.wait(120)
+    dist.destroy_process_group()

@@ -13,14 +13,12 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from job_specs import MINIMAL_SPEC
 from sqlalchemy.orm import Session, sessionmaker
-from torch.distributed import TCPStore
 
 from services.jobdb import jobs
 from services.jobdb.gangs import members_of
@@ -30,29 +28,33 @@ from services.ports import free_port
 from services.settings import Settings
 from services.spec import parse_spec
 from services.worker.gang import GangNotFormed, claim_seat, open_rendezvous, wait_for_gang
-from services.worker.rendezvous import PortsTaken
+from services.worker.rendezvous import PortsTaken, join_store
 
 REPO = Path(__file__).resolve().parents[2]
 
 # One node: join the job's gang, wait for it, then meet the other node at node 0's TCPStore.
 NODE = """
 import json, sys
-from datetime import timedelta
-import torch.distributed as dist
 from services.settings import get_settings
 from services.worker.gang import claim_seat, wait_for_gang
+from services.worker.rendezvous import join_store
 settings = get_settings()
 seat = claim_seat(settings, sys.argv[1], sys.argv[2])
 place = wait_for_gang(settings, seat)
-# Node 0's worker serves the store (place.server); both nodes are its clients.
-store = dist.TCPStore(place.master_addr, place.master_port, is_master=False,
-                      timeout=timedelta(seconds=30))
+# Node 0's worker serves the store (place.server); both nodes are its clients, with its secret.
+store = join_store(place.master_addr, place.master_port, seat.job_id + "/", place.master_secret, 30)
 store.set(f"node{place.node_rank}", sys.argv[2])
 peers = [store.get(f"node{rank}").decode() for rank in range(place.nnodes)]
 print(json.dumps(dict(job=seat.job_id, node_rank=place.node_rank, nnodes=place.nnodes,
                       addr=place.master_addr, port=place.master_port, peers=peers,
                       serves=place.server is not None)))
 store.barrier("read", place.nnodes)  # no node leaves (node 0 closing the store) before every node read it
+# ... and node 0 not before the others left the barrier (its answer to them is relayed by its
+# worker's gate: services.worker.rendezvous).
+if place.server is not None:
+    store.wait([f"left{rank}" for rank in range(1, place.nnodes)])
+else:
+    store.set(f"left{place.node_rank}", "1")
 """
 
 
@@ -136,17 +138,17 @@ def test_node_0_serves_its_store_on_a_port_no_gang_recorded_and_no_other_process
         busy.listen()
         # From the held port on (the start is random): it is tried, refused, and skipped.
         first = next(random.Random(seed) for seed in range(64) if random.Random(seed).randrange(2) == 0)
-        server = open_rendezvous(f"{low}-{low + 2}", taken={low}, timeout_s=5, rng=first)
+        server = open_rendezvous(f"{low}-{low + 2}", taken={low}, address="127.0.0.1", timeout_s=5, rng=first)
         try:
             assert server.port == low + 2
-            client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=5))
+            client = join_store("127.0.0.1", server.port, "job/1/", server.secret, timeout_s=5)
             client.set("k", "v")  # it is the store, bound when picked: nothing can take it now
             assert client.get("k") == b"v"
             with pytest.raises(PortsTaken, match=r"ACCUM_RENDEZVOUS_PORTS .* widen the range"):
-                open_rendezvous(f"{low}-{low + 2}", taken={low}, timeout_s=5)  # low+2: ours now
+                open_rendezvous(f"{low}-{low + 2}", taken={low}, address="127.0.0.1", timeout_s=5)  # low+2: ours now
         finally:
             server.close()
-        reopened = open_rendezvous(f"{low}-{low + 2}", taken={low}, timeout_s=5)  # closed: free again
+        reopened = open_rendezvous(f"{low}-{low + 2}", taken={low}, address="127.0.0.1", timeout_s=5)  # closed: free again
         assert reopened.port == low + 2
         reopened.close()
 
