@@ -40,7 +40,10 @@ def load_model_state(module: nn.Module, state: Mapping[str, Any]) -> None:
             state lacks, as ``load_state_dict`` would.
     """
     missing, unexpected = module.load_state_dict(state, strict=False)
-    absent = sorted(set(missing) - frozen_names(module)) if missing else []
+    # Missing keys come in the modules' own names (a checkpoint_wrapper's prefix kept), which
+    # named_parameters gives; the state's keys are state_dict's (prefix left out).
+    frozen = frozen_names(module) | {name for name, p in module.named_parameters() if not p.requires_grad}
+    absent = sorted(set(missing) - frozen) if missing else []
     if absent or unexpected:
         raise RuntimeError(
             f"the checkpoint's model state does not fit this model: missing {absent[:8]}, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -175,3 +176,39 @@ def test_a_sequence_classifier_trains_its_adapters_and_its_remade_head() -> None
     logits = model(input_ids=torch.randint(1, 13, (4, 8)))
     F.cross_entropy(logits, torch.tensor([0, 1, 2, 0])).backward()
     assert all(p.grad is not None for n, p in model.named_parameters() if n in trained)
+
+
+def test_a_lora_job_through_the_worker_stores_adapters_and_the_merged_model(
+    settings: Any, make_job: Any, tmp_path: Path,
+) -> None:
+    """run_job on a LoRA + checkpointing job with merge: its checkpoints hold the adapters
+    only, the merged model is in the store, and a resume on another node loads them."""
+    import tarfile
+
+    from transformers import GPT2LMHeadModel
+
+    from services.artifacts import merged_key, open_store
+    from services.jobdb import jobs
+    from services.jobdb.sessions import session_factory
+    from services.worker.runner import run_job
+
+    job_id = make_job({
+        "model": {"name": "hf:gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 128},
+        "dataset": "text", "micro_batch_size": 2, "accumulation_steps": 2, "max_steps": 2, "gpus": 0,
+        "checkpoint_every": 1, "optimizer": {"name": "adamw", "lr": 1e-2}, "activation_checkpointing": True,
+        "peft": {"method": "lora", "r": 2, "target_modules": ["c_attn"], "merge": True},
+    })
+    assert run_job(settings, job_id, "node-a") == "succeeded"
+    store = open_store(settings.artifacts_url)
+    store.get(f"{job_id}/2.pt", tmp_path / "2.pt")
+    assert all("lora_" in key for key in torch.load(tmp_path / "2.pt", weights_only=True)["model"])
+    store.get(merged_key(job_id), tmp_path / "merged.tar")
+    with tarfile.open(tmp_path / "merged.tar") as tar:
+        tar.extractall(tmp_path / "download", filter="data")
+    assert GPT2LMHeadModel.from_pretrained(tmp_path / "download" / "merged").config.n_layer == 2
+    with session_factory(settings).begin() as session:  # resumable from step 2, as POST /resume makes it
+        job = jobs.load_job(session, job_id)
+        job.status = "failed"
+        jobs.request_resume(session, job)
+    other = settings.model_copy(update={"cache_dir": tmp_path / "node-b-cache"})
+    assert run_job(other, job_id, "node-b") == "succeeded"
