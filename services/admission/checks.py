@@ -16,6 +16,7 @@ from services.fleet_nodes import nodes_refusals
 from services.jobdb.job_ids import AmbiguousJobId, find_job
 from services.jobdb.status import resume_hint
 from services.spec.limits import SpecLimits, limit_refusals
+from services.spec.priority import ADMIN_ONLY, DEFAULT_PRIORITY, OWNERS_MAY_CHOOSE
 from services.spec.refusal import Refusal
 
 
@@ -108,13 +109,15 @@ def too_few_ranks(gpus: int, ranks: int, job_id: str) -> str:
 
 def priority(ctx: Admission) -> list[Refusal]:
     """Owners may lower their jobs' priority; raising one above normal is for admins."""
-    if ctx.spec.priority != "high" or ctx.needs(ctx.owner, "the owner").is_admin:
+    if ctx.spec.priority not in ADMIN_ONLY or ctx.needs(ctx.owner, "the owner").is_admin:
         return []
+    lower = " or ".join(f'"{name}"' for name in reversed(OWNERS_MAY_CHOOSE))
     return [Refusal(
         ("priority",),
-        'priority "high" is for admins (it goes before everyone\'s normal jobs); use '
-        '"normal" or "low", or ask an admin to submit it',
-        ctx.spec.priority, ["low", "normal"],
+        f'priority "{ctx.spec.priority}" is for admins (it goes before everyone\'s '
+        f"{DEFAULT_PRIORITY} jobs); use {lower}, "
+        "or ask an admin to submit it",
+        ctx.spec.priority, list(OWNERS_MAY_CHOOSE),
     )]
 
 

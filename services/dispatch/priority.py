@@ -3,17 +3,20 @@
 kombu's Redis transport keeps one list per priority step of a queue (``PRIORITY_STEPS``
 0, 3, 6, 9; 0 is the plain list named after the queue) and a consumer's BRPOP names them
 lowest number first, so a message at 0 is taken before any at 3. The stored priorities
-(``services.jobdb.queue_order.PRIORITIES``: 0 low, 1 normal, 2 high) map onto those steps.
+(``services.spec.priority``: 0 low, 1 normal, 2 high) map onto those steps, the highest on 0.
 The embedded SQLite broker delivers in order of sending: there only the place in line and the
 running cap apply.
 """
 
 from __future__ import annotations
 
+from services.spec.priority import DEFAULT_PRIORITY, PRIORITIES, priority_number
+
 # kombu.transport.redis: the separator between a queue's name and its priority step.
 SEPARATOR = "\x06\x16"
-NORMAL = 1
-REDIS_STEPS = {2: 0, 1: 3, 0: 6}  # high, normal, low
+NORMAL = priority_number(DEFAULT_PRIORITY)
+STEP = 3  # kombu's PRIORITY_STEPS are 0, 3, 6, 9
+REDIS_STEPS = {number: STEP * (len(PRIORITIES) - 1 - number) for number in range(len(PRIORITIES))}
 
 
 def redis_step(priority: int | None) -> int:

@@ -21,9 +21,11 @@ from sqlalchemy.orm import Session
 
 from services.jobdb.models import Job
 from services.jobdb.status import ACTIVE, JobStatus, ordered
+from services.spec.priority import PRIORITIES as PRIORITY_NAMES
+from services.spec.priority import priority_number
 
-PRIORITIES = {"low": 0, "normal": 1, "high": 2}
-PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}
+# name -> the number stored on the job (services.spec.priority names them, in rising order)
+PRIORITIES = {name: priority_number(name) for name in PRIORITY_NAMES}
 
 
 def queue_position(session: Session, job: Job) -> int:

@@ -42,6 +42,7 @@ from services.spec.fields import (
 )
 from services.spec.levers import ActivationCheckpointing, PeftOptions, check_peft
 from services.spec.parts import InitFrom, Optimizer, Scheduler, SchedulerSpec
+from services.spec.priority import DEFAULT_PRIORITY, PRIORITIES, Priority
 from services.spec.refs import Dataset, Model
 from services.spec.sharding import FsdpOptions, Strategy, check_fsdp
 from services.spec.world import world_of
@@ -52,7 +53,6 @@ MAX_KEEP_CHECKPOINTS = 100
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("fail", "skip")  # accumcore.Trainer(on_nonfinite=...)
-PRIORITIES = ("low", "normal", "high")  # owners may lower theirs; only admins raise (the API)
 VERIFY_WINDOW_MODES = (True, False, "warn", "strict")  # accumcore.Trainer(verify_window=...)
 MAX_ACCUMULATION_STEPS = 65536
 MAX_MICRO_BATCH_SIZE = 1 << 20
@@ -349,10 +349,10 @@ class JobSpec(BaseModel):
         NonNegativeInt, Field(le=MAX_RESTARTS, description="at most ACCUM_MAX_RESTARTS (10)")
     ] = 3
     priority: Annotated[
-        Literal["low", "normal", "high"],
+        Priority,
         one_of("priority", PRIORITIES),
         Field(description="queue order: higher first; high is for admins"),
-    ] = "normal"
+    ] = DEFAULT_PRIORITY
     compile: Bool = False
     fast_path: Bool = True
     data_on_device: Bool = False
