@@ -157,7 +157,9 @@ def _takes(nodes: Sequence[Schema], error: Mapping[str, Any]) -> str:
         unit = "character" if kind.startswith("string") else "item"
         return ("text" if unit == "character" else "a list") + _count(
             ctx.get("min_length"), ctx.get("max_length"), unit)
-    noun = ("an integer" if kind.startswith("int") else "a number" if kind.startswith("float")
+    limits = [ctx[key] for key in bounds if key in ctx]
+    noun = ("an integer" if kind.startswith("int") or limits and all(isinstance(b, int) for b in limits)
+            else "a number" if kind.startswith("float") or limits
             else "true or false" if kind.startswith("bool") else "text" if kind.startswith("str")
             else "a valid value")
     return noun + (" " + " and ".join(said) if said else "")
@@ -196,6 +198,8 @@ def reword(
         if kind == "missing":
             message = f"required: give {_takes(nodes, error)}"
         else:
-            message = f"must be {_takes(nodes, error)}; got {_shown(error.get('input'))}"
+            given = error.get("input")  # a query's or a path's value is text as typed
+            shown = given if loc[:1] in (("query",), ("path",)) and isinstance(given, str) else _shown(given)
+            message = f"must be {_takes(nodes, error)}; got {shown}"
         out.append({**error, "loc": where, "msg": message})
     return out

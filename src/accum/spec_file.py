@@ -8,6 +8,7 @@ way YAML 1.2 (and the dashboard's js-yaml) reads them, so this loader does too.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -64,8 +65,28 @@ def yaml_problem(exc: yaml.YAMLError, source: str) -> str:
     return f"{where}: invalid YAML: {problem}" + (f"; {fix}" if fix else "")
 
 
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_variables(text: str, source: str) -> str:
+    """`${NAME}` replaced by the environment variable's value, as docker compose reads its
+    files (a bare `$` stays as written): a spec can name a folder of this machine
+    (`data_root: ${PWD}/.accum/data/corpus`, examples/run_examples.py). An unset one is an error."""
+    def value(match: re.Match[str]) -> str:
+        name = match[1]
+        found = os.environ.get(name, os.getcwd() if name == "PWD" else None)
+        if found is None:
+            raise SpecFileError(f"spec file {source} uses ${{{name}}}, which is not set: export it "
+                                "(examples/run_examples.py sets the examples' own)")
+        return found
+
+    return _VARIABLE.sub(value, text)
+
+
 def parse_spec_text(text: str, source: str, suffix: str = ".yaml") -> dict[str, Any]:
-    """A spec mapping from JSON (`suffix` ".json") or YAML text; `source` names it in errors."""
+    """A spec mapping from JSON (`suffix` ".json") or YAML text; `source` names it in errors;
+    `${NAME}` is the environment variable's value (`expand_variables`)."""
+    text = expand_variables(text, source)
     try:
         spec = json.loads(text) if suffix == ".json" else parse_yaml(text)
     except yaml.YAMLError as exc:

@@ -61,7 +61,7 @@ def test_the_stream_of_a_finished_job_replays_its_lines_then_ends(
 def test_bad_parameters_get_422_with_the_field_and_its_bound(
     client: TestClient, alice: dict[str, str], submitted: dict[str, Any]
 ) -> None:
-    for params, field, bound in (({"attempt": 0}, "attempt", "1"), ({"limit": 10_001}, "limit", "10000"),
+    for params, field, bound in (({"attempt": 0}, "attempt", "1"), ({"limit": 10_001}, "limit", "at most 10,000; got 10001"),
                                  ({"after": -1}, "after", "0")):
         response = client.get(f"/v1/jobs/{submitted['id']}/logs", params=params, headers=alice)
         assert response.status_code == 422, response.text
