@@ -14,6 +14,12 @@ statistics the layer computes), with the micro-batch's global position; at the w
 one object all-gather brings every rank's records (two vectors of C numbers per layer and
 micro-batch) to every rank, and each rank puts the window-start buffers back and applies the
 updates in global order, as one process does. Every rank then holds the same buffers.
+
+The records travel in one all-reduce of a float64 table, a row per global micro-batch of the
+window (a flag, then each layer's mean and variance), each rank writing its own rows, on the
+collectives' device (no host copy of the statistics under NCCL); one read of the row flags
+orders the replay. A layer called other than once per forward (a shared module) falls back to
+an object all-gather of the records.
 """
 
 from __future__ import annotations
@@ -39,14 +45,17 @@ class BatchNormReplay:
         self._records: list[Record] = []
         self._current: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
         self._positions: list[int] = []
+        self._first = 0  # the window's first global position (x the OOM split)
+        self._rows = 0  # ... and its global micro-batches
 
     def active(self) -> bool:
         """Any BatchNorm layer in train mode that tracks running statistics."""
         return any(layer.training for layer in self.layers)
 
-    def start_window(self, positions: list[int]) -> None:
+    def start_window(self, positions: list[int], first: int = 0, rows: int = 0) -> None:
         """Before a window's (or a backed-off window's) first forward: the window-start
-        buffers (kept from the first try) and each micro-batch's global position."""
+        buffers (kept from the first try), each micro-batch's global position, and the
+        window's global positions ``first`` .. ``first + rows - 1``."""
         if not self._handles:
             self._handles = [layer.register_forward_pre_hook(self._record(i)) for i, layer in enumerate(self.layers)]
         if self._saved is None:
@@ -56,6 +65,7 @@ class BatchNormReplay:
                            for layer in self.layers]
         self._records = []
         self._positions = positions
+        self._first, self._rows = first, rows
 
     def begin(self, index: int) -> None:
         """Micro-batch ``index`` of this rank's window runs its forward now."""
@@ -79,16 +89,14 @@ class BatchNormReplay:
             self._current.append((number, mean, var))  # on the device: moved once per window
         return hook
 
-    def finish_window(self) -> None:
-        """Every rank (a collective): gather the records, put the window-start buffers back
-        and apply every micro-batch's update in global order."""
+    def finish_window(self, device: torch.device) -> None:
+        """Every rank (a collective): bring every rank's records here, put the window-start
+        buffers back and apply every micro-batch's update in global order."""
         saved, self._saved = self._saved, None
-        local = [(position, [(n, mean.cpu(), var.cpu()) for n, mean, var in stats]) for position, stats in self._records]
-        gathered = distributed.gather_objects(local) or [local]
+        records = self._reduced(device)
         self._records = []
         if saved is None:
             return
-        records = sorted((record for rank in gathered for record in rank), key=lambda record: record[0])
         with torch.no_grad():
             for layer, (mean, var, tracked) in zip(self.layers, saved, strict=True):
                 layer.running_mean.copy_(mean)  # type: ignore[union-attr]
@@ -97,6 +105,35 @@ class BatchNormReplay:
             for _, stats in records:
                 for number, mean, var in stats:
                     _update(self.layers[number], mean, var)
+
+    def _reduced(self, device: torch.device) -> list[Record]:
+        """Every rank's records in global order: one all-reduce of the window's table (or,
+        when a layer ran other than once per forward on some rank, an object all-gather)."""
+        sizes = [layer.num_features for layer in self.layers]
+        width = 1 + 2 * sum(sizes)
+        table = torch.zeros(self._rows + 1, width, dtype=torch.float64, device=device)
+        irregular = False
+        expected = list(range(len(self.layers)))
+        for position, stats in self._records:
+            row = position - self._first
+            if [n for n, _, _ in stats] != expected or not 0 <= row < self._rows:
+                irregular = True
+                continue
+            table[row, 0] = 1.0
+            table[row, 1:] = torch.cat([t.reshape(-1).to(device, torch.float64) for _, m, v in stats for t in (m, v)])
+        table[self._rows, 0] = 1.0 if irregular else 0.0
+        torch.distributed.all_reduce(table)
+        flags = table[:, 0].tolist()  # the window's one read: which rows to replay
+        if flags[-1] > 0:
+            local = [(p, [(n, m.cpu(), v.cpu()) for n, m, v in stats]) for p, stats in self._records]
+            gathered = distributed.gather_objects(local) or [local]
+            return sorted((record for rank in gathered for record in rank), key=lambda record: record[0])
+        records: list[Record] = []
+        for row, flag in enumerate(flags[:-1]):
+            if flag > 0:
+                parts = torch.split(table[row, 1:], [c for size in sizes for c in (size, size)])
+                records.append((row, [(n, parts[2 * n], parts[2 * n + 1]) for n in range(len(sizes))]))
+        return records
 
     def discard(self) -> None:
         """The window did not run (every rank stopped, or the epoch is over): nothing to apply."""

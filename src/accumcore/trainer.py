@@ -618,7 +618,9 @@ class Trainer:
                 self._verify_pending = verify(self, micro_batches, first=not self._verify_ran)
                 self._verify_ran = True
             if batchnorm is not None:
-                batchnorm.start_window(self._micro_batch_positions(len(window)))
+                window_positions = self._layout.global_batches(self.window_in_epoch)  # type: ignore[union-attr]
+                batchnorm.start_window(self._micro_batch_positions(len(window)),
+                                       window_positions.start * self.oom_split, len(window_positions) * self.oom_split)
             try:
                 # A rank that failed joins the window's all-reduce only to say so (its flag).
                 result = self._runner.run(micro_batches, windows_left, failed=error is not None)
@@ -638,7 +640,7 @@ class Trainer:
                 distributed.raise_agreed(result.error if result is not None else None)
             if outcome is not None and not outcome.oom:
                 if batchnorm is not None:
-                    batchnorm.finish_window()  # a collective: every rank's outcome is the same
+                    batchnorm.finish_window(distributed.comm_device(self.model))  # a collective: every rank's outcome is the same
                 self._window_was_last = result is not None and result.last_window
                 return outcome
             self.optimizer.zero_grad(set_to_none=True)
