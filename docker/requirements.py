@@ -1,7 +1,7 @@
 """Print what `pip install accum[EXTRAS]` asks for, from pyproject.toml, one requirement a line.
 
     python3 docker/requirements.py pyproject.toml s3                  # the API image
-    python3 docker/requirements.py pyproject.toml worker,models,s3,gpu,trackers  # the worker image
+    python3 docker/requirements.py pyproject.toml worker,models,s3,gpu,trackers,finetune  # the worker image
 
 The images install these with constraints.txt in a layer of their own (kept until pyproject or
 the pins change), then the wheel with --no-deps: one dependency list, pyproject's. Extras that

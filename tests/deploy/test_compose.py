@@ -207,7 +207,7 @@ def test_images_install_the_wheel_with_pyprojects_requirements_and_the_pins() ->
     assert "install.sh --wheel-of . /dist" in stage("wheel")
     install = dockerfile("install.sh")
     assert "pip install -c /tmp/accum/constraints.txt" in install and "pip check" in install
-    for name, extras in (("api", "s3"), ("worker", "worker,models,s3,gpu,trackers")):
+    for name, extras in (("api", "s3"), ("worker", "worker,models,s3,gpu,trackers,finetune")):
         text = stage(name)
         assert f"install.sh -r /tmp/accum/{name}.txt" in text, name
         assert f"requirements.py pyproject.toml {extras} > {name}.txt" in stage("requirements")
