@@ -34,6 +34,7 @@ from services.jobdb.types import utcnow
 from services.jobdb.workers import QueueOffer, queue_offers
 from services.spec import JobSpec
 from services.spec.refusal import Refusal
+from services.spec.world import enough_ranks
 
 # How long the API keeps what the fleet offers before reading it again. A fresh read on every
 # submit cost 2.0 ms of CPU with no worker registered and 6.0 ms with 64 (a query and every
@@ -79,28 +80,37 @@ def offered_as(field: str, name: str) -> str:
     return name
 
 
+def too_few_ranks(gpus: int, queue: str, offer: QueueOffer | None, *, here: str = "",
+                  offered: int = 0, then: str = "") -> str:
+    """The one message for a ``gpus: k`` job that no worker can give k ranks (the rule:
+    ``services.spec.world.enough_ranks``), at submit, at claim and at the start: what it needs,
+    ``here`` (what the worker that took it has: ``offered`` ranks), what the queue's live
+    workers offer, and the
+    fixes, then ``then``. It counts the live workers only: a stopped one (a worker of an earlier
+    `accum up`) is no help now, though one that may come back still lets a job in and wait."""
+    live = offer.live if offer is not None else 0
+    ranks = offer.live_ranks if offer is not None else 0
+    has = (f"{live} live worker{'s' if live != 1 else ''}, with at most "
+           f"{ranks} ranks{' (one process a job)' if not ranks else ''}"
+           if live else "no live worker" if offer is not None else "no live worker with more")
+    stopped = offer.workers - offer.live if offer is not None else 0
+    return (
+        f"gpus {gpus} needs a worker with {gpus} ranks (GPUs, or CPU ranks); {here}queue {queue!r} "
+        f"has {has}{f', {stopped} stopped not counted' if stopped else ''}. Ask for gpus "
+        f"{max(ranks, offered, 1)} or less, or start a worker with {gpus} GPUs or `--cpu-ranks {gpus}` "
+        f"(`accum worker` or `accum up`){then}"
+    )
+
+
 def ranks_refusal(gpus: int, queue: str, offer: QueueOffer) -> Refusal | None:
     """``gpus: k`` asks for k ranks on one worker: GPUs, or the CPU ranks of a worker started
     with ``--cpu-ranks``. Any worker trains a ``gpus: 1`` job in one process (on its CPU when it
     has no GPU: the spec's documented fallback); none trains a DDP job on ranks it did not
-    register. The worker that takes a job applies the same rule (services/worker/runner.py).
-    The message counts the live workers: a stopped one (a worker of an earlier `accum up`)
-    is no help now, though one that may come back still lets a job in."""
-    most = max(offer.max_ranks, 1)
-    if gpus <= most:
+    register. The worker that takes a job applies the same rule (``enough_ranks``) and message."""
+    if enough_ranks(gpus, offer.max_ranks):
         return None
-    has = (f"{offer.live} live worker{'s' if offer.live != 1 else ''}, with at most "
-           f"{offer.live_ranks} ranks{' (one process a job)' if not offer.live_ranks else ''}"
-           if offer.live else "no live worker")
-    stopped = offer.workers - offer.live
-    return Refusal(
-        ("gpus",),
-        f"gpus {gpus} needs a worker with {gpus} ranks (GPUs, or CPU ranks); queue {queue!r} has "
-        f"{has}{f', {stopped} stopped not counted' if stopped else ''}. Ask for gpus {most} or "
-        f"less, or start a worker with {gpus} GPUs or `--cpu-ranks {gpus}` (`accum worker` or "
-        "`accum up`)",
-        gpus, list(range(most + 1)),
-    )
+    most = max(offer.max_ranks, 1)
+    return Refusal(("gpus",), too_few_ranks(gpus, queue, offer), gpus, list(range(most + 1)))
 
 
 def fleet_refusals(

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from services.fleet import FleetView, Refusal
 from services.spec import JobSpec
+from services.spec.world import enough_ranks
 
 
 def nodes_refusals(
@@ -33,7 +34,7 @@ def nodes_refusals(
     if offer is None:
         return []
     need = spec.min_nodes or spec.nodes
-    fit = sum(1 for ranks in offer.ranks if spec.gpus <= max(ranks, 1))
+    fit = sum(1 for ranks in offer.ranks if enough_ranks(spec.gpus, ranks))
     if fit >= need:
         return []
     field, value = ("min_nodes", need) if need != spec.nodes else ("nodes", spec.nodes)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from services.admission.context import Admission, Phase
 from services.data_roots import data_root_refusal, reader_roots, worker_refusal
-from services.fleet import fleet_refusals
+from services.fleet import fleet_refusals, too_few_ranks
 from services.fleet_nodes import nodes_refusals
 from services.jobdb.job_ids import AmbiguousJobId, find_job
 from services.jobdb.status import resume_hint
 from services.spec.limits import SpecLimits, limit_refusals
 from services.spec.priority import ADMIN_ONLY, DEFAULT_PRIORITY, OWNERS_MAY_CHOOSE
 from services.spec.refusal import Refusal
+from services.spec.world import enough_ranks
 
 
 def data_roots(ctx: Admission) -> list[Refusal]:
@@ -91,20 +92,15 @@ def worker_ranks(ctx: Admission) -> list[Refusal]:
     """A ``gpus: k`` job trains on k ranks of one worker, never fewer: the worker that took it
     applies the fleet check's rule to its own ranks (GPUs, else ``--cpu-ranks``)."""
     gpus = ctx.spec.gpus
-    if gpus <= 1:
+    if enough_ranks(gpus, 0):
         return []  # any worker trains it in one process: no NVML read
     ranks = ctx.needs(ctx.ranks, "the worker's ranks")()
-    if gpus <= ranks:
+    if enough_ranks(gpus, ranks):
         return []
-    return [Refusal(("gpus",), too_few_ranks(gpus, ranks, ctx.needs(ctx.job_id, "the job id")), gpus)]
-
-
-def too_few_ranks(gpus: int, ranks: int, job_id: str) -> str:
     has = f"{ranks} CPU rank{'s' if ranks != 1 else ''} (--cpu-ranks)" if ranks else "no GPU and no --cpu-ranks"
-    return (f"gpus {gpus} needs {gpus} ranks on one worker; the worker that took the job offers "
-            f"{has}, and no worker of its queue registered more: start one with {gpus} GPUs, or "
-            f"`accum worker --cpu-ranks {gpus}` to train on CPU ranks (gloo), then "
-            f"{resume_hint(job_id)}")
+    message = too_few_ranks(gpus, ctx.spec.queue, None, here=f"the worker that took it has {has}; ", offered=ranks,
+                            then=f", then {resume_hint(ctx.needs(ctx.job_id, 'the job id'))}")
+    return [Refusal(("gpus",), message, gpus)]
 
 
 def priority(ctx: Admission) -> list[Refusal]:

@@ -39,7 +39,7 @@ from services.jobdb.leases import claim_job
 from services.jobdb.models import AttemptMember, FormingGang, Job, JobAttempt, JobEvent
 from services.jobdb.status import JobStatus
 from services.jobdb.types import utcnow
-from services.spec.world import ranks_per_node
+from services.spec.world import enough_ranks
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,7 @@ def settle_stale_gangs(
 
 def _fits(spec: dict[str, Any] | None, member: Member) -> bool:
     """Whether ``member`` offers the ranks one node of this job runs (``gpus``)."""
-    return ranks_per_node(int((spec or {}).get("gpus") or 0)) <= max(member.ranks, 1)
+    return enough_ranks(int((spec or {}).get("gpus") or 0), member.ranks)
 
 
 def _next_attempt(job_id: str) -> Any:

@@ -40,9 +40,11 @@ from services.catalog.build import (
     build_model,
     takes_keywords,
 )
+from services.fleet import too_few_ranks
 from services.spec import JobSpec, world_size
 from services.spec import total_optimizer_steps as spec_total_steps
 from services.spec.batching import batch_over_data
+from services.spec.world import enough_ranks
 from services.worker import levers, micro_batch, strategy
 
 # Effectively "until max_steps": fit counts epochs from 0 and stops at max_steps first.
@@ -69,12 +71,11 @@ class Run:
 def pick_device(spec: JobSpec, local_rank: int = 0) -> str:
     """``cuda:<rank>`` when the job asks for GPUs and this worker has them, else ``cpu``."""
     if spec.gpus >= 1 and torch.cuda.is_available():
-        if torch.cuda.device_count() < spec.gpus:
-            raise ValueError(
-                f"the job asks for gpus={spec.gpus} but this worker sees "
-                f"{torch.cuda.device_count()} (CUDA_VISIBLE_DEVICES); route it to a queue whose "
-                "workers have enough GPUs, or lower gpus"
-            )
+        seen = torch.cuda.device_count()
+        if not enough_ranks(spec.gpus, seen):
+            raise ValueError(too_few_ranks(spec.gpus, spec.queue, None,
+                                           here=f"this worker sees {seen} GPUs (CUDA_VISIBLE_DEVICES); ",
+                                           offered=seen))
         return f"cuda:{local_rank}"
     return "cpu"
 

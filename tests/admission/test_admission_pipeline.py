@@ -188,7 +188,7 @@ def test_the_worker_refuses_more_ranks_than_it_offers_and_reads_them_for_ddp_job
     one_rank = Ranks(1)
     start(spec_of(gpus=1), worker_settings, one_rank)
     assert one_rank.reads == 0
-    with pytest.raises(ValueError, match="gpus 2 needs 2 ranks") as refused:
+    with pytest.raises(ValueError, match=r"gpus 2 needs a worker with 2 ranks .* has 1 CPU rank") as refused:
         start(spec_of(gpus=2), worker_settings, one_rank)
     assert type(refused.value) is ValueError and "job-under-test" in str(refused.value)
     start(spec_of(gpus=2), worker_settings, Ranks(2))

@@ -36,8 +36,8 @@ def test_a_job_with_more_ranks_than_the_worker_offers_fails_naming_cpu_ranks(
     assert run_job(plain, job_id, "plain@n") == Outcome.FAILED
     job = load(plain, job_id)
     assert job.progress["optimizer_step"] == 0
-    assert "gpus 2 needs 2 ranks" in job.error["message"]
-    assert "`accum worker --cpu-ranks 2`" in job.error["message"] and f"POST /v1/jobs/{job_id}/resume" in job.error["message"]
+    assert "gpus 2 needs a worker with 2 ranks (GPUs, or CPU ranks); the worker that took it has no GPU" in job.error["message"]
+    assert "`--cpu-ranks 2` (`accum worker` or `accum up`)" in job.error["message"] and f"POST /v1/jobs/{job_id}/resume" in job.error["message"]
     with session_factory(plain)() as session:
         kinds = [e.kind for e in events.list_events(session, job_id)]
     assert "checkpoint" not in kinds  # nothing trained
