@@ -23,11 +23,13 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
+    literal_column,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from services.jobdb.status import JobStatus
-from services.jobdb.types import UTCDateTime, new_id, utcnow
+from services.jobdb.types import ID_LEN, SHORT_LEN, UTCDateTime, new_id, utcnow
 
 # Named constraints: Alembic's batch mode on SQLite can only alter constraints with names.
 NAMING_CONVENTION = {
@@ -162,6 +164,15 @@ class Job(Base):
         return {"name": self.worker_name, "host": self.worker_host, "gpu": self.worker_gpu}
 
 
+# A job's short id (its id's last SHORT_LEN characters: services.jobdb.job_ids), indexed per
+# owner, so that finding one (and checking a new job's is free) reads a few index entries, not
+# the owner's every job: at 10,000 of an owner's jobs, 4.6 -> 0.7 ms on SQLite and 17.5 -> 1.7 ms
+# on PostgreSQL here (under load). The query must spell the expression as the index does:
+# literal arguments, not bound ones.
+short_id_column = func.substr(Job.id, literal_column(str(ID_LEN - SHORT_LEN + 1)), literal_column(str(SHORT_LEN)))
+Index("ix_jobs_owner_id_short", Job.owner_id, short_id_column, Job.id)
+
+
 class JobAttempt(Base):
     """One start of a job by a worker, and how it ended (``outcome`` null while it runs):
     ``succeeded``, ``failed``, ``cancelled``, ``handed_back`` (its worker shut down),
@@ -247,7 +258,7 @@ class JobLogLine(Base):
     """One line a job's training process printed (stdout or stderr, its warnings and library
     log messages), captured by the worker per attempt (``services/worker/output_capture.py``):
     at most ``ACCUM_LOG_MAX_LINES_PER_ATTEMPT`` lines each of at most
-    ``ACCUM_LOG_MAX_LINE_CHARS``, secrets of the worker's environment redacted."""
+    ``ACCUM_LOG_MAX_LINE_BYTES``, secrets of the worker's environment redacted."""
 
     __tablename__ = "job_logs"
     __table_args__ = (Index("ix_job_logs_job_id_attempt_id", "job_id", "attempt", "id"),)
