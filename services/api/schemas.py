@@ -21,7 +21,7 @@ from typing_extensions import TypedDict
 
 from services.jobdb.nonfinite import Label, label, split_latest
 from services.jobdb.status import JobStatus
-from services.spec.job import Duration
+from services.spec.job import Duration, stored
 
 # Steps and ids are INTEGER columns (32-bit on PostgreSQL): larger query values are refused
 # as 422 instead of overflowing in the driver.
@@ -187,8 +187,7 @@ RANK_PEAK = "peak_memory_bytes_rank"
 def sharing_strategy(spec: dict[str, Any]) -> Literal["ddp", "fsdp"] | None:
     """How a job's ranks share its model: the spec's strategy (ddp when left out) for gpus > 1,
     fsdp for one GPU with CPU offload; None for one process."""
-    strategy = spec.get("strategy") or "ddp"
-    gpus = spec.get("gpus") or 0
+    strategy, gpus = stored(spec, "strategy"), stored(spec, "gpus")
     if strategy == "fsdp" and isinstance(gpus, int) and gpus >= 1:
         return "fsdp"
     return "ddp" if isinstance(gpus, int) and gpus > 1 else None

@@ -39,6 +39,7 @@ from services.jobdb.leases import claim_job
 from services.jobdb.models import AttemptMember, FormingGang, Job, JobAttempt, JobEvent
 from services.jobdb.status import JobStatus
 from services.jobdb.types import utcnow
+from services.spec.job import stored
 from services.spec.world import enough_ranks
 
 
@@ -86,8 +87,7 @@ class GangState:
 
 def nodes_of(spec: dict[str, Any] | None) -> tuple[int, int]:
     """``(nodes, min_nodes)`` of a stored spec (single-node specs store neither)."""
-    nodes = int((spec or {}).get("nodes") or 1)
-    return nodes, int((spec or {}).get("min_nodes") or nodes)
+    return int(stored(spec, "nodes")), int(stored(spec, "min_nodes"))
 
 
 def join_gang(
@@ -262,7 +262,7 @@ def settle_stale_gangs(
 
 def _fits(spec: dict[str, Any] | None, member: Member) -> bool:
     """Whether ``member`` offers the ranks one node of this job runs (``gpus``)."""
-    return enough_ranks(int((spec or {}).get("gpus") or 0), member.ranks)
+    return enough_ranks(int(stored(spec, "gpus")), member.ranks)
 
 
 def _next_attempt(job_id: str) -> Any:

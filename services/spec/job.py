@@ -587,6 +587,19 @@ class JobSpec(BaseModel):
         return data
 
 
+def stored(spec: Mapping[str, Any] | None, name: str) -> Any:
+    """Field ``name`` of a stored (normalised) spec, or ``JobSpec``'s default when the spec left
+    it out: ``normalised`` drops the defaults of fields added later (nodes, min_nodes, strategy,
+    trackers, fsdp, ...) so that older specs hash the same, and a reader of the stored spec asks
+    here rather than restating them. ``min_nodes`` defaults to the spec's ``nodes``."""
+    value = (spec or {}).get(name)
+    if value is not None:
+        return value
+    if name == "min_nodes":
+        return stored(spec, "nodes")
+    return JobSpec.model_fields[name].get_default(call_default_factory=True)
+
+
 def parse_spec(raw: Mapping[str, Any] | str | bytes) -> JobSpec:
     """Validate a spec (a dict, or JSON text); raises `pydantic.ValidationError`."""
     if isinstance(raw, str | bytes):

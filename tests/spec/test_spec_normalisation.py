@@ -7,6 +7,7 @@ import json
 from job_specs import MINIMAL_SPEC
 
 from services.spec import JobSpec, parse_spec, spec_hash
+from services.spec.job import stored
 
 
 def test_defaults_are_filled_and_names_become_objects() -> None:
@@ -123,3 +124,15 @@ def test_hash_changes_with_any_setting() -> None:
 def test_hash_ignores_key_order_of_the_normalised_dict_itself() -> None:
     normalised = parse_spec(MINIMAL_SPEC).normalised()
     assert spec_hash(dict(reversed(list(normalised.items())))) == spec_hash(normalised)
+
+
+def test_readers_of_a_stored_spec_get_the_defaults_normalised_left_out() -> None:
+    """``normalised`` drops later fields at their defaults (nodes, strategy, trackers, ...):
+    ``stored`` gives each back as the spec has it, the one source of those defaults."""
+    spec = parse_spec(MINIMAL_SPEC)
+    data, full = spec.normalised(), spec.model_dump(mode="json")
+    left_out = set(JobSpec.model_fields) - set(data)
+    assert {"nodes", "min_nodes", "strategy", "trackers"} <= left_out
+    assert {name: stored(data, name) for name in left_out} == {name: full[name] for name in left_out}
+    two = parse_spec({**MINIMAL_SPEC, "nodes": 2, "micro_batch_size": 4, "accumulation_steps": 1})
+    assert (stored(two.normalised(), "nodes"), stored(two.normalised(), "min_nodes")) == (2, 2)
