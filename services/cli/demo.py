@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.cli.common import load_spec, require_worker_extra
+from services.cli.server import DEFAULT_PORT
 from services.packaged import packaged_dir
 from services.ports import free_port
 
@@ -74,7 +75,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             return 130
         finally:
             service.stop()
-    _report(settings, final, accuracy, checkpoints, token, time.monotonic() - started)
+    _report(settings, final, accuracy, checkpoints, time.monotonic() - started)
     if final["status"] != "succeeded":
         worker_log = Path(settings.home) / "logs" / "worker.log"
         print(f"accum demo: the job {final['status']}; see {worker_log}", file=sys.stderr)
@@ -98,13 +99,16 @@ def _report(
     job: dict[str, Any],
     accuracy: float | None,
     checkpoints: list[dict[str, Any]],
-    token: str,
     elapsed_s: float,
 ) -> None:
+    """Where the results are and how to read them again: through `accum up`'s URL (the demo's
+    own service, on a free port, is stopped by now), with no secret printed (the demo's token
+    would sit in a terminal's scrollback and in CI logs; `accum token create` makes one)."""
     job_id = job["id"]
     shown = f"{accuracy:.2%}" if accuracy is not None else "not recorded"
     latest = max((int(c["step"]) for c in checkpoints), default=None)
     artefacts = f"{settings.artifacts_url}/{job_id}"
+    url = f"http://127.0.0.1:{DEFAULT_PORT}"  # where `accum up` serves by default
     print(
         f"\njob {job_id} {job['status']} in {elapsed_s:.0f} s (including start-up)\n"
         f"final validation accuracy: {shown}\n"
@@ -112,11 +116,12 @@ def _report(
         f"  database (metrics, events, checkpoint rows): {settings.database_url}\n"
         f"  checkpoint files: {artefacts}/ "
         f"({len(checkpoints)} kept, latest step {latest})\n"
-        f"\nread them again (the service is stopped now; `make up` or `accum up` serves them):\n"
+        f"\nread them again (the service is stopped now): `accum up` (or `make up`) serves them\n"
+        f"at {url}, the dashboard too; then, from any folder:\n"
         f"  accum status {job_id}\n"
         f"  accum metrics {job_id} --name val_accuracy\n"
         f"  accum metrics {job_id} --csv > metrics.csv\n"
         f"  accum download {job_id} -o model.pt\n"
-        f"  curl -H 'Authorization: Bearer {token}' "
-        f"'http://127.0.0.1:8000/v1/jobs/{job_id}/metrics?name=val_accuracy'"
+        f"  curl -H \"Authorization: Bearer $TOKEN\" '{url}/v1/jobs/{job_id}/metrics?name=val_accuracy'\n"
+        f"    (a token for curl: TOKEN=$(accum token create my-curl); it is printed once)"
     )

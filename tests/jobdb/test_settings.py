@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,13 @@ def test_every_setting_is_in_the_configuration_page() -> None:
     page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     missing = [name for name in Settings.model_fields if f"`ACCUM_{name.upper()}`" not in page]
     assert missing == [], "add a row to docs/configuration.md for each"
+
+
+def test_every_accum_variable_the_code_names_is_in_the_configuration_page() -> None:
+    """Not only the settings' fields: ACCUM_URL and ACCUM_TOKEN (the CLI's), and a name in a
+    message or a docstring must be one a reader can look up (a stale one is caught here)."""
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "configuration.md").read_text()
+    named = {name for folder in ("services", "src") for path in (root / folder).rglob("*.py")
+             for name in re.findall(r"\bACCUM_[A-Z0-9_]*[A-Z0-9]\b", path.read_text())}
+    assert sorted(name for name in named if f"`{name}`" not in page) == []

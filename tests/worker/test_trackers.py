@@ -215,6 +215,7 @@ def mlflow_has_one_finished_run_with_every_step_once(tracked_job: TrackedJob) ->
     assert run.data.tags["accum.exactness"] == "exact"
     assert run.data.tags["accum.checkpoint"] == f"{stack.settings.artifacts_url}/{job_id}/{MAX_STEPS}.pt"
     assert run.data.params["optimizer.lr"] == "0.05" and run.data.params["max_steps"] == str(MAX_STEPS)
+    assert run.data.params["effective_batch_size"].isdigit()  # m x N x ranks, not "None"
     assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")] == [f"checkpoint/{MAX_STEPS}.pt"]
     want = accum_points(stack, job_id)
     got = {name: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))

@@ -253,3 +253,13 @@ def test_a_client_missing_on_the_worker_is_said_as_such_not_as_a_server_down(
     assert message.startswith("mlflow client not installed on the worker: ")
     assert message.endswith("(install it there: pip install 'accum[trackers]')")
     assert "unreachable" not in message and "refused" not in message
+
+
+def test_a_runs_parameters_hold_the_effective_batch_as_a_number() -> None:
+    """MLflow's and W&B's params logged `effective_batch_size: None` for a batch given as m x N."""
+    from services.spec import parse_spec
+    from services.worker.trackers.job import run_params
+
+    assert run_params(parse_spec(TINY_SPEC))["effective_batch_size"] == "32"  # 16 x 2 x CPU
+    auto = {**TINY_SPEC, "micro_batch_size": "auto", "accumulation_steps": None, "effective_batch_size": 64}
+    assert run_params(parse_spec(auto))["effective_batch_size"] == "64"

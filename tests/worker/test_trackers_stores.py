@@ -37,8 +37,9 @@ from services.settings import Settings
 from services.spec import parse_spec
 from services.worker.checkpoints.stores import artifact_store, node_cache
 from services.worker.checkpoints.uploads import CheckpointUploads
-from services.worker.trackers.base import FinalCheckpoint, RunIdentity, StepPoints, flat_params
+from services.worker.trackers.base import FinalCheckpoint, RunIdentity, StepPoints
 from services.worker.trackers.host import make_tracker
+from services.worker.trackers.job import run_params
 from services.worker.trackers.sink import TrackerSink, ensure_row
 from services.worker.trackers.tensorboard_events import EventFiles
 
@@ -85,8 +86,7 @@ def test_tensorboard_event_files_on_s3_are_what_tensorboard_reads_from_the_store
                                 retry_for_s=tracked.lease_timeout_s)
     sessions = session_factory(tracked)
     ensure_row(sessions, job_id, "tensorboard")
-    identity = RunIdentity(job_id=job_id, name=job_id, owner="o", queue="default",
-                           params=flat_params(spec.normalised()))
+    identity = RunIdentity(job_id=job_id, name=job_id, owner="o", queue="default", params=run_params(spec))
     # What the host process runs for the job: the tracker it builds, a sink around it.
     sink = TrackerSink(make_tracker("tensorboard", tracked, spec, uploads), sessions, identity,
                        attempt=1, flush_every_s=0.05)

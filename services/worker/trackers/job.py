@@ -9,11 +9,19 @@ from services.jobdb.models import Job, Owner
 from services.jobdb.tracker_runs import open_run
 from services.settings import Settings
 from services.spec import JobSpec
+from services.spec.batching import effective_batch_size
 from services.worker.attempt import Attempt
 from services.worker.checkpoints.uploads import CheckpointUploads
 from services.worker.trackers.base import RunIdentity, flat_params
 from services.worker.trackers.callback import TrackerCallback
 from services.worker.trackers.handover import TrackerHost
+
+
+def run_params(spec: JobSpec) -> dict[str, str]:
+    """The spec as a run's parameters, the effective batch as a number: the normalised spec
+    holds it only where it was given (else None, m x N x ranks being the rule), and the batch
+    is what a run is compared by. An N schedule's is that of epoch 0."""
+    return flat_params({**spec.normalised(), "effective_batch_size": effective_batch_size(spec)})
 
 
 def job_trackers(settings: Settings, sessions: sessionmaker[Session], attempt: Attempt,
@@ -35,7 +43,7 @@ def job_trackers(settings: Settings, sessions: sessionmaker[Session], attempt: A
         run_id, delivered = stored[name]
         identities[name] = RunIdentity(
             job_id=attempt.job_id, name=spec.name or job_name or attempt.job_id, owner=owner, queue=queue,
-            params=flat_params(spec.normalised()), run_id=run_id, delivered_step=delivered,
+            params=run_params(spec), run_id=run_id, delivered_step=delivered,
             resume_step=attempt.resume_step or 0,
         )
     host = TrackerHost(settings, spec.normalised(), attempt.attempt, identities, sessions)
