@@ -151,6 +151,10 @@ class LocalService:
         env = {**os.environ, "ACCUM_HOME": str(self.settings.home), "PYTHONUNBUFFERED": "1"}
         env["ACCUM_DATABASE_URL"] = self.settings.database_url
         env["ACCUM_BROKER_URL"] = self.settings.broker_url
+        # One machine, one person: whoever runs `accum up` or `accum demo` runs the jobs' code
+        # with their own rights anyway, root on a container or CI box included. The root
+        # refusal (services/worker/start.py refuse_root) guards a deployed `accum worker`.
+        env.setdefault("ACCUM_ALLOW_ROOT", "1")
         log_path: Path | None = None
         out: IO[bytes] | None = None
         if self.log_dir is not None:

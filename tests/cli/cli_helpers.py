@@ -30,7 +30,8 @@ def accum_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCUM_")}
     env["ACCUM_HOME"] = str(home)
     env["XDG_CONFIG_HOME"] = str(home / "user-config")
-    env["ACCUM_ALLOW_ROOT"] = "1"  # the worker `accum up` starts, where tests run as root
+    # No ACCUM_ALLOW_ROOT: tests run as root here, so each `accum up` / `accum demo` test also
+    # proves the one-machine service starts its worker as root (services/cli/local.py).
     return env
 
 
