@@ -37,8 +37,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from services.fleet import too_few_ranks
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
+from services.spec.world import enough_ranks, ranks_per_node
 from services.worker.attempt import Attempt, Outcome, RankHung, outcome
 from services.worker.heartbeat import Heartbeat
 from services.worker.parent_death import die_with_parent
@@ -63,12 +65,11 @@ def spawn_ranks(
     nodes: the address, port and secret of the store node 0's worker serves, ``services.worker.gang``);
     by default this node is the whole world, and this process serves its rendezvous on a port
     the OS picks, bound until the ranks are gone (``services.worker.rendezvous``)."""
-    here = max(spec.gpus, 1)  # a node of a multi-node job runs one process at least
-    if torch.cuda.is_available() and torch.cuda.device_count() < here:
-        raise ValueError(
-            f"the job asks for gpus={here} but this worker sees {torch.cuda.device_count()} "
-            "GPUs; start its worker with enough GPUs visible (--gpus 0,1,...) or lower gpus"
-        )
+    here = ranks_per_node(spec.gpus)  # a node of a multi-node job runs one process at least
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else None
+    if seen is not None and not enough_ranks(spec.gpus, seen):
+        raise ValueError(too_few_ranks(spec.gpus, spec.queue, None, offered=seen,
+                                       here=f"this worker sees {seen} GPUs (CUDA_VISIBLE_DEVICES); "))
     if master is None:  # this node is the whole world: its rendezvous is served from here
         server = open_server([ANY_PORT], timeout_s=settings.collective_timeout_s,
                              what="a port the OS picks on this node")

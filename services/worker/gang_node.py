@@ -31,6 +31,7 @@ from services.jobdb.models import Job, Owner
 from services.jobdb.sessions import session_factory
 from services.settings import Settings
 from services.spec import parse_spec
+from services.spec.world import ranks_per_node
 from services.worker import shutdown
 from services.worker.attempt import Attempt, NodeLost, Outcome
 from services.worker.datasets import with_local_data_root
@@ -85,7 +86,7 @@ def record_world(session: Session, attempt: Attempt, place: GangPlace) -> None:
     before = earlier or spec.nodes
     if before == place.nnodes:
         return
-    per_node = max(spec.gpus, 1)
+    per_node = ranks_per_node(spec.gpus)
     add_event(
         session, attempt.job_id, "world_changed",
         f"{before} -> {place.nnodes} nodes ({before * per_node} -> {place.nnodes * per_node} ranks); "

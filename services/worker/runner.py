@@ -45,13 +45,16 @@ from services.jobdb.leases import (
 )
 from services.jobdb.models import Job, Owner
 from services.jobdb.nonfinite import label
-from services.jobdb.queue_order import PRIORITIES, held_by_running_cap, next_in_line
+from services.jobdb.queue_order import held_by_running_cap, next_in_line
 from services.jobdb.sessions import session_factory
 from services.jobdb.status import JobStatus
 from services.jobdb.types import utcnow
 from services.jobdb.workers import queue_offers
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
+from services.spec.job import stored
+from services.spec.priority import priority_number
+from services.spec.world import enough_ranks
 from services.worker import phases, shutdown
 from services.worker.attempt import Attempt, NodeLost, Outcome
 from services.worker.datasets import named_as_synced, with_local_data_root
@@ -110,12 +113,12 @@ def left_to_a_bigger_worker(session: Session, job_id: str, settings: Settings) -
     stopped one too): not claimed here, it waits for that worker (the reaper sends its message
     again). Failed only where the API would refuse it now: ``train`` fails it with the fix."""
     row = session.execute(select(Job.spec, Job.queue).where(Job.id == job_id)).one_or_none()
-    gpus = int((row.spec or {}).get("gpus") or 0) if row is not None else 0
-    if row is None or gpus <= 1 or gpus <= ranks_here(settings):  # NVML read for DDP jobs only
+    gpus = int(stored(row.spec, "gpus")) if row is not None else 0
+    if row is None or enough_ranks(gpus, 0) or enough_ranks(gpus, ranks_here(settings)):  # NVML read for DDP jobs only
         return False
     fleet = queue_offers(session, utcnow() - timedelta(seconds=settings.queue_grace_s))
     offer = fleet.get(row.queue)
-    return offer is not None and offer.max_ranks >= gpus
+    return offer is not None and enough_ranks(gpus, offer.max_ranks)
 
 
 def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
@@ -221,7 +224,7 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
                                         what=f"job {job_id}: handing back", for_s=settings.lease_timeout_s)
         if queue is not None:
             # after the commit, as the reaper does
-            enqueue_job(settings, job_id, queue, PRIORITIES.get(attempt.spec.get("priority", "")))
+            enqueue_job(settings, job_id, queue, priority_number(stored(attempt.spec, "priority")))
             log.warning("job %s handed back to queue %s: it resumes from its last checkpoint", job_id, queue)
             return Outcome.HANDED_BACK
         outcome = Outcome.CANCELLED  # a cancel came first (or the lease is gone: finishing fails too)
@@ -294,7 +297,7 @@ def _after_fault(settings: Settings, sessions: sessionmaker[Session], attempt: A
             what=f"job {attempt.job_id}: recording cancelled", for_s=settings.lease_timeout_s)
         return Outcome.CANCELLED if cancelled else Outcome.LEASE_LOST
     if moved[0] == JobStatus.QUEUED:
-        enqueue_job(settings, attempt.job_id, moved[1], PRIORITIES.get(attempt.spec.get("priority", "")))
+        enqueue_job(settings, attempt.job_id, moved[1], priority_number(stored(attempt.spec, "priority")))
         return Outcome.HANDED_BACK
     return Outcome.FAILED
 
