@@ -6,7 +6,8 @@
     pulse.stale(alive)                                                      # silent ranks
 
 A rank beats from its step loop (``RankLink``: every ``should_stop`` poll, once per window
-on k ranks and per micro-batch on one, and every step, evaluation and checkpoint), into
+on k ranks and per micro-batch on one, and every step, evaluation batch (``BeatingLoader``)
+and checkpoint), into
 shared memory: a monotonic time (``CLOCK_MONOTONIC``, one clock for every process of the
 machine) and a count; no system call, no lock. Its supervisor (``distributed.watch_ranks``,
 the same code on a gang's leader and its followers) reads them each poll: a rank whose
@@ -127,6 +128,25 @@ class Pulse:
         now = time.monotonic()
         return [Silent(r, now - self.last[r], than_s, self.beats[r]) for r in ranks
                 if self.beats[r] >= ARMED_AT and now - self.last[r] > than_s]
+
+
+class BeatingLoader:
+    """The validation loader, each batch a beat: an evaluation has no step of its own, and a
+    long one would look like a hang (its length and attributes are the loader's)."""
+
+    def __init__(self, loader: Any, link: RankLink) -> None:
+        self.loader, self.link = loader, link
+
+    def __iter__(self) -> Any:
+        for batch in self.loader:
+            self.link.pulse.beat(self.link.local_rank)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
 
 
 class RankLink(Callback):

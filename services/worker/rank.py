@@ -42,7 +42,7 @@ from services.worker.checkpoints.shards import ShardedUploads, side_gather
 from services.worker.checkpoints.stores import artifact_store, node_cache
 from services.worker.heartbeat import Heartbeat
 from services.worker.place import Place
-from services.worker.pulse import RankLink
+from services.worker.pulse import BeatingLoader, RankLink
 from services.worker.strategy import model_wrapper, sharded
 from services.worker.system_metrics import SystemMetrics
 from services.worker.trackers.callback import TrackerCallback
@@ -84,6 +84,8 @@ def run_attempt(place: Place, settings: Settings, spec: JobSpec, attempt: Attemp
             chosen=attempt.micro_batch,
         )
         gather_warm_start(run, place)
+        if stop is not None and run.fit_kwargs.get("val_loader") is not None:  # its batches beat too
+            run.fit_kwargs["val_loader"] = BeatingLoader(run.fit_kwargs["val_loader"], stop)
         writer.record_start(run, spec, attempt)
         if checkpoint is not None:
             run.trainer.load_state_dict(restored(run, checkpoint))

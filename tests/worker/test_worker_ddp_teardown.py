@@ -25,7 +25,7 @@ from services.jobdb.sessions import session_factory
 from services.settings import Settings
 from services.worker.attempt import RankHung
 from services.worker.distributed import STOPPED, Node, RankFailed, watch_ranks
-from services.worker.pulse import ARMED_AT, CANCEL, TIMEOUT, Pulse
+from services.worker.pulse import ARMED_AT, CANCEL, TIMEOUT, BeatingLoader, Pulse, RankLink
 from services.worker.runner import run_job
 
 
@@ -213,3 +213,10 @@ def test_a_gpus_2_job_succeeds_20_times_in_a_row(settings: Settings, make_job: C
             job = jobs.load_job(session, job_id)
             assert job is not None and job.status == "succeeded", job.error if job else None
     assert outcomes == ["succeeded"] * 20
+
+
+def test_an_evaluation_beats_at_every_batch() -> None:
+    pulse = Pulse.of(multiprocessing.get_context("spawn"), 1, base_s=1.0, margin_s=0.5)
+    loader = BeatingLoader([10, 20, 30], RankLink(pulse, _flag(), 0))
+    assert len(loader) == 3 and list(loader) == [10, 20, 30] and pulse.beats[0] == 3
+    assert loader.count(20) == 1  # the loader's own attributes
