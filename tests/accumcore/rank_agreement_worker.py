@@ -130,14 +130,15 @@ def _good_batches(rank: int) -> list:
     return [(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)]
 
 
-def bad_targets_on_rank1(rank: int, verify: bool) -> dict[str, Any]:
+def bad_targets_on_rank1(rank: int, verify: bool, sharded: bool = False) -> dict[str, Any]:
     """Rank 1's third micro-batch (window 2; window 1 with the check on) has targets the
-    trainer cannot count (a list): refused before the window's all-reduce."""
+    trainer cannot count (a list): refused before the window's all-reduce (and, sharded,
+    before the window's FSDP passes)."""
     batches = _good_batches(rank)
     if rank == 1:
         bad = 0 if verify else 2
         batches[bad] = (batches[bad][0], batches[bad][1].tolist())
-    return _fit(batches, TokenCrossEntropy(), 2, verify)
+    return _fit(batches, TokenCrossEntropy(), 2, verify, sharded=sharded)
 
 
 def summing_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -250,6 +251,7 @@ CASES = {
     "cannot_check_true": lambda rank: one_rank_cannot_check(rank, True),
     "bad_targets": lambda rank: bad_targets_on_rank1(rank, False),
     "bad_targets_checked": lambda rank: bad_targets_on_rank1(rank, True),
+    "sharded_bad_targets": lambda rank: bad_targets_on_rank1(rank, False, sharded=True),
     "loss_check": loss_check_on_rank1,
     "forward_error": forward_error_on_rank1,
     "sharded_exact": sharded_exact,

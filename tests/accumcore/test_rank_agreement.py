@@ -75,6 +75,7 @@ def test_a_rank_that_cannot_check_makes_the_check_partial_and_strict_fail_on_eve
 @pytest.mark.parametrize("case, kind, says", [
     ("bad_targets", "TypeError", "cannot count items of targets of type list"),
     ("bad_targets_checked", "TypeError", "cannot count items of targets of type list"),
+    ("sharded_bad_targets", "TypeError", "cannot count items of targets of type list"),
     ("loss_check", "ValueError", "loss_fn returns a sum over the micro-batch"),
     ("forward_error", "IndexError", "index out of range"),
 ])
