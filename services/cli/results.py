@@ -40,6 +40,8 @@ def register(commands: Any) -> None:
     download.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
     download.add_argument("step", nargs="?", type=int, help="optimizer step (default: latest)")
     download.add_argument("-o", "--output", default=".", help="file or directory (default .)")
+    download.add_argument("--merged", action="store_true",
+                          help="a LoRA job's merged model (spec peft.merge): a tar of its save_pretrained folder")
     download.set_defaults(func=cmd_download)
 
 
@@ -124,7 +126,10 @@ def cmd_download(args: argparse.Namespace) -> int:
     folder = target if target.is_dir() else target.parent
     if not folder.is_dir():
         raise CommandError(f"cannot save to {target}: there is no directory {folder}")
+    if args.merged and args.step is not None:
+        raise CommandError("--merged downloads the job's merged model, which has no step: leave the step out")
     with make_client() as client:
-        path = client.download(resolve_job_id(client, args.job_id), args.step, target)
+        job_id = resolve_job_id(client, args.job_id)
+        path = client.download_merged(job_id, target) if args.merged else client.download(job_id, args.step, target)
     print(f"saved {path} ({size(path.stat().st_size)}, sha256 verified)")
     return 0

@@ -138,4 +138,8 @@ def store_merged(module: nn.Module, uploads: CheckpointUploads, job_id: str) -> 
             tar.add(merged, arcname="merged")
         sha256, size = sha256_of(packed)
         uploads.put(merged_key(job_id), packed, sha256, size)
+        # Its hash beside it (a local store keeps none): the download's ETag, which clients verify.
+        note = Path(folder) / "merged.tar.sha256"
+        note.write_text(sha256)
+        uploads.put(merged_key(job_id) + ".sha256", note, *sha256_of(note))
     return merged_key(job_id)

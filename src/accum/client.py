@@ -394,9 +394,23 @@ class AccumClient:
         target = Path(path)
         if target.is_dir():
             target = target / f"{job_id}-{step}.pt"
+        return self._fetch_verified(f"/v1/jobs/{job_id}/checkpoints/{step}", target, f"checkpoint {job_id}/{step}",
+                                    expected)
+
+    def download_merged(self, job_id: str, path: str | Path = ".") -> Path:
+        """Stream a LoRA job's merged model (spec `peft.merge`: a tar of its `save_pretrained`
+        folder; `tar xf` it, then `from_pretrained("merged")`) to `path`, verifying the sha256
+        its ETag names; a directory gets `<job>-merged.tar`. Returns the file's path."""
+        target = Path(path)
+        if target.is_dir():
+            target = target / f"{job_id}-merged.tar"
+        return self._fetch_verified(f"/v1/jobs/{job_id}/merged", target, f"the merged model of job {job_id}", None)
+
+    def _fetch_verified(self, url: str, target: Path, what: str, expected: str | None) -> Path:
+        """``url`` streamed to ``target`` through a ``.part`` file (a 307 followed without the
+        token), its sha256 checked against ``expected``, else the ETag; a mismatch deletes it."""
         partial = target.with_name(target.name + ".part")
         digest = hashlib.sha256()
-        url = f"/v1/jobs/{job_id}/checkpoints/{step}"
         try:
             with self._http.stream("GET", url, timeout=_STREAM_TIMEOUT) as response:
                 if response.is_error:
@@ -422,11 +436,8 @@ class AccumClient:
         actual = digest.hexdigest()
         if expected is None or actual != expected:
             partial.unlink(missing_ok=True)
-            raise AccumAPIError(
-                0,
-                f"checkpoint {job_id}/{step} failed sha256 verification",
-                f"expected {expected}, got {actual}; download it again",
-            )
+            raise AccumAPIError(0, f"{what} failed sha256 verification",
+                                f"expected {expected}, got {actual}; download it again")
         os.replace(partial, target)
         return target
 

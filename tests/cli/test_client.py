@@ -87,6 +87,26 @@ def test_download_refuses_a_corrupted_file(
     assert not target.exists() and not list(tmp_path.iterdir()), "no partial file is left"
 
 
+def test_download_merged_streams_a_lora_jobs_tar_and_verifies_it(
+    client: AccumClient, seed: Any, tiny_spec: dict[str, Any], tmp_path: Path
+) -> None:
+    from services.artifacts import merged_key, open_store
+
+    job = client.submit(tiny_spec)
+    with pytest.raises(AccumAPIError) as missing:
+        client.download_merged(job["id"], tmp_path)
+    assert missing.value.status == 404 and "no peft.merge" in str(missing.value)
+    packed = tmp_path / "made.tar"
+    packed.write_bytes(uuid.uuid4().bytes * 100)  # the route serves the object's bytes as stored
+    note = tmp_path / "made.tar.sha256"  # its hash beside it, as the worker stores it
+    note.write_text(hashlib.sha256(packed.read_bytes()).hexdigest())
+    store = open_store(seed.settings.artifacts_url)
+    store.put(merged_key(job["id"]), packed)
+    store.put(merged_key(job["id"]) + ".sha256", note)
+    saved = client.download_merged(job["id"], tmp_path / "out")  # a file name, not a folder
+    assert saved == tmp_path / "out" and saved.read_bytes() == packed.read_bytes()
+
+
 def test_stream_of_a_finished_job_ends(client: AccumClient, tiny_spec: dict[str, Any]) -> None:
     job = client.submit(tiny_spec)
     client.cancel(job["id"])

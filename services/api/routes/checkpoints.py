@@ -157,13 +157,23 @@ def download_merged(*, session: SessionDep, owner: CurrentOwner, store: Artifact
             raise HTTPException(status.HTTP_404_NOT_FOUND,
                                 detail=f"job {job_id} has no merged model: {why}; its adapters are in its "
                                 f"checkpoints (GET /v1/jobs/{job_id}/checkpoints)")
+        sha256 = stored.sha256 or merged_sha256(store, job_id)
         chunks = store.open(merged_key(job_id), 0, stored.size)
     except StoreUnavailable as exc:
         raise Problem(status.HTTP_503_SERVICE_UNAVAILABLE, "Artifact Store Unavailable",
                       f"{exc}; retry later", headers={"Retry-After": "5"}) from exc
-    headers = {"ETag": f'"{stored.sha256}"', "Content-Length": str(stored.size),
-               "Content-Disposition": f'attachment; filename="{job_id}-merged.tar"'}
+    headers = {"Content-Length": str(stored.size),
+               "Content-Disposition": f'attachment; filename="{job_id}-merged.tar"',
+               **({"ETag": f'"{sha256}"'} if sha256 else {})}
     return StreamingResponse(chunks, headers=headers, media_type="application/x-tar")
+
+
+def merged_sha256(store: ArtifactStore, job_id: str) -> str | None:
+    """The merged model's sha256, which the worker stores beside it (``<key>.sha256``)."""
+    key = merged_key(job_id) + ".sha256"
+    if store.head(key) is None:
+        return None
+    return b"".join(store.open(key)).decode().strip() or None
 
 
 def served_file_of_shards(store: ArtifactStore, manifest: str, job_id: str, step: int) -> str:
