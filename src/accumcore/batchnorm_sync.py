@@ -55,7 +55,9 @@ class BatchNormReplay:
     def start_window(self, positions: list[int], first: int = 0, rows: int = 0) -> None:
         """Before a window's (or a backed-off window's) first forward: the window-start
         buffers (kept from the first try), each micro-batch's global position, and the
-        window's global positions ``first`` .. ``first + rows - 1``."""
+        window's global positions ``first`` .. ``first + rows - 1``. The hooks are registered
+        here and removed by ``close`` at the window's end (the trainer's), so a model saved
+        with ``torch.save(model)`` between windows carries none."""
         if not self._handles:
             self._handles = [layer.register_forward_pre_hook(self._record(i)) for i, layer in enumerate(self.layers)]
         if self._saved is None:

@@ -581,6 +581,15 @@ class Trainer:
     ) -> StepOutcome | str:
         """Run the window and close it with one optimizer step; on out-of-memory (on any rank,
         under DDP) split every batch in two and start the window over."""
+        try:
+            return self._run_window_once(window, windows_left, keys)
+        finally:
+            if self._batchnorm is not None:
+                self._batchnorm.close()  # its hooks live for one window: the model stays picklable
+
+    def _run_window_once(
+        self, window: list[Any], windows_left: int | None, keys: list[int] | None
+    ) -> StepOutcome | str:
         self._window_was_last = False
         if window:
             self._largest_batch = max(self._largest_batch, *(_batch_samples(b) for b in window))

@@ -194,6 +194,7 @@ def test_a_batchnorm_cnn_ends_with_one_process_weights_statistics_and_val_loss(r
             assert _max_diff(result["buffers"], one["buffers"]) <= TOLERANCE, name
             assert result["val_losses"] == pytest.approx(one["val_losses"], abs=TOLERANCE), name
             assert result["losses"] == pytest.approx(one["losses"], abs=TOLERANCE), name
+            assert result["hooks"] == 0, name  # the replay's hooks live for one window
 
 
 @pytest.mark.slow

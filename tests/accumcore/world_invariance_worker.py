@@ -20,6 +20,7 @@ transformers' config (``train_dropout_lm``: no download), each rank's process se
 
 from __future__ import annotations
 
+import io
 from datetime import timedelta
 from pathlib import Path
 
@@ -152,8 +153,10 @@ def train_batchnorm(rank: int, world: int) -> dict:
     history = trainer.fit(make_loader(image_dataset(BN_SAMPLES, seed=4), MICRO_BATCH, seed=SEED, rank=rank, world=world),
                           epochs=EPOCHS, val_loader=torch.utils.data.DataLoader(val_slice, batch_size=2))
     plain = _plain(model)
+    torch.save(plain, io.BytesIO())  # the whole module pickles: no hook of the trainer's left on it
     return {"params": [p.detach().clone() for p in plain.parameters()],
             "buffers": [b.detach().clone() for b in plain.buffers()],
+            "hooks": sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in plain.modules()),
             "losses": [s["loss"] for s in history.steps],
             "val_losses": [e["val_loss"] for e in history.evals]}
 
