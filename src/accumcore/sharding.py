@@ -114,6 +114,18 @@ def defer_gradient_sync(model: nn.Module, defer: bool) -> None:
     model.set_requires_gradient_sync(not defer)
 
 
+def low_precision_compute(model: nn.Module) -> torch.dtype | None:
+    """The parameter dtype a ``MixedPrecisionPolicy`` computes in, where it is not the
+    parameters' own (bf16 of ``shard(mixed_precision=True)``); None otherwise."""
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        policy = getattr(state(), "_mp_policy", None) if callable(state) else None
+        dtype = getattr(policy, "param_dtype", None)
+        if dtype is not None and any(p.dtype != dtype for p in module.parameters()):
+            return dtype
+    return None
+
+
 def shared_empty_rows(own: Any) -> Any:
     """0 rows of some rank's batch, for a rank that has seen none yet (its zero-weight
     passes need the inputs' structure): every rank offers ``own`` (its 0-row batch, or None)

@@ -72,11 +72,14 @@ def _full_rows(rank: int, n: int, length: int = 6) -> tuple[torch.Tensor, torch.
     return torch.randint(0, VOCAB, (n, length), generator=g), torch.randint(0, VOCAB, (n, length), generator=g)
 
 
-def _fit(batches: list, loss: Any, steps: int, verify: bool | str, sharded: bool = False) -> dict[str, Any]:
-    """Fit a DDP (or FSDP2-sharded, float64) token model on this rank's ``batches``; the
-    exactness events, the error, the final parameters."""
-    if sharded:
-        model: nn.Module = accumcore.shard(token_model(torch.float64))
+def _fit(batches: list, loss: Any, steps: int, verify: bool | str, sharded: bool = False,
+         mixed: bool = False) -> dict[str, Any]:
+    """Fit a DDP (or FSDP2-sharded, float64; float32 computing in bf16 with ``mixed``) token
+    model on this rank's ``batches``; the exactness events, the error, the final parameters."""
+    if mixed:
+        model: nn.Module = accumcore.shard(token_model(torch.float32), mixed_precision=True)
+    elif sharded:
+        model = accumcore.shard(token_model(torch.float64))
     else:
         model = DistributedDataParallel(token_model(torch.float32))
     events = Events()
@@ -257,6 +260,7 @@ CASES = {
     "sharded_exact": sharded_exact,
     "sharded_sums": lambda rank: _fit(_sharded_batches(rank), SumTokens(), 3, True, sharded=True),
     "sharded_rows": sharded_rows,
+    "sharded_mixed": lambda rank: _fit(_sharded_batches(rank), TokenCrossEntropy(), 3, True, mixed=True),
     "sharded_lm_detection": sharded_lm_detection,
     "batchnorm_one_sample": batchnorm_refuses_one_sample,
 }

@@ -103,6 +103,15 @@ def test_a_sharded_model_is_checked_shard_by_shard_and_trains_as_without_the_che
         assert all(torch.equal(p, q) for p, q in zip(result["params"], result["unchecked_params"], strict=True))
 
 
+def test_a_sharded_model_computing_in_bf16_is_not_checked_and_trains(results) -> None:
+    """A MixedPrecisionPolicy computes in bf16: the fp32 comparison would fail on rounding, so
+    the check is skipped with the reason (verify_window='strict' would fail then)."""
+    zero, one = (r["sharded_mixed"] for r in results)
+    [(message, data)] = zero["events"]
+    assert data["status"] == "skipped" and "computes in bfloat16" in message
+    assert zero["error"] is None and one["error"] is None and zero["steps"] == one["steps"] == 1
+
+
 @pytest.mark.parametrize("case, cause, fix", [
     ("sharded_sums", "reduction", "reduction='mean'"),
     ("sharded_rows", "count_items", "count_items='rows'"),
