@@ -136,6 +136,9 @@ class Settings(BaseSettings):
     # registers them (`accum worker --cpu-ranks K`). 0: `gpus: 0` or `1` jobs only, one process;
     # such a worker never trains a `gpus: 2` job on CPU (services/fleet.py).
     cpu_ranks: int = Field(default=0, ge=0, le=64)
+    # A worker refuses to start as root unless this is set (issue 42): a job's code, data paths
+    # and errors would run and read with root's rights. The Docker image runs as its own user.
+    allow_root: bool = False
     # Multi-node jobs (`nodes: n`, services.jobdb.gangs, services.worker.gang). The address this
     # worker's node is reached at by the other nodes of a gang it leads (its rendezvous store
     # listens there), the ports it may open for that, and how long a gang may take to gather
