@@ -162,8 +162,8 @@ def rank_shard(dataset: Dataset[Any], rank: int, world: int) -> Dataset[Any]:
     size = len(dataset)  # type: ignore[arg-type]
     if size < world:
         raise ValueError(
-            f"the training set has {size} samples, fewer than the job's {world} ranks (nodes x "
-            "gpus); lower gpus or nodes, or use a larger dataset"
+            f"the validation set has {size} samples, fewer than the job's {world} ranks (nodes x "
+            "gpus); lower gpus or nodes, or give it a larger validation split"
         )
     return Subset(dataset, list(range(rank, size, world)))
 

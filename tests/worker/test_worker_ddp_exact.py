@@ -130,7 +130,7 @@ def test_each_window_is_shared_by_the_ranks_every_sample_once() -> None:
 
 
 def test_too_few_validation_samples_for_the_ranks_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="fewer than the 3 ranks"):
+    with pytest.raises(ValueError, match="validation set has 2 samples, fewer than the job's 3 ranks"):
         rank_shard(list(range(2)), 0, 3)  # type: ignore[arg-type]
 
 
