@@ -203,11 +203,16 @@ def data_root_refusal(
         return f"data_root {data_root!r} is outside the allowed data roots; {hint}"
     if not os.path.isabs(data_root):
         return f"data_root {data_root!r} is not an absolute path; {hint}"
-    written = Path(os.path.normpath(data_root))
-    resolved = Path(os.path.realpath(data_root))
-    if view.allows(written.parts, s3=False) and view.allows(resolved.parts, s3=False):
-        return None
-    shown = f"{data_root!r}" if str(resolved) == data_root or not show_roots else f"{data_root!r} (= {resolved})"
+    # The path as written first, without touching the disk: another owner's path, or a missing one
+    # under another owner's folder, is refused before anything is looked up, so the refusal takes
+    # the same time whether it exists (resolving an existing path was 1-3 us faster, of ~75).
+    if view.allows(Path(os.path.normpath(data_root)).parts, s3=False):
+        if view.allows(Path(os.path.realpath(data_root)).parts, s3=False):
+            return None
+    elif not show_roots:
+        return f"data_root {data_root!r} is outside the allowed data roots; {hint}"
+    resolved = os.path.realpath(data_root)
+    shown = f"{data_root!r}" if resolved == data_root or not show_roots else f"{data_root!r} (= {resolved})"
     return f"data_root {shown} is outside the allowed data roots; {hint}"
 
 
