@@ -90,7 +90,7 @@ def test_unknown_names_list_the_allowed_values(client: TestClient, alice: dict[s
         # The catalog's names, then the namespaces, your own data and the plugins served here.
         (with_changes(model="resnet9000"), "body.model", served_names("model")),
         (with_changes(dataset="imagenet22k"), "body.dataset", served_names("dataset")),
-        (with_changes(optimizer={"name": "rmsprop", "lr": 0.1}), "body.optimizer.name", ["sgd", "adamw"]),
+        (with_changes(optimizer={"name": "rmsprop", "lr": 0.1}), "body.optimizer.name", ["sgd", "adamw", "adamw8bit"]),
         (with_changes(precision="fp8"), "body.precision", ["fp32", "bf16", "fp16"]),
     ]
     for spec, loc, allowed in cases:

@@ -97,7 +97,7 @@ def test_422_names_the_dotted_field_path(client: TestClient) -> None:
         ({"model": "nope"}, "body.model", served_names("model")),
         ({"dataset": {"name": "nope"}}, "body.dataset", served_names("dataset")),
         ({"precision": "fp64"}, "body.precision", ["fp32", "bf16", "fp16"]),
-        ({"optimizer": {"name": "lamb", "lr": 1}}, "body.optimizer.name", ["sgd", "adamw"]),
+        ({"optimizer": {"name": "lamb", "lr": 1}}, "body.optimizer.name", ["sgd", "adamw", "adamw8bit"]),
         ({"scheduler": "linear"}, "body.scheduler.name", ["none", "cosine", "step"]),
     ],
 )
