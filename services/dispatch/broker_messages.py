@@ -21,10 +21,8 @@ import base64
 import json
 from typing import Any
 
-from kombu.transport.redis import PRIORITY_STEPS
-
 from services.dispatch.enqueue import publisher_for
-from services.dispatch.priority import redis_list
+from services.dispatch.priority import PRIORITY_STEPS, redis_list
 from services.dispatch.redis_publish import is_redis_url
 from services.settings import Settings
 

@@ -15,7 +15,11 @@ from services.spec.priority import DEFAULT_PRIORITY, PRIORITIES, priority_number
 # kombu.transport.redis: the separator between a queue's name and its priority step.
 SEPARATOR = "\x06\x16"
 NORMAL = priority_number(DEFAULT_PRIORITY)
-STEP = 3  # kombu's PRIORITY_STEPS are 0, 3, 6, 9
+# kombu.transport.redis's PRIORITY_STEPS, restated: importing that module pulls in
+# `packaging`, which the API image does not install (tests/dispatch/test_redis_publish.py
+# checks the two agree).
+PRIORITY_STEPS = (0, 3, 6, 9)
+STEP = 3
 REDIS_STEPS = {number: STEP * (len(PRIORITIES) - 1 - number) for number in range(len(PRIORITIES))}
 
 

@@ -19,6 +19,7 @@ from kombu import Connection
 
 from services.dispatch.broker import TASK_NAME, declare_queue, make_celery
 from services.dispatch.enqueue import enqueue_job, publisher_for, reset_enqueue_cache
+from services.dispatch.priority import PRIORITY_STEPS, REDIS_STEPS
 from services.ports import free_port
 from services.settings import Settings
 
@@ -54,6 +55,13 @@ def test_celery_and_kombu_are_pinned_to_the_versions_installed() -> None:
         "the hand-built envelope was checked against the pinned kombu: move the pins in "
         "constraints.txt together with this test passing"
     )
+
+
+def test_the_priority_steps_restated_are_kombus() -> None:
+    from kombu.transport.redis import PRIORITY_STEPS as KOMBU_STEPS
+
+    assert tuple(KOMBU_STEPS) == PRIORITY_STEPS
+    assert set(REDIS_STEPS.values()) <= set(PRIORITY_STEPS)
 
 
 def test_the_hand_built_message_is_kombus_and_decodes(tmp_path: Path, redis_url: str) -> None:
