@@ -1,7 +1,7 @@
 """What a ``gpus: 1`` job would pay to train in a spawned rank, as ``gpus: k`` jobs do, rather
 than in the worker's process (issue 40: one supervisor for every world size).
 
-    .venv/bin/python -m bench.service.rank_start [--repeats 3]
+    .venv/bin/python -m bench.service.rank_start [--quick] [--repeats 3] [--out]
 
 The same 2-step digits job (the job_start spec, ``max_steps: 2``), run by ``runner.run_job``
 on a scratch SQLite store, alternately (a) as today, in this process, and (b) through
@@ -9,13 +9,14 @@ on a scratch SQLite store, alternately (a) as today, in this process, and (b) th
 supervisor of ``gpus: k``). Per run: wall seconds and CPU seconds of this process and its
 children (``RUSAGE_CHILDREN``: the spawned rank's torch import, its build). A warm-up run of
 each first; medians over the repeats. The extra cost per job, times the ``gpus: 1`` jobs a
-test run starts, is what moving them would add to the suite.
+test run starts, is what moving them would add to the suite. ``--quick`` (the smoke test):
+one run of each, no warm-up.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import os
 import resource
 import statistics
 import tempfile
@@ -23,6 +24,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from bench.harness.common import base_parser, configure, emit, machine
 
 SPEC: dict[str, Any] = {"model": "small_cnn", "dataset": "digits", "micro_batch_size": 16,
                         "accumulation_steps": 4, "max_steps": 2, "checkpoint_every": 50,
@@ -75,22 +78,27 @@ def one(home: Path, way: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = base_parser(__doc__ or "")
     args = parser.parse_args()
+    configure(args)
+    repeats = 1 if args.quick else (args.repeats or 3)
     runs: dict[str, list[tuple[float, float]]] = {"in_process": [], "spawned": []}
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
-        for index in range(args.repeats + 1):  # the first round warms both up
+        for index in range(repeats + (0 if args.quick else 1)):  # the first round warms both up
             for way in runs:
                 figure = one(Path(scratch) / f"{way}-{index}", way)
-                if index:
+                if args.quick or index:
                     runs[way].append(figure)
-    import os
-
-    print(f"load {os.getloadavg()[0]:.2f}, {args.repeats} repeats (medians):")
-    for way, figures in runs.items():
-        print(f"  {way:10s} wall {statistics.median(f[0] for f in figures):6.2f} s   "
-              f"cpu {statistics.median(f[1] for f in figures):6.2f} s")
+    medians = {way: {"wall_s": round(statistics.median(f[0] for f in figures), 3),
+                     "cpu_s": round(statistics.median(f[1] for f in figures), 3)}
+               for way, figures in runs.items()}
+    extra = round(medians["spawned"]["cpu_s"] - medians["in_process"]["cpu_s"], 3)
+    emit("rank_start", {
+        "machine": machine(), "load_start": load_start, "repeats": repeats,
+        "figure": "2-step gpus: 1 job: CPU-s a spawned rank adds over training in the worker's process",
+        "target": "(decides the path)", "measured": extra, "verdict": "-", "figures": medians,
+    }, args)
 
 
 if __name__ == "__main__":
