@@ -33,16 +33,17 @@ test: install browser
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal \
 	  --durations-record build/test-durations.json $(PYTEST_ARGS)
 
-# The inner loop: everything but tests/reliability (faults, load, fuzzing; the two-node tests
-# too), tests/bench (the benches' smoke runs), the browser tests and the extra cases of sweeps
+# The inner loop: every test whose markers leave it in (tests/slow_rule.py): not `slow` (a test
+# that took more than about 10 s: tests/reliability's faults, load and fuzzing, tests/bench's
+# smoke runs, jobs through real workers and ranks), not `browser`, not the extra cases of sweeps
 # (`sweep`: every torchvision model where one per family is stepped, the PostgreSQL and
 # PostgreSQL + Redis cases of the backend sweeps: tests/conftest.py FAST_LANE_CASES), on two
 # processes that steal work from each other (the long tests do not all end on one). One
 # intra-op thread per process, their workers included: two processes with two threads each on
 # two cores mostly spin (tests/accumcore measured 60 CPU-s against 119). `make test` runs all.
 test-fast: install
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist worksteal --ignore=tests/reliability --ignore=tests/bench \
-	  -m "not browser and not reliability_slow and not sweep and not compose" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist worksteal \
+	  -m "not slow and not browser and not reliability_slow and not sweep and not compose" $(PYTEST_ARGS)
 
 # The deployment, end to end (docs/deployment.md): Docker engine (installed when absent),
 # both images built from the wheel, the compose stack up on this machine through

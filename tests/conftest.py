@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 from durations_record import pytest_addoption, pytest_configure  # noqa: F401  (--durations-record)
 from skips import services_required
+from slow_rule import pytest_collection_modifyitems as slow_rule_check
 from worker_stack import stack  # noqa: F401  (the fixture, for integration and reliability tests)
 
 # No test reads or writes the user's own per-user record (`accum up` writes
@@ -48,8 +49,9 @@ FAST_LANE_CASES = {"database_backend": "sqlite", "stack": "sqlite", "pool": "pre
 SERVER_CASES = {"postgresql", "postgres_redis"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the other backends' cases of each backend sweep ``sweep`` (see FAST_LANE_CASES)."""
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the other backends' cases of each backend sweep ``sweep`` (see FAST_LANE_CASES), then
+    fail the collection if a test slower than a minute in the record is not marked ``slow``."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if any(name in params and params[name] != case for name, case in FAST_LANE_CASES.items()) or any(
@@ -57,6 +59,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             for name, value in params.items()
         ):
             item.add_marker(pytest.mark.sweep)
+    slow_rule_check(session, config, items)
 
 
 def _reachable(url: str, default_port: int) -> bool:

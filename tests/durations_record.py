@@ -2,9 +2,10 @@
 
 Per test (setup + call + teardown): wall seconds, CPU seconds (this process's user + sys plus
 its reaped children's: the workers, ranks and servers a test starts and stops), the lane
-(``fast`` when ``make test-fast`` also runs it, else ``full``), the xdist worker and the
-outcome. Each xdist worker writes ``PATH.<worker>``; the controller merges them into PATH
-with the run's commit, wall seconds, CPU seconds and load averages.
+(``fast`` when ``make test-fast`` also runs it, else ``full``: tests/slow_rule.py), the xdist
+worker and the outcome. Each xdist worker appends its rows to ``PATH.<worker>.jsonl`` as its
+tests end; the controller merges them into PATH with the run's commit, wall seconds, CPU
+seconds and load averages.
 ``tools/durations_report.py`` turns a record into bench/results/ and docs/development.md.
 """
 
@@ -20,10 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-# What `make test-fast` leaves out (Makefile): keep the two in step.
-FULL_LANE_DIRS = ("tests/reliability/", "tests/bench/")
-FULL_LANE_MARKERS = ("browser", "reliability_slow", "sweep", "compose")
+from slow_rule import lane
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,13 +39,6 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def lane(item: pytest.Item) -> str:
-    path = item.nodeid.split("::", 1)[0]
-    if path.startswith(FULL_LANE_DIRS) or any(item.get_closest_marker(m) for m in FULL_LANE_MARKERS):
-        return "full"
-    return "fast"
-
-
 class DurationsRecord:
     def __init__(self, path: Path, worker: str | None) -> None:
         self.path = path
@@ -57,21 +48,33 @@ class DurationsRecord:
         self.started = time.time()
         self.cpu_at_start = _cpu_seconds()
         self.load_at_start = os.getloadavg()
+        if worker is not None:
+            self._part().unlink(missing_ok=True)  # a previous run's rows
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, None, None]:
         wall, cpu = time.perf_counter(), _cpu_seconds()
         yield
-        self.rows.append(
-            {
-                "test": item.nodeid,
-                "seconds": round(time.perf_counter() - wall, 3),
-                "cpu_seconds": round(_cpu_seconds() - cpu, 3),
-                "lane": lane(item),
-                "worker": self.worker or "main",
-                "outcome": self.outcomes.pop(item.nodeid, "passed"),
-            }
-        )
+        row = {
+            "test": item.nodeid,
+            "seconds": round(time.perf_counter() - wall, 3),
+            "cpu_seconds": round(_cpu_seconds() - cpu, 3),
+            "lane": lane(item),
+            "worker": self.worker or "main",
+            "outcome": self.outcomes.pop(item.nodeid, "passed"),
+        }
+        if self.worker is None:
+            self.rows.append(row)
+            return
+        # An xdist worker appends each row as its test ends (a line of JSON), so the record
+        # keeps every finished test whatever happens to the worker or its folder afterwards.
+        part = self._part()
+        part.parent.mkdir(parents=True, exist_ok=True)
+        with part.open("a") as out:
+            out.write(json.dumps(row) + "\n")
+
+    def _part(self) -> Path:
+        return Path(f"{self.path}.{self.worker}.jsonl")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed or (report.when == "call" and report.skipped) or (report.skipped and report.when == "setup"):
@@ -80,12 +83,13 @@ class DurationsRecord:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.worker is not None:
-            Path(f"{self.path}.{self.worker}").write_text(json.dumps(self.rows))
             return
         rows = list(self.rows)
-        for part in sorted(self.path.parent.glob(self.path.name + ".gw*")):
-            rows.extend(json.loads(part.read_text()))
+        for part in sorted(self.path.parent.glob(self.path.name + ".gw*.jsonl")):
+            rows.extend(json.loads(line) for line in part.read_text().splitlines() if line.strip())
             part.unlink()
+        if not rows and session.testscollected:
+            print(f"\n--durations-record: no test rows reached {self.path.parent} (see tests/durations_record.py)")
         record = {
             "commit": _commit(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
