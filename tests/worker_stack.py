@@ -212,12 +212,17 @@ class Stack:
 
     def metric_steps_by_name(self, job_id: str) -> dict[str, list[int]]:
         """Every metric of the job: its name -> the steps of its rows, in order (a step lost or
-        logged twice by a restart shows here; compare with an uninterrupted run's)."""
+        logged twice by a restart shows here; compare with an uninterrupted run's). System
+        metrics are left out: sampled by the clock (every ACCUM_SYSTEM_METRICS_EVERY_S), they
+        join whichever step is next, so their steps differ between any two runs."""
+        from services.worker.system_metrics import HOST_NAMES, NAMES
+
         with self.sessions() as session:
             rows, _ = metrics.read_metrics(session, job_id, limit=1_000_000)
         steps: dict[str, list[int]] = {}
         for row in rows:
-            steps.setdefault(row.name, []).append(row.step)
+            if row.name not in (*HOST_NAMES, *NAMES):
+                steps.setdefault(row.name, []).append(row.step)
         return steps
 
     def final_weights(self, job_id: str) -> dict[str, Any]:

@@ -62,6 +62,8 @@ EXPECTED: dict[tuple[str, str], Expect] = {
     ("GET", "/v1/jobs/{job_id}/logs"): Expect(200, "trained", ({}, SSE)),
     ("GET", "/v1/jobs/{job_id}/checkpoints"): Expect(200, "trained"),
     ("GET", "/v1/jobs/{job_id}/checkpoints/{step}"): Expect(200, "trained"),
+    # The trained job has no LoRA adapters to merge: A and the admin get that 404, B the unknown one.
+    ("GET", "/v1/jobs/{job_id}/merged"): Expect(404, "trained"),
     ("GET", "/v1/catalog/models"): Expect(200),
     ("GET", "/v1/catalog/datasets"): Expect(200),
     ("GET", "/v1/me"): Expect(200),

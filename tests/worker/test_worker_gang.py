@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # One node: join the job's gang, wait for it, then meet the other node at node 0's TCPStore.
 NODE = """
-import json, sys
+import json, os, sys, time
 from services.settings import get_settings
 from services.worker.gang import claim_seat, wait_for_gang
 from services.worker.rendezvous import join_store
@@ -49,12 +49,16 @@ print(json.dumps(dict(job=seat.job_id, node_rank=place.node_rank, nnodes=place.n
                       addr=place.master_addr, port=place.master_port, peers=peers,
                       serves=place.server is not None)))
 store.barrier("read", place.nnodes)  # no node leaves (node 0 closing the store) before every node read it
-# ... and node 0 not before the others left the barrier (its answer to them is relayed by its
-# worker's gate: services.worker.rendezvous).
+# ... and node 0 not before the others are out of the store: each says so by a file in the
+# folder the nodes share (a store key would race node 0's exit against the reply that its
+# worker's gate relays: services.worker.rendezvous).
 if place.server is not None:
-    store.wait([f"left{rank}" for rank in range(1, place.nnodes)])
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(f"left{rank}") for rank in range(1, place.nnodes)):
+        assert time.monotonic() < deadline, "a node never said it left the store"
+        time.sleep(0.05)
 else:
-    store.set(f"left{place.node_rank}", "1")
+    open(f"left{place.node_rank}", "w").close()
 """
 
 
