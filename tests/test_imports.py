@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -62,6 +64,7 @@ def test_the_cycle_tool_reports_packages_that_import_each_other() -> None:
     assert import_cycles.package_of("accumcore.trainer") == "accumcore.trainer"
 
 
+@pytest.mark.slow
 def test_every_module_imports_alone() -> None:
     # `python -m` entry points run their command on import; what they import is covered.
     modules = sorted(m for m in import_cycles.module_files() if not m.endswith(".__main__"))

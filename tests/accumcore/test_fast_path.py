@@ -162,6 +162,7 @@ def _accumulated_grads(model: nn.Module, micro_batches) -> list[torch.Tensor]:
     return grads
 
 
+@pytest.mark.slow
 def test_compile_runs_an_accumulation_window_or_falls_back_with_a_reason() -> None:
     eager = _model()
     compiled_model = copy.deepcopy(eager)

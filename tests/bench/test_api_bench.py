@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from quick_bench import run_quick_bench
 
 from bench import run_all
 
 
+@pytest.mark.slow
 def test_api_bench_quick_run_reports_every_figure(
     postgres_server_url: str, redis_url: str, tmp_path: Path
 ) -> None:

@@ -112,6 +112,7 @@ def test_world_invariance_bench_runs_gloo_ranks_in_quick_mode() -> None:
     assert result["measured"] <= 1e-12 and result["verdict"] == "pass"
 
 
+@pytest.mark.slow
 def test_fsdp_memory_bench_runs_each_mode_on_two_gloo_processes_in_quick_mode() -> None:
     completed = subprocess.run(
         [sys.executable, "-W", "ignore::UserWarning", "-m", "bench.trainer.fsdp_memory", "--quick"],

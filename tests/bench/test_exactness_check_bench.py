@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_exactness_check_bench_prints_its_figures_in_quick_mode() -> None:
     completed = subprocess.run(
         [sys.executable, "-m", "bench.trainer.exactness_check", "--quick", "--threads", "1", "--clock", "cpu"],

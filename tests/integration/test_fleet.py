@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from worker_stack import BASE_SPEC
 
@@ -43,6 +44,7 @@ def wait_for_workers(
     raise AssertionError(f"workers {names} not ready after {timeout}s: {listed}\n{stack.worker_logs()}")
 
 
+@pytest.mark.slow
 def test_two_workers_on_different_queues_register_and_leave_as_stopped_or_lost(
     stack: Any, tmp_path: Path
 ) -> None:

@@ -150,6 +150,7 @@ def test_follow_on_a_finished_job_prints_every_line_and_ends(chatty: dict[str, A
     assert followed == listed and len(listed) >= MAX_LINES
 
 
+@pytest.mark.slow
 def test_the_ranks_of_a_multi_process_job_are_captured_too(chatty: dict[str, Any]) -> None:
     stack = chatty["stack"]
     ranks = stack.variant(chatty["tmp"] / "ranks")
@@ -169,6 +170,7 @@ def test_the_ranks_of_a_multi_process_job_are_captured_too(chatty: dict[str, Any
     assert {item["attempt"] for item in lines} == {1}
 
 
+@pytest.mark.slow
 def test_a_prefork_pools_child_is_captured_too(chatty: dict[str, Any]) -> None:
     stack = chatty["stack"]
     prefork = stack.variant(chatty["tmp"] / "prefork")

@@ -84,6 +84,7 @@ def text(stack: Stack, kind: str, tokenizer: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("model", ["timm:resnet18", "small_cnn"])
+@pytest.mark.slow
 def test_an_image_folder_trains_above_chance(own: Stack, model: str) -> None:
     job_id = own.create(model=model, dataset=images(own), micro_batch_size=9, accumulation_steps=1,
                         max_steps=None, epochs=6, optimizer={"name": "adamw", "lr": 0.003}, checkpoint_every=100)

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from worker_stack import Stack
 
@@ -40,6 +41,7 @@ def outage_stack(broker_url: str, database_url: str, tmp_path: Path, **more: Any
     return stack, token
 
 
+@pytest.mark.slow
 def test_jobs_submitted_during_a_broker_outage_start_soon_after_it_returns(
     private_redis: PrivateRedis, stack_postgres_url: str, tmp_path: Path, record_figure: Any
 ) -> None:

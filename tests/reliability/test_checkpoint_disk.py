@@ -73,6 +73,7 @@ def resume_after_fix(own: Stack, job_id: str, reference_id: str,
     return differences + own.checkpoint_problems(job_id)
 
 
+@pytest.mark.slow
 def test_disk_full_at_checkpoint_keeps_the_previous_one(
     disk_stack: Stack, reference: tuple[str, int], reference_weights: dict[str, Any],
     record_figure: Any,
@@ -106,6 +107,7 @@ def test_disk_full_at_checkpoint_keeps_the_previous_one(
     assert not after_fix, after_fix
 
 
+@pytest.mark.slow
 def test_read_only_artifacts_dir_at_checkpoint_keeps_the_previous_one(
     disk_stack: Stack, reference: tuple[str, int], reference_weights: dict[str, Any],
     record_figure: Any,

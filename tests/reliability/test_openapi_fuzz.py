@@ -92,6 +92,7 @@ def case_strategy(operation: Any, mode: GenerationMode, jobs: dict[str, Any], to
     return st.one_of(strategies)
 
 
+@pytest.mark.slow
 def test_generated_requests_get_documented_answers_and_never_a_5xx(
     app: FastAPI,  # noqa: F811  (api_settings: no practical failed-token limit)
     alice: dict[str, str],  # noqa: F811

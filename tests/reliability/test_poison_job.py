@@ -35,6 +35,7 @@ def kill_at_step(stack: Any, job_id: str, attempt: int) -> int:
     return int(job.progress["optimizer_step"])
 
 
+@pytest.mark.slow
 def test_a_job_killing_its_worker_twice_at_the_same_step_ends_as_poison(
     stack: Any, tmp_path: Path, record_figure: Any
 ) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from api_process import running_api
 from sqlalchemy import select
 from worker_stack import Stack
@@ -103,6 +104,7 @@ def make_stack(database_url: str, tmp_path: Path) -> Stack:
     return Stack("pg-restart", settings, f"pg-{uuid.uuid4().hex[:8]}", logs)
 
 
+@pytest.mark.slow
 def test_api_and_worker_ride_out_a_postgres_restart(
     private_postgres: PrivatePostgres, tmp_path: Path, record_figure: Any
 ) -> None:
@@ -212,6 +214,7 @@ RESTARTS = 8
 POLLED = ("/v1/jobs/{id}", "/v1/jobs", "/v1/jobs/{id}/events", "/v1/jobs/{id}/metrics")
 
 
+@pytest.mark.slow
 def test_repeated_restarts_under_polling_never_answer_500(
     private_postgres: PrivatePostgres, tmp_path: Path
 ) -> None:

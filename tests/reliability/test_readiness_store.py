@@ -48,6 +48,7 @@ def poll_until(client: TestClient, want: int, headers: dict[str, str], timeout_s
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_readyz_follows_the_store_and_answers_in_under_a_second(
     store_settings: Settings, redis_url: str, s3_url: str, s3_server: Any, black_hole: str,
     monkeypatch: pytest.MonkeyPatch, record_figure: Callable[..., None],

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from fastapi.testclient import TestClient
 from worker_stack import BASE_SPEC, TIMING, Stack
@@ -69,6 +70,7 @@ def submit_through_api(stack: Stack, token: str) -> tuple[int, str, float]:
     return response.status_code, response.json().get("id", response.text), elapsed
 
 
+@pytest.mark.slow
 def test_jobs_survive_a_broker_restart(
     private_redis: PrivateRedis, tmp_path: Path, record_figure: Any
 ) -> None:
@@ -125,6 +127,7 @@ def test_jobs_survive_a_broker_restart(
         assert job.attempts == 1 and count == 1, f"{job.id} trained {count} times"
 
 
+@pytest.mark.slow
 def test_queued_jobs_whose_messages_redis_lost_start_beside_an_idle_worker(
     private_redis: PrivateRedis, tmp_path: Path, record_figure: Any
 ) -> None:

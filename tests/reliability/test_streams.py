@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from api.conftest import api_settings  # noqa: F401  (fixture)
 from api.test_server import next_of, read_stream, serve
 from job_specs import MINIMAL_SPEC
@@ -36,6 +37,7 @@ def open_stream(url: str, headers: dict[str, str]) -> queue.Queue[tuple[str, dic
     return messages
 
 
+@pytest.mark.slow
 def test_streams_past_the_cap_get_429_and_a_closed_one_frees_its_slot(
     api_settings: Settings,  # noqa: F811
     session_factory: sessionmaker[Session],

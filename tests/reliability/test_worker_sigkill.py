@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from worker_stack import weight_differences
 
 from services.jobdb import checkpoints
@@ -116,6 +117,7 @@ def wait_for_attempt(stack: Any, job_id: str, attempt: int) -> None:
                check=lambda job: job.attempts >= attempt and job.lease_owner is not None)
 
 
+@pytest.mark.slow
 def test_job_survives_ten_sigkills_at_random_points(stack: Any, tmp_path: Path,
                                                     record_figure: Any) -> None:
     seed = int(os.environ.get("ACCUM_FAULT_SEED") or random.SystemRandom().randrange(2**31))

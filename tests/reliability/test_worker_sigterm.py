@@ -27,6 +27,7 @@ MAX_EXIT_S = 15.0  # generous for a loaded machine; without the hand-back it is 
 
 
 @pytest.mark.parametrize("pool", ["solo", "prefork"])
+@pytest.mark.slow
 def test_sigterm_hands_the_job_back_checkpointed_where_it_stopped(
     stack: Any, tmp_path: Path, record_figure: Any, pool: str
 ) -> None:
@@ -98,6 +99,7 @@ def pool_child(worker: Any, timeout_s: float = 30.0) -> int:
     raise AssertionError("the prefork worker has no pool child")
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_pool_child_alone_hands_back_and_the_worker_resumes_it(
     stack: Any, tmp_path: Path, record_figure: Any
 ) -> None:

@@ -142,6 +142,7 @@ def tracked_job(tmp: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Tra
 
 
 @pytest.mark.timeout(2 * HANG_S)  # a server and two workers starting, two attempts, on 2 cores
+@pytest.mark.slow
 def test_one_job_reaches_mlflow_tensorboard_and_wandb_once_across_a_sigkill(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -286,6 +287,7 @@ def the_jobs_view_links_to_each_trackers_run(tracked_job: TrackedJob) -> None:
     assert links["tensorboard"].run_id == job_id and links["wandb"].run_id == job_id
 
 
+@pytest.mark.slow
 def test_a_two_rank_job_is_logged_once_by_rank_0(
     settings: Any, make_job: Any
 ) -> None:

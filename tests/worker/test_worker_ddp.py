@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from services.jobdb import checkpoints, jobs, metrics
 from services.jobdb.sessions import session_factory
 from services.settings import Settings
@@ -64,6 +66,7 @@ def _run_then_cancel(settings: Settings, job_id: str, past_step: int) -> tuple[s
         return (outcome[0] if outcome else None), int(job.progress["optimizer_step"])
 
 
+@pytest.mark.slow
 def test_cancel_stops_every_rank_at_one_window_and_resume_continues_from_there(
     settings: Settings, make_job: Callable[..., str]
 ) -> None:

@@ -84,6 +84,7 @@ def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+@pytest.mark.slow
 def test_an_fsdp_job_trains_like_the_ddp_job_every_rank_storing_its_shards(
     settings: Settings, make_job: Callable[..., str]
 ) -> None:
@@ -116,6 +117,7 @@ def test_an_fsdp_job_trains_like_the_ddp_job_every_rank_storing_its_shards(
     assert difference < largest_difference(first["model"], final_weights(settings, sharded))  # it trained
 
 
+@pytest.mark.slow
 def test_init_from_a_sharded_checkpoint_loads_its_shards_into_the_plain_model(
     settings: Settings, make_job: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -158,6 +160,7 @@ def _run_then_cancel(settings: Settings, job_id: str) -> int:
         return int(jobs.load_job(session, job_id).progress["optimizer_step"])  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_a_cancelled_fsdp_job_resumes_from_the_store_on_another_node_exactly(
     settings: Settings, make_job: Callable[..., str], tmp_path: Path
 ) -> None:

@@ -74,6 +74,7 @@ def test_an_offloaded_job_trains_like_the_plain_job_and_leaves_no_group(
     assert difference < largest_difference(first["model"], final_weights(settings, offloaded))
 
 
+@pytest.mark.slow
 def test_a_cancelled_offloaded_job_resumes_exactly(
     settings: Settings, make_job: Callable[..., str]
 ) -> None:

@@ -86,6 +86,7 @@ def node_env(home: Path, database_url: str, ports: str) -> dict[str, str]:
                 PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
 
 
+@pytest.mark.slow
 def test_two_nodes_agree_on_their_places_and_meet_at_node_0(
     tmp_path: Path, store_settings: Settings, session_factory: sessionmaker[Session],
     gang_job: Callable[[int], Job],
