@@ -18,6 +18,7 @@ SPEC = {"model": "mlp", "dataset": "digits", "micro_batch_size": 64, "accumulati
         "keep_checkpoints": 1}
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_train_one_epoch_with_rank0_writing(
     settings: Settings, make_job: Callable[..., str]
 ) -> None:
