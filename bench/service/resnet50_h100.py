@@ -53,7 +53,6 @@ def run_job(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as home:
         settings = Settings(home=Path(home))  # embedded SQLite database and broker
         os.environ["ACCUM_HOME"] = home
-        os.environ.setdefault("ACCUM_ALLOW_ROOT", "1")  # the worker of this throwaway service
         service = LocalService(settings, port=free_port(), log_dir=Path(home) / "logs")
         try:
             token = service.start()
