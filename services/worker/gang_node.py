@@ -4,40 +4,40 @@
     if joined.place.node_rank == 0:                     # holds the lease: ``run_job`` trains
         ...                                             # and records the job as for any job
     else:
-        follow(settings, joined)                        # trains its ranks, records nothing
+        follow(settings, joined)                        # the leader's pre-flight, then its ranks
 
 Every node spawns its ``gpus`` ranks (one process even for ``gpus: 1``) as global ranks
 ``node_rank * gpus + r`` of a world of ``nnodes * gpus``, at node 0's rendezvous
 (``services.worker.launch``). Node 0 holds the lease, its rank 0 writes metrics and
 checkpoints, and it finishes the job or hands it back when a node is lost
-(``attempt.NodeLost``); the other nodes never touch the job's row. Torch-free.
+(``attempt.NodeLost``); the other nodes never touch the job's row (a node that refuses the
+job adds a ``node_refused`` event). Every node builds its attempt and checks the spec through
+the same functions (``services.worker.node_start``). Torch-free.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.admission.checks import data_roots
-from services.admission.context import Admission, Phase
-from services.data_roots import is_s3
 from services.jobdb.events import add_event
 from services.jobdb.gangs import members_of, nodes_of
-from services.jobdb.models import Job, Owner
+from services.jobdb.models import Job
 from services.jobdb.sessions import session_factory
 from services.settings import Settings
 from services.spec import parse_spec
 from services.spec.world import ranks_per_node
 from services.worker import shutdown
 from services.worker.attempt import Attempt, NodeLost, Outcome
-from services.worker.datasets import with_local_data_root
+from services.worker.datasets import named_as_synced
 from services.worker.gang import GangNotFormed, GangPlace, attempt_open, claim_seat, wait_for_gang
 from services.worker.launch import launch
-from services.worker.micro_batch import chosen_of
+from services.worker.node_start import attempt_of, ready
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,7 @@ def join(settings: Settings, job_id: str, worker_name: str, gpu: str | None, ran
         return None
     with session_factory(settings).begin() as session:
         job = session.execute(select(Job).where(Job.id == seat.job_id)).scalar_one()
-        attempt = Attempt(job.id, job.attempts, seat.worker_id, job.resume_step, dict(job.spec),
-                          used_s=float(job.run_seconds or 0.0), micro_batch=chosen_of(job),
-                          owner=session.scalar(select(Owner.name).where(Owner.id == job.owner_id)))
+        attempt = attempt_of(session, job, seat.worker_id)
         if place.node_rank == 0:
             record_world(session, attempt, place)
     return Joined(attempt, place)
@@ -102,19 +100,12 @@ def follow(settings: Settings, joined: Joined) -> Outcome:
     """A node other than 0: train this node's ranks until the attempt ends on every node.
     Records nothing on the job (node 0 does); a lost peer ends it here too, and node 0 (or
     the reaper, when node 0 is the one lost) puts the job back for its next attempt."""
-    spec = parse_spec(joined.attempt.spec)
-    attempt = joined.attempt
-    # Node 0 checks the paths too, but this node reads them itself (its own settings, a job
-    # stored past the API): the owner's data roots again, before anything is read or synced.
-    refused = data_roots(Admission(spec, settings, Phase.START, job_id=attempt.job_id,
-                                   owner_name=attempt.owner))
-    if refused:
-        log.warning("job %s: node %d refused the job's paths: %s", attempt.job_id,
-                    joined.place.node_rank, "; ".join(refusal.message for refusal in refused))
+    try:
+        # The leader's own pre-flight, on this node's settings: its data roots, limits and ranks.
+        spec, attempt = ready(settings, parse_spec(joined.attempt.spec), joined.attempt)
+    except Exception as exc:
+        refuse(settings, joined, exc)
         return Outcome.FOLLOWED
-    if is_s3(spec.dataset.data_root):
-        spec = with_local_data_root(settings, spec, attempt.owner)
-        attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
     try:
         launch(settings, spec, attempt, FollowerFlags(settings, attempt), joined.place)
     except NodeLost as exc:
@@ -123,6 +114,17 @@ def follow(settings: Settings, joined: Joined) -> Outcome:
         log.exception("job %s: node %d's ranks failed (node 0 records the job's outcome)",
                       attempt.job_id, joined.place.node_rank)
     return Outcome.FOLLOWED
+
+
+def refuse(settings: Settings, joined: Joined, exc: Exception) -> None:
+    """This node cannot run the job (its own settings refuse it, its s3 copy failed): said on
+    the job, since the leader only sees a node that never came; its ranks stop when they miss
+    this node's, and the job resumes on the workers that can take it."""
+    attempt, node = joined.attempt, joined.place.node_rank
+    message = named_as_synced(settings, f"node {node} did not start the job's ranks: {exc}")
+    log.warning("job %s: %s", attempt.job_id, message)
+    with contextlib.suppress(Exception), session_factory(settings).begin() as session:  # an outage: the log has it
+        add_event(session, attempt.job_id, "node_refused", message, {"node": node}, attempt=attempt.attempt)
 
 
 class FollowerFlags:

@@ -15,20 +15,14 @@ and watches them (``services.worker.distributed``); a ``nodes: n`` job spawns ``
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any
 
-from services.artifacts import ObjectMissing
-from services.jobdb.checkpoints import get_checkpoint
 from services.jobdb.sessions import session_factory
-from services.jobdb.status import resume_hint
 from services.settings import Settings
 from services.spec import JobSpec
 from services.worker.attempt import Attempt, Outcome, outcome
 from services.worker.build import pick_device
-from services.worker.checkpoints.fetch import fetch_checkpoint as fetch_stored
-from services.worker.checkpoints.metrics import observe_fetch
-from services.worker.checkpoints.resume import prepare_resume
+from services.worker.checkpoints.resume import fetch_resume_checkpoint, prepare_resume
 from services.worker.checkpoints.stores import artifact_store, node_cache
 from services.worker.gang import GangPlace
 from services.worker.heartbeat import Heartbeat
@@ -42,10 +36,9 @@ def launch(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heart
     """Train the attempt on this node; returns ``SUCCEEDED``, ``CANCELLED``, ``HANDED_BACK``
     (the worker is shutting down), ``TIMED_OUT`` (the last three checkpointed where they
     stopped) or ``LEASE_LOST``. A gang's node raises ``NodeLost`` when it loses its peers."""
-    if gang is not None and gang.node_rank > 0:
-        checkpoint = fetch_checkpoint(settings, attempt)
-    else:
-        checkpoint = prepare_resume(session_factory(settings), attempt, artifact_store(settings), node_cache(settings))
+    stores = session_factory(settings), attempt, artifact_store(settings), node_cache(settings)
+    follower = gang is not None and gang.node_rank > 0
+    checkpoint = fetch_resume_checkpoint(*stores) if follower else prepare_resume(*stores)
     if gang is not None:
         from services.worker.gang_ranks import spawn_node_ranks  # lazy: see below
 
@@ -71,19 +64,3 @@ def group_of_one(spec: JobSpec, place: Place) -> contextlib.AbstractContextManag
     from services.worker.single_group import single_rank_group  # lazy: see spawn_ranks above
 
     return single_rank_group(place.device)
-
-
-def fetch_checkpoint(settings: Settings, attempt: Attempt) -> Path | None:
-    """The local copy of the checkpoint the attempt resumes from (None: it starts over),
-    fetched into this node's cache; nothing in the store is changed."""
-    if attempt.resume_step is None:
-        return None
-    with session_factory(settings)() as session:
-        row = get_checkpoint(session, attempt.job_id, attempt.resume_step)
-        key_sha = (row.key, row.sha256) if row is not None else None
-    if key_sha is None:
-        raise ObjectMissing(
-            f"job {attempt.job_id} should resume from step {attempt.resume_step} but that "
-            f"checkpoint has no record; {resume_hint(attempt.job_id)} again to restart from the latest one"
-        )
-    return observe_fetch(lambda: fetch_stored(artifact_store(settings), node_cache(settings), *key_sha))

@@ -13,12 +13,10 @@ is checkpointed where it stopped, and hands it back to the queue (``services.wor
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 import traceback
 import uuid
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -26,10 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from accumcore import NonFiniteError
-from services.admission.context import Admission, Phase
-from services.admission.pipeline import preflight
 from services.artifacts import ArtifactStoreError
-from services.data_roots import is_s3
 from services.dispatch.enqueue import enqueue_job
 from services.jobdb.attempts import record_phases
 from services.jobdb.events import add_event
@@ -43,7 +38,7 @@ from services.jobdb.leases import (
     renew_lease,
     requeue_after_fault,
 )
-from services.jobdb.models import Job, Owner
+from services.jobdb.models import Job
 from services.jobdb.nonfinite import label
 from services.jobdb.queue_order import held_by_running_cap, next_in_line
 from services.jobdb.sessions import session_factory
@@ -57,14 +52,14 @@ from services.spec.priority import priority_number
 from services.spec.world import enough_ranks
 from services.worker import phases, shutdown
 from services.worker.attempt import Attempt, NodeLost, Outcome
-from services.worker.datasets import named_as_synced, with_local_data_root
+from services.worker.datasets import named_as_synced
 from services.worker.gang import GangPlace
 from services.worker.gang_node import follow, is_multi_node, join
 from services.worker.heartbeat import Heartbeat
 from services.worker.launch import launch
-from services.worker.micro_batch import chosen_of
+from services.worker.node_start import attempt_of, ready
+from services.worker.offer import describe_gpu, ranks_here
 from services.worker.output_capture import captured_output
-from services.worker.registry import nvml_devices, visible
 from services.worker.retry import retry_while_unreachable
 
 log = logging.getLogger(__name__)
@@ -73,38 +68,6 @@ TRACEBACK_LIMIT = 20_000  # characters kept in the traceback event
 # The first back-off after a store fault; doubled per restart, capped at half a lease timeout
 # (the worker holds the lease meanwhile, so nobody else claims the job and fails the same way).
 FAULT_BACKOFF_S = 2.0
-
-
-def describe_gpu() -> str:
-    """``cpu``, or the visible GPUs' names, e.g. ``2x NVIDIA H100 (CUDA_VISIBLE_DEVICES=0,1)``.
-
-    Read through NVML (the registry's ``nvml_devices``, filtered by ``CUDA_VISIBLE_DEVICES`` as
-    CUDA does), never through torch.cuda's device queries: those create a CUDA context in this
-    Celery process, which then holds memory on GPU 0 for as long as it lives, while rank 0 of a
-    job trains there (and ``micro_batch_size: "auto"`` sizes m on what is free). Without NVML
-    the count comes from ``torch.cuda.device_count()``, which creates no context, and the name
-    is left out."""
-    names = visible_gpu_names()
-    if not names:
-        return "cpu"
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    label = f"{len(names)}x {names[0]}"
-    return f"{label} (CUDA_VISIBLE_DEVICES={mask})" if mask is not None else label
-
-
-def visible_gpu_names() -> list[str]:
-    """The names of the GPUs this process may use (``describe_gpu`` says why through NVML)."""
-    devices = nvml_devices()
-    if devices is not None:
-        return [device["name"] for device in visible(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))]
-    import torch
-
-    return ["GPU"] * (torch.cuda.device_count() if torch.cuda.is_available() else 0)
-
-
-def ranks_here(settings: Settings) -> int:
-    """The ranks this worker offers a ``gpus: k`` job: its GPUs, else ``--cpu-ranks``."""
-    return len(visible_gpu_names()) or settings.cpu_ranks
 
 
 def left_to_a_bigger_worker(session: Session, job_id: str, settings: Settings) -> bool:
@@ -142,14 +105,7 @@ def claim(settings: Settings, job_id: str, worker_name: str) -> Attempt | None:
         )
         if job is None:
             return None
-        return Attempt(job.id, job.attempts, worker_id, job.resume_step, dict(job.spec),
-                       used_s=float(job.run_seconds or 0.0), micro_batch=chosen_of(job),
-                       owner=owner_name(session, job.owner_id))
-
-
-def owner_name(session: Session, owner_id: int) -> str | None:
-    """The job's owner's name: whose data roots the job may read."""
-    return session.scalar(select(Owner.name).where(Owner.id == owner_id))
+        return attempt_of(session, job, worker_id)
 
 
 def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
@@ -326,15 +282,8 @@ def train(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heartb
           gang: GangPlace | None = None) -> Outcome:
     """Train on this process (or on ``spec.gpus`` DDP processes; node 0's of a ``gang``);
     returns ``SUCCEEDED``, ``CANCELLED``, ``HANDED_BACK``, ``TIMED_OUT`` or ``LEASE_LOST``."""
-    # The API admitted the spec; a stored job is checked again here (an older allow-list, a
-    # direct insert), before its s3 root is synced or its ranks are started.
-    preflight(Admission(spec, settings, Phase.START, job_id=attempt.job_id, owner_name=attempt.owner,
-                        ranks=lambda: ranks_here(settings)))
+    spec, attempt = ready(settings, spec, attempt)  # every node's checks, its s3 copy
     phases.mark("admit")
-    if is_s3(spec.dataset.data_root):
-        spec = with_local_data_root(settings, spec, attempt.owner)  # our own cache, trusted as the s3 root
-        # DDP ranks build from the attempt's spec: they read the local copy too.
-        attempt = replace(attempt, spec={**attempt.spec, "dataset": spec.dataset.normalised()})
     outcome = launch(settings, spec, attempt, heartbeat, gang)
     phases.mark("train")  # ranks in processes of their own (gpus: k, nodes): build to their end
     return outcome

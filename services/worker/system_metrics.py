@@ -12,7 +12,7 @@ once, into the metrics of the optimizer step after it (in place, so the store an
 that follow in the callback list record it alike: charted and tracked like the others). The
 step loop pays one attribute read a step, and a dict update a second (~1 us).
 GPU figures are read through NVML, never through torch.cuda, which would need a CUDA context
-(``runner.describe_gpu`` says why that matters). Nothing is logged that cannot be read: no
+(``offer.describe_gpu`` says why that matters). Nothing is logged that cannot be read: no
 made-up zeros; the job's ``system_metrics`` event says what is missing and why.
 """
 

@@ -123,7 +123,7 @@ def test_the_worker_names_its_gpus_without_a_cuda_context() -> None:
     import subprocess
     import sys
 
-    code = ("import torch; from services.worker.runner import describe_gpu; name = describe_gpu(); "
+    code = ("import torch; from services.worker.offer import describe_gpu; name = describe_gpu(); "
             "assert not torch.cuda.is_initialized(), 'a CUDA context'; print(name)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

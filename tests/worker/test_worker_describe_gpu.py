@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from services.worker.runner import describe_gpu
+from services.worker.offer import describe_gpu
 
 
 class NVMLError(Exception):

@@ -1,7 +1,8 @@
 """Where an attempt's checkpoints come from and go to: ``checkpoint_uploads`` (this attempt's
 uploader: the process's artifact store, this node's cache and staging directory) and
 ``prepare_resume`` (the store and the node made ready to resume; the checkpoint fetched),
-called once per node by ``services.worker.launch``; rank 0 uploads (a sharded model's
+called by node 0 through ``services.worker.launch``, ``fetch_resume_checkpoint`` (the fetch
+alone: every other node of a gang); rank 0 uploads (a sharded model's
 checkpoint: every rank its own files, ``shards``)."""
 
 from __future__ import annotations
@@ -51,12 +52,20 @@ def prepare_resume(sessions: sessionmaker[Session], attempt: Attempt, store: Art
     with sessions.begin() as session:
         delete_metrics_after(session, attempt.job_id, attempt.resume_step)
         listed = [c.step for c in list_checkpoints(session, attempt.job_id)]
-        checkpoint = (get_checkpoint(session, attempt.job_id, attempt.resume_step)
-                      if attempt.resume_step is not None else None)
-        key_sha = (checkpoint.key, checkpoint.sha256) if checkpoint is not None else None
     remove_orphans(store, attempt.job_id, listed)
+    return fetch_resume_checkpoint(sessions, attempt, store, cache)
+
+
+def fetch_resume_checkpoint(sessions: sessionmaker[Session], attempt: Attempt, store: ArtifactStore,
+                            cache: NodeCache) -> Path | None:
+    """The local copy of the checkpoint the attempt resumes from (None: it starts over), fetched
+    into this node's cache; nothing in the store is changed. Every node of a gang fetches its
+    own (node 0 through ``prepare_resume``)."""
     if attempt.resume_step is None:
         return None
+    with sessions() as session:
+        checkpoint = get_checkpoint(session, attempt.job_id, attempt.resume_step)
+        key_sha = (checkpoint.key, checkpoint.sha256) if checkpoint is not None else None
     if key_sha is None:
         raise ObjectMissing(
             f"job {attempt.job_id} should resume from step {attempt.resume_step} but that "
