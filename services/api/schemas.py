@@ -208,11 +208,13 @@ def memory_levers(spec: dict[str, Any]) -> list[str]:
 
 
 def per_rank(latest: dict[str, Any], prefix: str) -> list[float | None] | None:
-    """The metrics ``<prefix>0``, ``<prefix>1``, ... as a list by rank; None without them."""
+    """The metrics ``<prefix>0``, ``<prefix>1``, ... as a list by rank; a one-process job (no
+    per-rank metrics) is rank 0, its ``<prefix>`` less the ``_rank``; None without either."""
     ranks = {int(name[len(prefix):]): value for name, value in latest.items()
              if name.startswith(prefix) and name[len(prefix):].isdigit()}
     if not ranks:
-        return None
+        alone = latest.get(prefix.removesuffix("_rank"))
+        return [alone] if isinstance(alone, int | float) else None
     return [ranks.get(r) for r in range(max(ranks) + 1)]
 
 
@@ -300,7 +302,8 @@ class JobPublic(BaseModel):
     )
     peak_memory_bytes_per_rank: list[float | None] | None = Field(
         default=None, description="Each rank's peak device memory at the latest optimizer step, "
-        "by rank (the metrics peak_memory_bytes_rank{r}); null off CUDA and for one process"
+        "by rank (the metrics peak_memory_bytes_rank{r}; a one-process job's peak_memory_bytes as rank 0); "
+        "null off CUDA (the allocator's peak is CUDA's; a CPU job's memory is the system metrics' RSS)"
     )
 
     _empty_if_null = field_validator("progress", "latest_metrics", mode="before")(empty_if_null)

@@ -34,6 +34,7 @@ from services.cli.output import (
 # Metrics `accum status` prints, in this order, when the job has them (then any others).
 SHOWN_FIRST = ("loss", "val_loss", "val_accuracy", "lr", "grad_norm", "samples_per_s")
 SKIPPED = {"step", "epoch", "step_time_s", "items_per_s"}
+RANK_PEAK = "peak_memory_bytes_rank"  # peak_memory_bytes_rank{r}: the `peak memory` line, by rank
 # The system metrics (services/worker/system_metrics.py): one `system` line, not one line each.
 SYSTEM = ("host_cpu_percent", "host_memory_percent", "process_rss_bytes", "gpu_utilization_percent",
           "gpu_memory_used_bytes", "gpu_power_watts")
@@ -209,6 +210,10 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
         fields.append(("worker", " ".join(str(v) for v in worker.values() if v)))
     if (line := nodes_line(job)) is not None:
         fields.append(("nodes", line))
+    if job.get("levers"):  # issue 44's memory levers beside accumulation
+        fields.append(("levers", ", ".join(str(lever) for lever in job["levers"])))
+    if peaks := job.get("peak_memory_bytes_per_rank"):
+        fields.append(("peak memory", ", ".join(f"rank {r}: {size(peak)}" for r, peak in enumerate(peaks))))
     fields += [
         ("created", when(job.get("created_at"))),
         ("started", when(job.get("started_at"))),
@@ -231,7 +236,8 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
     fields += [(f"{run['tracker']}", tracker_link(run)) for run in job.get("trackers") or []]
     latest = job.get("latest_metrics") or {}
     names = [n for n in SHOWN_FIRST if n in latest]
-    names += sorted(n for n in latest if n not in names and n not in SKIPPED and n not in SYSTEM)
+    names += sorted(n for n in latest if n not in names and n not in SKIPPED and n not in SYSTEM
+                    and not (n.startswith(RANK_PEAK) and n[len(RANK_PEAK):].isdigit()))  # the peak memory line
     if (line := system_line(latest)) is not None:
         fields.append(("system", line))
     stop = (error or {}).get("nonfinite") or {}

@@ -72,4 +72,6 @@ def test_the_strategy_and_each_ranks_peak_memory_are_read_from_the_spec_and_metr
     assert (sharded.strategy, sharded.peak_memory_bytes_per_rank) == ("fsdp", [300.0, 280.0])
     assert (replicated.strategy, replicated.peak_memory_bytes_per_rank) == ("ddp", None)
     assert offloaded.strategy == "fsdp"  # one GPU with CPU offload is sharded too
-    assert (alone.strategy, alone.peak_memory_bytes_per_rank) == (None, None)
+    assert (alone.strategy, alone.peak_memory_bytes_per_rank) == (None, [9.0])  # one process: rank 0
+    cpu = JobPublic.model_validate(job_row(spec={"gpus": 0}, latest_metrics={"loss": 1.0}))
+    assert cpu.peak_memory_bytes_per_rank is None  # no allocator peak off CUDA

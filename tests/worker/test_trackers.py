@@ -12,7 +12,8 @@ SIGKILLed there, and a second worker resumes it to step 12. What it still proves
   resume, is not sent again); the job's end waits for the trackers (all delivered at its end);
 - MLflow: one run for both attempts, named after the job, FINISHED, tagged with owner, queue,
   exactness and the final checkpoint, the spec as parameters, the checkpoint as an artifact
-  and as version 1 of the registered model the spec names; W&B: a run file per attempt
+  and as version 1 of the registered model the spec names (and, after it on the same server, a
+  LoRA job's merged model as a version of ``<job name>-merged``); W&B: a run file per attempt
   (what ``wandb sync`` uploads), its records' ``_step``, ``_runtime``, ``_timestamp``, the
   summary's last values; TensorBoard: an event file per attempt;
 - the job's view links to each tracker's run.
@@ -156,6 +157,7 @@ def test_one_job_reaches_mlflow_tensorboard_and_wandb_once_across_a_sigkill(
         wandb_has_a_run_file_an_attempt_and_every_step_once(job)
         the_jobs_view_links_to_each_trackers_run(job)
         a_flush_of_1000_values_and_a_tag_reaches_mlflow_in_calls_within_its_limit(server)
+        a_lora_jobs_merged_model_is_a_version_named_after_the_job(job, tmp_path)
 
 
 def accum_points(stack: Stack, job_id: str) -> dict[str, list[tuple[int, float]]]:
@@ -231,6 +233,35 @@ def the_final_checkpoint_is_a_version_of_the_registered_model(tracked_job: Track
     assert version.version == "1" and version.run_id == run_id
     assert version.source == f"runs:/{run_id}/checkpoint/{MAX_STEPS}.pt"
     assert version.tags == {"accum.step": str(MAX_STEPS)}
+
+
+# A LoRA job with peft.merge on the same worker and server, after the job above: 2 steps of
+# a tiny GPT-2 built from its config (no download) on the shipped text.
+LORA: dict[str, Any] = {
+    "model": {"name": "hf:gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 128},
+    "dataset": "text", "micro_batch_size": 2, "accumulation_steps": 2, "max_steps": 2, "checkpoint_every": 2,
+    "optimizer": {"name": "adamw", "lr": 1e-2},
+    "peft": {"method": "lora", "r": 2, "target_modules": ["c_attn"], "merge": True},
+}
+
+
+def a_lora_jobs_merged_model_is_a_version_named_after_the_job(tracked_job: TrackedJob, tmp: Path) -> None:
+    """Its checkpoints hold the adapters only: what MLflow registers is the merged model (the
+    run's artifact folder merged, loading with from_pretrained), a version of <job name>-merged
+    when the spec names no register_model."""
+    from transformers import GPT2LMHeadModel
+
+    stack = tracked_job.stack
+    job_id = stack.create(name="lora-tracked", trackers=["mlflow"], **LORA)
+    job = stack.wait(job_id, timeout=HANG_S)  # the job's end waits for its trackers
+    assert job.status == "succeeded", (job.error, stack.worker_logs())
+    client, run = mlflow_run(tracked_job.mlflow_uri, job_id)
+    [version] = client.search_model_versions("name = 'lora-tracked-merged'")
+    assert version.run_id == run.info.run_id and version.source == f"runs:/{run.info.run_id}/merged"
+    assert version.tags == {"accum.merged": "true", "accum.step": "2"}
+    folder = client.download_artifacts(run.info.run_id, "merged", str(tmp))
+    merged = GPT2LMHeadModel.from_pretrained(folder)
+    assert merged.config.n_layer == 2 and not any("lora_" in name for name, _ in merged.named_parameters())
 
 
 def tensorboard_points(logdir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -26,6 +26,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+from services.artifacts import merged_key
 from services.jobdb.sessions import session_factory
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
@@ -61,10 +62,12 @@ class SinkStatus:
 
 def make_tracker(name: str, settings: Settings, spec: JobSpec, uploads: CheckpointUploads) -> Tracker:
     if name == "mlflow":
-        from services.worker.trackers.mlflow_tracker import MlflowTracker
+        from services.worker.trackers.mlflow_tracker import MergedModel, MlflowTracker
 
+        merged = (MergedModel(uploads.store, merged_key(uploads.job_id))
+                  if spec.peft is not None and spec.peft.merge else None)  # a LoRA job's merged model
         return MlflowTracker(settings.mlflow_tracking_uri, settings.mlflow_experiment,
-                             spec.register_model)
+                             spec.register_model, merged)
     if name == "tensorboard":
         from services.worker.trackers.tensorboard_tracker import TensorBoardTracker
 

@@ -7,17 +7,28 @@ call, each period. The last step the run holds is read back from the server (the
 history of ``loss``), so a resumed attempt never logs a step twice even when the one before
 was killed between sending a batch and recording it. Credentials: MLflow's own environment
 (MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN) on the worker.
+
+At the job's end the final checkpoint is the run's artifact, and a version of the spec's
+``register_model``. A LoRA job with ``peft.merge`` (its checkpoints hold adapters only) has
+its merged model (``<job>/merged.tar``) logged as the artifact folder ``merged`` and registered
+instead: a version of ``register_model``, or of ``<job name>-merged`` when the spec names none.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+from services.artifacts import ArtifactStore
 from services.worker.trackers.base import FinalCheckpoint, RunIdentity, StepPoints
 
 # A batch holds at most this many metrics and tags (the server's limit is 1000).
@@ -30,7 +41,8 @@ STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 class MlflowTracker:
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str, experiment: str, register_model: str | None) -> None:
+    def __init__(self, tracking_uri: str, experiment: str, register_model: str | None,
+                 merged: MergedModel | None = None) -> None:
         # The client's default retries a refused connection for minutes with back-off; the
         # sink retries each period itself, so a call to a server that is down returns at once.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -38,6 +50,8 @@ class MlflowTracker:
         self.client: Any = None
         self.tracking_uri, self.experiment = tracking_uri.rstrip("/"), experiment
         self.register_model = register_model
+        self.merged = merged
+        self.run_name = ""
         self.run_id = ""
         self.creds: Callable[[], Any] = lambda: None
         self._key_json = KeyJson()
@@ -56,7 +70,7 @@ class MlflowTracker:
             run = self.client.create_run(experiment_id, run_name=identity.name, tags=identity.tags)
             run_id = run.info.run_id
             self._log_params(run_id, identity.params)
-        self.run_id = run_id
+        self.run_id, self.run_name = run_id, identity.name
         self.creds = partial(get_default_host_creds, self.tracking_uri)
         held = [m.step for m in self.client.get_metric_history(run_id, "loss")]
         url = f"{self.tracking_uri}/#/experiments/{experiment_id}/runs/{run_id}"
@@ -89,17 +103,48 @@ class MlflowTracker:
             body["tags"] = []
 
     def finish(self, status: str, checkpoint: FinalCheckpoint | None) -> None:
+        merged = status == "succeeded" and self.merged is not None and self._log_merged(self.merged)
         if checkpoint is not None:
             self.client.set_tag(self.run_id, "accum.checkpoint", checkpoint.url)
             if checkpoint.local_path and os.path.exists(checkpoint.local_path):
                 self.client.log_artifact(self.run_id, checkpoint.local_path, "checkpoint")
-            if self.register_model:
+            if self.register_model and not merged:
                 self._register(checkpoint, self.register_model)
+        if merged:
+            self._register_merged(checkpoint)
         self.client.set_terminated(self.run_id, STATUS.get(status, "FINISHED"))
+
+    def _log_merged(self, merged: MergedModel) -> bool:
+        """The LoRA job's merged model (``peft.merge``: ``<job>/merged.tar`` in the store) as
+        the run's artifact folder ``merged`` (what ``from_pretrained`` loads); False when the
+        store has none (the job stored none: nothing to register)."""
+        if merged.store.head(merged.key) is None:
+            return False
+        with tempfile.TemporaryDirectory(prefix="accum-merged-") as folder:
+            packed = Path(folder) / "merged.tar"
+            merged.store.get(merged.key, packed)
+            with tarfile.open(packed) as tar:
+                tar.extractall(folder, filter="data")
+            self.client.log_artifacts(self.run_id, str(Path(folder) / "merged"), "merged")
+        return True
+
+    def _register_merged(self, checkpoint: FinalCheckpoint | None) -> None:
+        """The merged model as a version of ``register_model``, else of the registered model
+        named after the job (``merged_model_name``): a model that loads whole, where the
+        final checkpoint holds the adapters only."""
+        tags = {"accum.merged": "true"} | ({"accum.step": str(checkpoint.step)} if checkpoint else {})
+        self._register_source(self.register_model or merged_model_name(self.run_name),
+                              f"runs:/{self.run_id}/merged", tags)
 
     def _register(self, checkpoint: FinalCheckpoint, model: str) -> None:
         """The final checkpoint as a version of the registered model (the run's artifact when
         it was uploaded, else the store's own URL)."""
+        uploaded = checkpoint.local_path and os.path.exists(checkpoint.local_path)
+        source = (f"runs:/{self.run_id}/checkpoint/{os.path.basename(checkpoint.local_path or '')}"
+                  if uploaded else checkpoint.url)
+        self._register_source(model, source, {"accum.step": str(checkpoint.step)})
+
+    def _register_source(self, model: str, source: str, tags: dict[str, str]) -> None:
         from mlflow.exceptions import MlflowException
 
         try:
@@ -107,14 +152,33 @@ class MlflowTracker:
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        uploaded = checkpoint.local_path and os.path.exists(checkpoint.local_path)
-        source = (f"runs:/{self.run_id}/checkpoint/{os.path.basename(checkpoint.local_path or '')}"
-                  if uploaded else checkpoint.url)
-        self.client.create_model_version(model, source, self.run_id,
-                                         tags={"accum.step": str(checkpoint.step)})
+        # A finish retried after the version was made (the set_terminated after it failed)
+        # makes no second one: the run's versions of the model are looked up first.
+        made = self.client.search_model_versions(f"name = '{escaped(model)}' and run_id = '{self.run_id}'")
+        if not any(version.source == source for version in made):
+            self.client.create_model_version(model, source, self.run_id, tags=tags)
 
     def close(self) -> None:
         pass  # the client holds no resources
+
+
+@dataclass(frozen=True)
+class MergedModel:
+    """Where a ``peft.merge`` job's merged model is: its tar's key in the artifact store."""
+
+    store: ArtifactStore
+    key: str
+
+
+def merged_model_name(run_name: str) -> str:
+    """The registered model a merged LoRA model is a version of when the spec names none: the
+    job's name (its id when unnamed) and ``-merged``, MLflow's forbidden ``/`` and ``:`` as ``-``."""
+    return re.sub(r"[/:]", "-", run_name) + "-merged"
+
+
+def escaped(text: str) -> str:
+    """``text`` inside a single-quoted MLflow search string."""
+    return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
 class KeyJson(dict[str, str]):
