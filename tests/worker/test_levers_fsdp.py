@@ -1,0 +1,93 @@
+"""LoRA under FSDP (``strategy: "fsdp"`` with ``peft``) stays exact: 2 gloo ranks, float64.
+
+The tiny GPT-2 of test_levers.py (built from its config, no download) with LoRA on ``c_attn``
+and every block checkpointed, sharded with ``accumcore.shard`` as the worker's strategy does
+(LoRA, then checkpointing, then ``fully_shard``); ``make_loader(rank=, world=)`` gives each
+rank its part of every global window of 4 micro-batches (10 rows: windows of 8 and 2, the last
+one on rank 0 alone). Two epochs: the adapters end where the one-process big batch does
+(<= 1e-12; 2.2e-19 here), the frozen base is bitwise as built on both ranks, and a run resumed
+from the sharded checkpoint of the first epoch (DCP: every rank's shards, the frozen base's
+too) into a model built afresh ends bitwise where the uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from rank_processes import start_method
+
+from accumcore import Trainer, checkpoint_activations, load_checkpoint, shard
+from accumcore.data import make_loader
+from accumcore.frozen import trainable
+from accumcore.schedule import AccumulationSchedule
+from accumcore.sharding import is_sharded
+from tests.accumcore.trainer_reference import big_batch_training
+from tests.worker.test_levers import ShiftedTokenLoss, _data, _lora_gpt2, _loss_sum
+
+WORLD, MICRO, WINDOW, EPOCHS = 2, 2, 4, 2  # WINDOW: micro-batches per step, both ranks together
+
+
+def _full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole (a collective for the sharded ones), by its plain name."""
+    return {name.replace("_checkpoint_wrapped_module.", ""):
+            (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for name, p in model.named_parameters()}
+
+
+def _trainer(model: torch.nn.Module, **options: Any) -> Trainer:
+    optimizer = torch.optim.SGD(trainable(model), lr=0.1, momentum=0.5)
+    return Trainer(model, optimizer, loss_fn=ShiftedTokenLoss(), accumulation_steps=WINDOW, shift_labels=True,
+                   seed=3, checkpoint_frozen=False, **options)  # as build_run makes a LoRA job's
+
+
+def _rank(rank: int, world: int, init_file: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        loader = lambda: make_loader(_data(), MICRO, seed=5, rank=rank, world=world)  # noqa: E731
+        model = shard(checkpoint_activations(_lora_gpt2()))
+        assert is_sharded(model) and any(hasattr(p, "full_tensor") for p in model.parameters())
+        built = _full(model)
+        trainer = _trainer(model)
+        trainer.fit(loader(), epochs=EPOCHS)
+        # The first epoch again, checkpointed (DCP: each rank its shards), then resumed into a
+        # model built afresh.
+        first = shard(checkpoint_activations(_lora_gpt2()))
+        _trainer(first, checkpoint_dir=Path(out) / "checkpoints", checkpoint_every=1).fit(loader(), epochs=1)
+        resumed = shard(checkpoint_activations(_lora_gpt2()))
+        again = _trainer(resumed)
+        again.load_state_dict(load_checkpoint(Path(out) / "checkpoints" / "2", model=resumed,
+                                              optimizer=again.optimizer))
+        again.fit(loader(), epochs=EPOCHS)
+        torch.save({"built": built, "trained": _full(model), "steps": trainer.global_step,
+                    "resumed": _full(resumed)}, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_lora_on_sharded_ranks_steps_the_adapters_as_the_big_batch_and_leaves_the_base(tmp_path: Path) -> None:
+    import torch._dynamo  # noqa: F401  (imported before forking, as test_trainer_ddp.py does)
+
+    mp.start_processes(_rank, args=(WORLD, str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True,
+                       start_method=start_method())
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    model = _lora_gpt2()
+    reference, _ = big_batch_training(model, make_loader(_data(), MICRO, seed=5), _loss_sum,
+                                      AccumulationSchedule(WINDOW), epochs=EPOCHS)
+    want = {name: p.detach() for name, p in reference.named_parameters()}
+    adapters = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert adapters and all("lora_" in name for name in adapters)
+    for got in ranks:
+        assert got["steps"] == 2 * EPOCHS  # windows of 8 and 2 rows
+        assert sorted(got["trained"]) == sorted(want)
+        worst = max(float((got["trained"][n] - want[n]).abs().max()) for n in adapters)
+        assert worst <= 1e-12, worst
+        assert max(float(got["trained"][n].abs().max()) for n in adapters if "lora_B" in n) > 0  # trained
+        frozen = [n for n in want if n not in adapters]
+        assert all(torch.equal(got["trained"][n], got["built"][n]) for n in frozen)
+        assert all(torch.equal(got["built"][n], dict(model.named_parameters())[n].detach()) for n in frozen)
+        assert all(torch.equal(got["resumed"][n], got["trained"][n]) for n in want)  # resumed bitwise
