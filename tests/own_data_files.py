@@ -1,6 +1,6 @@
 """Your-own-data fixtures written by the tests (and bench/own_data.py): an image folder of three
-easy classes, text as jsonl / parquet / csv, labelled text of three easy classes, and a
-tokenizer trained with `tokenizers`."""
+easy classes, text as jsonl / parquet / csv, labelled text of three easy classes, a
+tokenizer trained with `tokenizers`, and a tiny "pretrained" GPT-2 saved for `hf:<dir>`."""
 
 from __future__ import annotations
 
@@ -130,3 +130,16 @@ def ensure_example_plugin() -> None:
     root = Path(__file__).resolve().parents[1] / "examples" / "plugin"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     str(root)], check=True, timeout=300)
+
+
+def save_gpt2(folder: Path) -> Path:
+    """A 2-layer GPT-2 causal LM over the bytes tokenizer's ids and its padding id 256, saved
+    with save_pretrained: what `hf:<folder>` loads as a causal LM, or as a sequence classifier
+    with a new head. No download."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=257, n_layer=2, n_embd=16, n_head=2, n_positions=64, pad_token_id=256)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder

@@ -4,11 +4,16 @@ table of spec fields two jobs differ in, and Clone opening the form with a job's
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import expect
+
+from tests.own_data_files import save_gpt2, write_labelled_text
 
 from .deployment import Deployment
 
@@ -117,9 +122,28 @@ def test_clone_opens_the_form_with_the_jobs_spec(logged_in: Any, deployment: Dep
     assert clone["name"] == "to-clone-clone"
 
 
+def choose_levers(page: Any, every: str, r: str) -> None:
+    """Activation checkpointing every `every` blocks, LoRA of rank `r` on c_attn."""
+    page.select_option("#f-activation-checkpointing", every)
+    page.select_option("#f-peft-method", "lora")
+    page.fill("#f-peft-r", r)
+    page.fill("#f-peft-target-modules", "c_attn")
+
+
+def submitted(page: Any, queue: str) -> str:
+    """Submit the form to `queue`; the new job's id (its page is open)."""
+    page.fill("#queue", queue)
+    page.click("#submit-job")
+    page.wait_for_function("() => location.hash.startsWith('#/jobs/') || document.querySelector('#submit-message')?.textContent")
+    assert JOB_URL.search(page.url), page.locator("#submit-form").inner_text()
+    return str(page.url.rsplit("/", 1)[1])
+
+
 def test_the_form_sends_checkpointing_and_lora_for_an_hf_model(logged_in: Any, deployment: Deployment) -> None:
     """The memory levers: LoRA's fields appear for an hf: model only, both levers reach the stored
-    spec as the API takes them, and the job page lists them."""
+    spec as the API takes them, and the job page lists them. Then a saved model (hf:<dir>: a
+    tiny GPT-2 the test saves under the data root) is fine-tuned from the form as a sequence
+    classifier on labelled text with both levers, on the worker: it succeeds, levers listed."""
     page = logged_in
     page.goto("/#/submit")
     expect(page.locator("#f-peft-method")).to_be_hidden()  # mlp: no adapters to fit
@@ -127,17 +151,30 @@ def test_the_form_sends_checkpointing_and_lora_for_an_hf_model(logged_in: Any, d
     page.locator("#model").dispatch_event("change")
     page.fill("#f-model-options", "{n_layer: 2, n_embd: 16, n_head: 2}")
     page.select_option("#dataset", "text")
-    page.select_option("#f-activation-checkpointing", "2")
-    page.select_option("#f-peft-method", "lora")
-    page.fill("#f-peft-r", "4")
-    page.fill("#f-peft-target-modules", "c_attn")
+    choose_levers(page, every="2", r="4")
     page.check("#f-peft-merge")
-    page.fill("#queue", "no-worker-here")  # stays queued: nothing trains it
-    page.click("#submit-job")
-    page.wait_for_function("() => location.hash.startsWith('#/jobs/') || document.querySelector('#submit-message')?.textContent")
-    assert JOB_URL.search(page.url), page.locator("#submit-form").inner_text()
-    spec = job_spec(deployment, page.url.rsplit("/", 1)[1])
+    spec = job_spec(deployment, submitted(page, "no-worker-here"))  # stays queued: nothing trains it
     assert spec["activation_checkpointing"] == {"every": 2}
     assert spec["peft"] == {"method": "lora", "r": 4, "alpha": 16, "dropout": 0.0, "target_modules": ["c_attn"],
                             "merge": True}
     expect(page.locator("#levers")).to_have_text("activation_checkpointing (every 2), lora (r 4, alpha 16, merge)")
+
+    root = Path(os.path.realpath(deployment.stack.settings.home / "data"))  # the API's allowed data root
+    write_labelled_text(root / "reviews", "jsonl", rows=24)
+    save_gpt2(root / "models" / "gpt2")
+    page.goto("/#/submit")
+    page.fill("#model", f"hf:{root / 'models' / 'gpt2'}")
+    page.locator("#model").dispatch_event("change")
+    page.select_option("#dataset", "files")
+    page.fill("#data-root", str(root / "reviews"))
+    page.fill("#f-dataset-options", json.dumps({"data_files": "labelled.jsonl", "tokenizer": "bytes", "max_len": 32,
+                                                "columns": {"text": "body", "label": "y"}}))
+    page.fill("#m", "2")
+    page.fill("#n", "2")
+    page.fill("#gpus", "0")
+    page.fill("#max-steps", "2")
+    choose_levers(page, every="1", r="2")
+    job = deployment.stack.wait(submitted(page, deployment.stack.queue), timeout=120)  # the worker's queue
+    assert job.status == "succeeded", (job.error, deployment.stack.worker_logs())
+    expect(page.locator(".status")).to_have_text("succeeded")
+    expect(page.locator("#levers")).to_have_text("activation_checkpointing, lora (r 2, alpha 16)")
