@@ -7,7 +7,8 @@ rank its part of every global window of 4 micro-batches (10 rows: windows of 8 a
 one on rank 0 alone). Two epochs: the adapters end where the one-process big batch does
 (<= 1e-12; 2.2e-19 here), the frozen base is bitwise as built on both ranks, and a run resumed
 from the sharded checkpoint of the first epoch (DCP: every rank's shards, the frozen base's
-too) into a model built afresh ends bitwise where the uninterrupted one does.
+too) into a model built afresh ends bitwise where the uninterrupted one does. Then the same
+through the worker (run_job, 2 CPU ranks): shards stored, consolidated, resumed elsewhere.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -91,3 +93,33 @@ def test_lora_on_sharded_ranks_steps_the_adapters_as_the_big_batch_and_leaves_th
         assert all(torch.equal(got["trained"][n], got["built"][n]) for n in frozen)
         assert all(torch.equal(got["built"][n], dict(model.named_parameters())[n].detach()) for n in frozen)
         assert all(torch.equal(got["resumed"][n], got["trained"][n]) for n in want)  # resumed bitwise
+
+
+@pytest.mark.slow
+def test_a_lora_fsdp_job_through_the_worker_stores_its_shards_and_resumes_on_another_node(
+    settings: Any, make_job: Any, tmp_path: Path,
+) -> None:
+    """run_job on a gpus: 2, strategy fsdp job with LoRA and checkpointing (2 CPU ranks): it
+    succeeds, its consolidated checkpoint (what a download serves) holds the adapters and the
+    base by name, and a resume on another node's cache loads the shards and ends."""
+    from services.artifacts import consolidated_key, manifest_key
+    from services.jobdb import jobs
+    from services.jobdb.sessions import session_factory
+    from services.worker.runner import run_job
+
+    job_id = make_job({
+        "model": {"name": "hf:gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 128},
+        "dataset": "text", "micro_batch_size": 2, "accumulation_steps": 2, "max_steps": 2, "gpus": 2,
+        "strategy": "fsdp", "checkpoint_every": 1, "optimizer": {"name": "adamw", "lr": 1e-2},
+        "activation_checkpointing": True, "peft": {"method": "lora", "r": 2, "target_modules": ["c_attn"]},
+    })
+    assert run_job(settings, job_id, "node-a") == "succeeded"
+    full = torch.load(settings.artifacts_path / consolidated_key(manifest_key(job_id, 2)), weights_only=True)
+    assert any("lora_A" in key for key in full["model"]) and any("c_attn.base_layer" in key for key in full["model"])
+    with session_factory(settings).begin() as session:  # resumable from step 2, as POST /resume makes it
+        job = jobs.load_job(session, job_id)
+        assert job is not None
+        job.status = "failed"
+        jobs.request_resume(session, job)
+    other = settings.model_copy(update={"cache_dir": tmp_path / "node-b-cache"})
+    assert run_job(other, job_id, "node-b") == "succeeded"
