@@ -105,11 +105,13 @@ class AttemptPublic(BaseModel):
     started_at: datetime
     ended_at: datetime | None
     outcome: Literal["running", "succeeded", "failed", "cancelled", "handed_back", "store_fault",
-                     "node_lost", "lost"] = Field(
+                     "node_lost", "hung", "lost"] = Field(
         description="running while it runs; handed_back: its worker shut down and gave the job "
         "back; store_fault: the artifact store failed it and the job was queued again with a "
         "restart counted; node_lost: a node of its multi-node gang was lost and the job was "
-        "queued again with a restart counted; lost: its lease expired (the worker died or was "
+        "queued again with a restart counted; hung: a rank made no progress past "
+        "ACCUM_COLLECTIVE_TIMEOUT_S plus a margin (its event names the node and rank) and the job "
+        "was queued again with a restart counted; lost: its lease expired (the worker died or was "
         "cut off)"
     )
     resume_step: int | None = Field(description="The checkpoint step it started from; null: the start")

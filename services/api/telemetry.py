@@ -119,7 +119,8 @@ LIFECYCLE = (
     ("job_transitions", "Job state transitions (event kinds), over every process.", "kind",
      "transitions"),
     ("job_restarts", "Automatic restarts, by cause: lease_expired (worker lost), "
-     "worker_shutdown (SIGTERM hand-back), node_lost (a node of a multi-node job), store_fault.",
+     "worker_shutdown (SIGTERM hand-back), node_lost (a node of a multi-node job), hung (a rank "
+     "made no progress past its deadline), store_fault.",
      "cause", "restarts"),
     ("lease_expiries", "Leases that expired (a worker stopped renewing), by whether the lost "
      "attempt had written a new checkpoint (no_progress feeds the poison rule).", "cause",

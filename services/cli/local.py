@@ -85,6 +85,7 @@ class LocalService:
     record_for_user: bool = False
     children: list[Child] = field(default_factory=list)
     token: str = ""
+    worker_args: list[str] = field(default_factory=list)  # what `start` ran the worker with
 
     @property
     def url(self) -> str:
@@ -100,7 +101,8 @@ class LocalService:
         upgrade_database(self.settings)
         worker = f"local-{os.getpid()}@{socket.gethostname()}"
         ranks = [] if self.cpu_ranks is None else ["--cpu-ranks", str(self.cpu_ranks)]
-        self._spawn("worker", ["worker", "--hostname", worker, *ranks])
+        self.worker_args = ["worker", "--hostname", worker, *ranks]
+        self._spawn("worker", self.worker_args)
         self._wait_registered(worker)
         self._spawn("api", ["api", "--host", self.host, "--port", str(self.port)])
         self._wait_ready()
@@ -139,9 +141,21 @@ class LocalService:
         return next((c for c in self.children if c.process.poll() is not None), None)
 
     def wait(self) -> None:
-        """Block until a child exits on its own (then raise) or this process is interrupted."""
+        """Block until a child exits on its own (then raise) or this process is interrupted. A
+        worker that exits because a hung job's training thread was left in it (exit code
+        ``services.worker.shutdown.EXIT_ABANDONED``: the job is recorded and queued again) is
+        started again, as a deployment's supervisor would."""
+        # Lazy: the client commands load none of the worker.
+        from services.worker.shutdown import EXIT_ABANDONED
+
         while True:
             child = self.dead_child()
+            if child is not None and child.name == "worker" and child.process.returncode == EXIT_ABANDONED:
+                print(f"accum: the worker left a hung job's thread behind and exited ({EXIT_ABANDONED}); "
+                      "the job resumes from its last checkpoint on a fresh worker", file=sys.stderr, flush=True)
+                self.children.remove(child)
+                self._spawn("worker", self.worker_args)
+                continue
             if child is not None:
                 raise LocalServiceError(self._death_message(child))
             time.sleep(0.5)

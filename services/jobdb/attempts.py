@@ -5,7 +5,8 @@ takeover). Steps done = ``end_step`` - ``resume_step``. Functions here flush, ne
 Outcomes: ``succeeded``, ``failed``, ``cancelled``, ``handed_back`` (the worker shut down and
 gave the job back), ``store_fault`` (the artifact store failed it: the job went back to the
 queue with a restart counted), ``node_lost`` (a node of its multi-node gang was lost: queued
-again with a restart counted), ``lost`` (its lease expired: the worker died or was cut off).
+again with a restart counted), ``hung`` (a rank made no progress past its deadline, its
+supervisor ended it: queued again with a restart counted), ``lost`` (its lease expired: the worker died or was cut off).
 ``record_process_death`` writes why an attempt's process died (``cause``), when its worker saw
 it die; the reaper then closes it as ``lost`` and the poison rule names the cause.
 """
@@ -23,7 +24,7 @@ from services.jobdb.models import Job, JobAttempt
 from services.jobdb.status import ACTIVE, ordered
 from services.jobdb.types import utcnow
 
-OUTCOMES = ("succeeded", "failed", "cancelled", "handed_back", "store_fault", "node_lost", "lost")
+OUTCOMES = ("succeeded", "failed", "cancelled", "handed_back", "store_fault", "node_lost", "hung", "lost")
 _INSERT = insert(cast(Table, JobAttempt.__table__))
 
 

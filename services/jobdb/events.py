@@ -84,7 +84,7 @@ def death_label(cause: str) -> str:
 
 # Why a job was queued again (a ``requeued`` event's ``reason``; none: the reaper found its
 # lease expired).
-RESTART_CAUSES = ("lease_expired", "worker_shutdown", "node_lost", "store_fault")
+RESTART_CAUSES = ("lease_expired", "worker_shutdown", "node_lost", "hung", "store_fault")
 
 
 def lifecycle_counts(session: Session) -> dict[str, dict[str, int]]:
@@ -100,7 +100,7 @@ def lifecycle_counts(session: Session) -> dict[str, dict[str, int]]:
         .group_by(JobEvent.kind)
     ):
         by_kind[kind] = count
-    # A requeue's cause by its own name: node_lost and store_fault restarts are no lease expiry.
+    # A requeue's cause by its own name: node_lost, hung and store_fault restarts are no lease expiry.
     restarts = dict.fromkeys(RESTART_CAUSES, 0)
     expiries = {"no_progress": 0, "after_checkpoint": 0}
     failures: dict[str, int] = {}

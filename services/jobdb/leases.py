@@ -10,7 +10,7 @@ Functions here flush but never commit; commit right after each call so other pro
 
 ``attempts`` counts starts: every successful claim adds one, and that number is the
 ``attempt`` the worker writes on metrics, events and checkpoints. ``restarts`` counts
-automatic restarts (a lost lease, a store fault, a lost node of a multi-node job); past
+automatic restarts (a lost lease, a store fault, a lost node of a multi-node job, a hung rank); past
 ``max_restarts`` the job fails, the error saying so and why.
 """
 
@@ -552,6 +552,15 @@ NODE_LOST = Fault(
     "ACCUM_RENDEZVOUS_PORTS is open between the nodes, raise max_restarts if nodes come and go "
     "that often, then",
 )
+# A rank (a spawned one, or a world of 1's training thread in its worker's process) made no
+# progress past ACCUM_COLLECTIVE_TIMEOUT_S + a margin: its supervisor ended the attempt
+# (services.worker.pulse). Counted as a restart, as a lost node is.
+HUNG = Fault(
+    "hung", "RankHung", "a hung rank",
+    "a rank made no progress past ACCUM_COLLECTIVE_TIMEOUT_S (plus a margin) on each of these "
+    "attempts (the events name the node and rank): look for a data loader, a dataset or a model "
+    "step that blocks (`accum logs ID`), or raise ACCUM_COLLECTIVE_TIMEOUT_S for slower steps, then",
+)
 
 
 def requeue_after_fault(
@@ -560,8 +569,8 @@ def requeue_after_fault(
 ) -> tuple[str, str] | None:
     """A transient fault stopped the attempt (``STORE_FAULT``: the artifact store unreachable, a
     checkpoint object missing or damaged; ``NODE_LOST``: a node of a multi-node job's gang was
-    lost): back to ``queued`` with a restart counted and ``resume_step`` = latest checkpoint,
-    or ``failed`` when no restarts are left (max_restarts reached, and why). Returns
+    lost; ``HUNG``: a rank made no progress past its deadline): back to ``queued`` with a
+    restart counted and ``resume_step`` = latest checkpoint, or ``failed`` when no restarts are left (max_restarts reached, and why). Returns
     ``("queued", queue)`` (enqueue there after the commit), ``("failed", message)``, or None
     when ``worker_id`` no longer holds the lease or a cancel came first (then finish it as
     cancelled). Closes the attempt (``fault.kind``, or ``failed``); writes ``fault.kind`` and

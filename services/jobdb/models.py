@@ -177,7 +177,8 @@ class JobAttempt(Base):
     """One start of a job by a worker, and how it ended (``outcome`` null while it runs):
     ``succeeded``, ``failed``, ``cancelled``, ``handed_back`` (its worker shut down),
     ``store_fault`` (the artifact store failed it: queued again), ``node_lost`` (a node of its
-    multi-node gang was lost: queued again) or ``lost`` (its lease expired). ``end_step`` is the optimizer step it had reached. ``cause``:
+    multi-node gang was lost: queued again), ``hung`` (a rank made no progress past its deadline:
+    queued again) or ``lost`` (its lease expired). ``end_step`` is the optimizer step it had reached. ``cause``:
     why its process died, when the worker saw it die (``services.worker.process_death``)."""
 
     __tablename__ = "job_attempts"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from services.jobdb.leases import HUNG, Fault
 from services.jobdb.status import JobStatus
 
 
@@ -43,14 +44,19 @@ class Outcome(StrEnum):
 
 class NodeLost(RuntimeError):
     """A rank of a multi-node attempt lost its peers (a node died, a collective timed out): the
-    attempt ends on every node and the job resumes from its last checkpoint."""
+    attempt ends on every node and the job resumes from its last checkpoint. ``fault``: the
+    cause it is recorded with where not ``leases.NODE_LOST`` (``runner.run_job``)."""
+
+    fault: Fault | None = None
 
 
 class RankHung(NodeLost):
     """A rank made no progress past its deadline (``services.worker.pulse``), or its peers
     failed waiting for it while it was silent: its supervisor ended every rank of the attempt
-    on its node, and the job resumes from its last checkpoint as after a lost node (a restart
-    counted, the attempt closed ``node_lost``)."""
+    on its node (a world of 1: left its thread behind), and the job resumes from its last
+    checkpoint as after a lost node (a restart counted), the attempt closed ``hung``."""
+
+    fault = HUNG
 
 
 @dataclass(frozen=True)

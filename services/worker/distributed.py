@@ -28,7 +28,7 @@ import os
 import pickle
 import signal
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from services.worker.heartbeat import Heartbeat
 from services.worker.parent_death import die_with_parent
 from services.worker.peer_loss import killed, lost_peer
 from services.worker.place import LOOPBACK, Place
-from services.worker.pulse import Pulse, RankLink, Silent, deadline_s, margin_s, stop_reason
+from services.worker.pulse import Node, Pulse, RankLink, Silent, deadline_s, margin_s, stop_reason
 from services.worker.rank import run_attempt
 from services.worker.rendezvous import ANY_PORT, join_store, open_server
 
@@ -111,25 +111,6 @@ class RankFailed(RuntimeError):
     def __init__(self, reason: str, peer_lost: bool) -> None:
         super().__init__(reason)
         self.peer_lost = peer_lost
-
-
-@dataclass(frozen=True)
-class Node:
-    """Where this node's ranks are, for what the supervisor says of them: node ``index`` of
-    ``nodes``, its first global rank, and the collective timeout its ranks run under."""
-
-    index: int
-    nodes: int
-    first_rank: int
-    collective_timeout_s: float
-
-    def hung(self, silent: list[Silent], pids: list[int | None], after: str) -> RankHung:
-        names = ", ".join(
-            f"rank {self.first_rank + s.local_rank} (pid {pids[s.local_rank]}, "
-            f"{s.beats} beats) made no progress for {s.silent_s:.1f} s" for s in silent)
-        return RankHung(
-            f"node {self.index} of {self.nodes}: {names} ({after}; ACCUM_COLLECTIVE_TIMEOUT_S="
-            f"{self.collective_timeout_s:g} s): hung; ended with every rank of the attempt")
 
 
 FINISHED, STOPPED = 1, 2  # finished[rank]: fit returned at its end / stopped by the stop flag

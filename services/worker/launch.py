@@ -6,10 +6,11 @@
 The node is made ready first (``resume.prepare_resume``: stale metrics and orphan objects
 removed, the checkpoint fetched into this node's cache; on a node other than 0 of a gang only
 the fetch, node 0 prepares the store). Then a world of 1 runs ``rank.run_attempt`` here, in the
-worker's process, with the heartbeat; ``gpus: k`` spawns k ranks that run it in a process group
-and watches them (``services.worker.distributed``); a ``nodes: n`` job spawns ``gpus`` ranks
-(at least one process) on each node, global ranks ``node_rank * gpus + r`` of
-``nnodes * gpus``, at node 0's rendezvous (``services.worker.gang``).
+worker's process, with the heartbeat, in a thread that this one watches (``pulse.run_here``: a
+rank that stops beating is ended as hung, as a spawned one is); ``gpus: k`` spawns k ranks that
+run it in a process group and watches them (``services.worker.distributed``); a ``nodes: n``
+job spawns ``gpus`` ranks (at least one process) on each node, global ranks
+``node_rank * gpus + r`` of ``nnodes * gpus``, at node 0's rendezvous (``services.worker.gang``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from services.worker.checkpoints.stores import artifact_store, node_cache
 from services.worker.gang import GangPlace
 from services.worker.heartbeat import Heartbeat
 from services.worker.place import Place
+from services.worker.pulse import RankLink, run_here
 from services.worker.rank import run_attempt
 from services.worker.strategy import sharded
 
@@ -51,9 +53,13 @@ def launch(settings: Settings, spec: JobSpec, attempt: Attempt, heartbeat: Heart
 
         return spawn_ranks(settings, spec, attempt, heartbeat, checkpoint)
     place = Place(device=pick_device(spec))
-    with group_of_one(spec, place):
-        stopped = run_attempt(place, settings, spec, attempt, checkpoint=checkpoint, heartbeat=heartbeat)
-    return outcome(stopped, heartbeat)
+
+    def rank_0(link: RankLink) -> bool:  # in a thread of its own, watched from this one
+        with group_of_one(spec, place):
+            return run_attempt(place, settings, spec, attempt, checkpoint=checkpoint, heartbeat=heartbeat,
+                               stop=link)
+
+    return outcome(run_here(rank_0, settings, spec), heartbeat)
 
 
 def group_of_one(spec: JobSpec, place: Place) -> contextlib.AbstractContextManager[None]:

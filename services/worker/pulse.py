@@ -25,22 +25,43 @@ beat). Within the timeout + ``MARGIN_S`` for short windows: issue 40's bound is 
 A rank is watched from its second beat (its first window may compile, and its exactness check
 runs twice: no bound) until its ``fit`` returns (``on_fit_end``: the final writes and the
 teardown have timeouts of their own).
+
+A world of 1 trains in the worker's own process (``services.worker.launch``: a spawned rank
+costs each job its start), as rank 0 in a thread of its own that beats the same way
+(``run_here``); the thread that started it watches it by the same rule (``Pulse.stale``) and
+names it the same way (``Node.hung``). A hung thread cannot be ended: its supervisor raises
+``RankHung`` for the attempt to be recorded ``hung`` and the job resumed (``runner.run_job``),
+fences the thread (its next beat raises ``Abandoned``, before any callback writes) and marks the
+process ``shutdown.abandoned``: it takes no other job and exits once this one is recorded
+(``services.worker.start``: a prefork child ends after its job, a solo worker exits with
+``shutdown.EXIT_ABANDONED`` for its supervisor to start it again).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, TypeVar
 
 from accumcore import Callback
 from services.settings import Settings
 from services.spec import JobSpec
+from services.worker import shutdown
+from services.worker.attempt import RankHung
 
 MARGIN_S = 5.0  # past ACCUM_COLLECTIVE_TIMEOUT_S (at most half of it): its blocked peers fail first
 GAP_FACTOR = 1.5  # x a rank's longest gap between beats seen so far, where that is the longer margin
 ARMED_AT = 2  # beats before a rank is watched: its first window has no bound
 QUIET = -1  # beats: the rank left its step loop (fit returned), no longer watched
+POLL_S = 0.1  # how often ``run_here`` looks at its thread's beats
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # stop.value: why the supervisor stopped the ranks (0: it did not); the writer ends the job's
 # tracker runs by it (``rank.Writer.close``).
@@ -96,6 +117,11 @@ class Pulse:
         return cls(context.Array("d", ranks, lock=False), context.Array("q", ranks, lock=False),
                    context.Array("d", ranks, lock=False), base_s, margin_s)
 
+    @classmethod
+    def local(cls, ranks: int, base_s: float, margin_s: float) -> Pulse:
+        """For ranks that are threads of this process (``run_here``): plain lists."""
+        return cls([0.0] * ranks, [0] * ranks, [0.0] * ranks, base_s, margin_s)
+
     def beat(self, rank: int) -> None:
         now = time.monotonic()
         beats = self.beats[rank]
@@ -139,7 +165,7 @@ class BeatingLoader:
 
     def __iter__(self) -> Any:
         for batch in self.loader:
-            self.link.pulse.beat(self.link.local_rank)
+            self.link.beat()
             yield batch
 
     def __len__(self) -> int:
@@ -150,24 +176,34 @@ class BeatingLoader:
 
 
 class RankLink(Callback):
-    """A spawned rank's side: beats from its step loop, and the stop its supervisor raises
-    (a cancel, a timeout or a shutdown; read as ``attempt.Flags`` for how its trackers end)."""
+    """A rank's side: beats from its step loop, and the stop its supervisor raises (a cancel,
+    a timeout or a shutdown; read as ``attempt.Flags`` for how its trackers end). In the
+    worker's process (``run_here``) the stop is never raised (``NO_STOP``: the heartbeat's
+    flags stop it), and ``fenced`` once its supervisor gave up on it as hung."""
+
+    fenced = False
 
     def __init__(self, pulse: Pulse, stop: Any, local_rank: int) -> None:
         self.pulse, self.stop, self.local_rank = pulse, stop, local_rank
 
-    def should_stop(self) -> bool:
+    def beat(self) -> None:
+        if self.fenced:  # first among the rank's callbacks: nothing after it writes
+            raise Abandoned(f"rank {self.local_rank} was ended as hung by its supervisor; its "
+                            "attempt is recorded and the job resumes elsewhere")
         self.pulse.beat(self.local_rank)
+
+    def should_stop(self) -> bool:
+        self.beat()
         return bool(self.stop.value)
 
     def on_step(self, trainer: Any, metrics: dict[str, float]) -> None:
-        self.pulse.beat(self.local_rank)
+        self.beat()
 
     def on_eval(self, trainer: Any, metrics: dict[str, float]) -> None:
-        self.pulse.beat(self.local_rank)
+        self.beat()
 
     def on_checkpoint(self, trainer: Any, info: Any) -> None:
-        self.pulse.beat(self.local_rank)
+        self.beat()
 
     def on_fit_end(self, trainer: Any, history: Any) -> None:
         self.pulse.quiet(self.local_rank)
@@ -186,3 +222,67 @@ class RankLink(Callback):
     @property
     def shutting_down(self) -> bool:
         return self.stop.value == SHUTDOWN
+
+
+NO_STOP = SimpleNamespace(value=0)  # the stop of a rank in the worker's process: never raised
+
+
+class Abandoned(BaseException):
+    """Raised at the next beat of a training thread its supervisor ended as hung, should it
+    ever wake: a ``BaseException``, so no ``except Exception`` of the training swallows it."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """Where this node's ranks are, for what the supervisor says of them: node ``index`` of
+    ``nodes``, its first global rank, and the collective timeout its ranks run under."""
+
+    index: int
+    nodes: int
+    first_rank: int
+    collective_timeout_s: float
+
+    def hung(self, silent: list[Silent], pids: list[int | None], after: str) -> RankHung:
+        names = ", ".join(
+            f"rank {self.first_rank + s.local_rank} (pid {pids[s.local_rank]}, "
+            f"{s.beats} beats) made no progress for {s.silent_s:.1f} s" for s in silent)
+        return RankHung(
+            f"node {self.index} of {self.nodes}: {names} ({after}; ACCUM_COLLECTIVE_TIMEOUT_S="
+            f"{self.collective_timeout_s:g} s): hung; ended with every rank of the attempt")
+
+
+def run_here(train: Callable[[RankLink], T], settings: Settings, spec: JobSpec) -> T:
+    """Run ``train`` (a world of 1: rank 0 of node 0, in this process) in a thread, watched as
+    ``distributed.watch_ranks`` watches spawned ranks: its return, or what it raised; or
+    ``RankHung`` once its beats (``train``'s link) stop past the same deadline. The hung thread
+    is left behind, fenced, and this process marked ``shutdown.abandoned``."""
+    pulse = Pulse.local(1, deadline_s(settings, spec), margin_s(settings))
+    link = RankLink(pulse, NO_STOP, 0)
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def rank_0() -> None:
+        try:
+            done.append(train(link))
+        except BaseException as exc:  # re-raised in the supervisor's thread, its traceback kept
+            failed.append(exc)
+
+    thread = threading.Thread(target=rank_0, name="accum-rank-0", daemon=True)
+    thread.start()
+    while True:
+        thread.join(POLL_S)
+        if not thread.is_alive():
+            break
+        silent = pulse.stale([0])
+        if silent:
+            link.fenced = True
+            shutdown.abandoned.set()
+            node = Node(0, 1, 0, settings.collective_timeout_s)
+            error = node.hung(silent, [os.getpid()], f"past its deadline of {silent[0].deadline_s:.1f} s, "
+                              "in the worker's process: its thread is left behind and the process "
+                              "exits once the attempt is recorded")
+            log.warning("%s", error)
+            raise error
+    if failed:
+        raise failed[0]
+    return done[0]

@@ -42,7 +42,7 @@ from services.worker.checkpoints.shards import ShardedUploads, side_gather
 from services.worker.checkpoints.stores import artifact_store, node_cache
 from services.worker.heartbeat import Heartbeat
 from services.worker.place import Place
-from services.worker.pulse import BeatingLoader, RankLink
+from services.worker.pulse import Abandoned, BeatingLoader, RankLink
 from services.worker.strategy import model_wrapper, sharded
 from services.worker.system_metrics import SystemMetrics
 from services.worker.trackers.callback import TrackerCallback
@@ -64,8 +64,10 @@ def run_attempt(place: Place, settings: Settings, spec: JobSpec, attempt: Attemp
         heartbeat: the attempt's lease and flags, where this rank runs in the process that
             holds them (a world of 1): a cancel, a shutdown, a timeout stop it, and a lost lease
             writes nothing more. Spawned ranks have none: the parent holds it.
-        stop: a spawned rank's link to its supervisor (``services.worker.pulse``): the stop
-            it raises for every rank at once, and why; the rank's progress beats.
+        stop: the rank's link to its supervisor (``services.worker.pulse``): its progress
+            beats; in a spawned rank, the stop the supervisor raises for every rank at once,
+            and why (a world of 1 in the worker's process: never raised, the heartbeat's flags
+            stop it).
     """
     writer = Writer.open(place, settings, spec, attempt, heartbeat)
     # The system metrics first: each sample joins a step's metrics before the store and the
@@ -93,6 +95,8 @@ def run_attempt(place: Place, settings: Settings, spec: JobSpec, attempt: Attemp
         stopped = fit(run, attempt, settings, lease_lost=lambda: heartbeat is not None and heartbeat.lease_lost)
         if not stopped and writer.store is not None and spec.peft is not None and spec.peft.merge:
             levers.store_merged(unwrap(run.trainer.model), writer.store.uploads, attempt.job_id)
+    except Abandoned:
+        raise  # its supervisor recorded the attempt hung: nothing is written, trackers left open
     except BaseException:
         writer.fail()
         raise

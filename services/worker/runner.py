@@ -149,10 +149,11 @@ def run_job(settings: Settings, job_id: str, worker_name: str = "") -> Outcome:
                 outcome, error = Outcome.FAILED, timeout_error(attempt, timeout_s)
         except NodeLost as exc:
             # Resumed from its last checkpoint on the nodes left: a restart, counted, so a job
-            # that keeps losing nodes ends failed once max_restarts is reached.
+            # that keeps losing nodes (or hanging: exc.fault, leases.HUNG) ends failed once
+            # max_restarts is reached.
             outcome, fault = Outcome.HANDED_BACK, (
                 f"{exc}; every rank stopped, and the job resumes from its last checkpoint on the "
-                "workers that can take it (at least min_nodes)", NODE_LOST)
+                "workers that can take it (at least min_nodes)", exc.fault or NODE_LOST)
             log.warning("job %s: %s", job_id, exc)
         except ArtifactStoreError as exc:
             outcome, fault = Outcome.HANDED_BACK, (f"checkpoint store {settings.artifacts_url}: {exc}", STORE_FAULT)

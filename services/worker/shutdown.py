@@ -25,6 +25,7 @@ from __future__ import annotations
 import mmap
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -69,6 +70,12 @@ class ShutdownRequest:
 
 # Created at import, before ``start_worker`` lets the pool fork, so every child shares it.
 requested = ShutdownRequest()
+# Set when this process left a job's training thread behind, hung (``services.worker.pulse.
+# run_here``): it takes no other job and ends once that job is recorded (a prefork child after
+# its job, as always; a solo worker exits with ``EXIT_ABANDONED``, for its supervisor to start
+# a fresh one: ``services.worker.start``).
+abandoned = threading.Event()
+EXIT_ABANDONED = 75  # EX_TEMPFAIL: a fault of this process's job, not of its configuration
 # The worker's own process (``connect``), and whether this process is a prefork child of it.
 _worker_pid: int | None = None
 in_pool_child = False
@@ -82,6 +89,7 @@ def request(*_args: Any, **_kwargs: Any) -> None:
 def reset(*_args: Any, **_kwargs: Any) -> None:
     """Forget an earlier request (a worker started again in the same process)."""
     requested.clear()
+    abandoned.clear()
 
 
 def connect(celery_signals: Any) -> None:

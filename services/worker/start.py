@@ -99,6 +99,13 @@ def start_worker(
         reaper.stop()
         if stop_metrics is not None:
             stop_metrics()
+    if shutdown.abandoned.is_set():
+        # A hung job's training thread is still in this process (services.worker.pulse): its
+        # job is recorded and resumes elsewhere; the process exits at once, not waiting on the
+        # thread, and its supervisor (docker's restart policy, systemd) starts a fresh one.
+        log.error("accum worker %s: a hung job's training thread is left in this process: "
+                  "exiting with code %d", nodename, shutdown.EXIT_ABANDONED)
+        exit_worker_process(shutdown.EXIT_ABANDONED)
 
 
 def checked_settings(settings: Settings, pool: str, cpu_ranks: int | None) -> Settings:

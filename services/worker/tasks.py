@@ -45,3 +45,15 @@ def register_tasks(app: Celery, settings: Settings) -> None:
                 run(settings, job_id, worker_name=str(task.request.hostname or ""))
         except (OperationalError, InterfaceError) as exc:
             raise task.retry(exc=exc, countdown=DB_RETRY_COUNTDOWN_S) from exc
+        finally:
+            if shutdown.abandoned.is_set():
+                stop_consuming()
+
+
+def stop_consuming() -> None:
+    """This process left a hung job's training thread behind (``shutdown.abandoned``): it
+    takes no other job. Celery stops consuming once this task is acknowledged, as after a warm
+    shutdown (a prefork child ends after its one job anyway), and ``start_worker`` exits."""
+    from celery.worker import state
+
+    state.should_stop = shutdown.EXIT_ABANDONED

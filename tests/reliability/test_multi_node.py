@@ -20,8 +20,8 @@ per node, every node advertising 127.0.0.1.
   the attempt ends on both nodes (node 1 ends its stuck rank once the job moved on), and the
   job resumes and succeeds. Node 0's rank hung (the leader's: nothing on node 0 times out):
   node 1's collective fails, and node 0's worker sees its rank's beats stop
-  (``services.worker.pulse``) and ends the attempt ``node_lost``, naming node 0's rank. Both
-  within the collective timeout + 10 s.
+  (``services.worker.pulse``) and ends the attempt ``hung``, naming node 0's rank (node 1's
+  hung rank is a lost peer to node 0: ``node_lost``). Both within the collective timeout + 10 s.
 
 The faulted jobs are 40 steps (were 2,000 and 4,000): each is held after step 12, both nodes'
 ranks waiting at a test-only gate (tests/held_jobs.py, the digits through a plugin the test
@@ -202,8 +202,9 @@ def test_a_hung_rank_ends_the_attempt_within_the_collective_timeout(
         os.kill(hung[0], signal.SIGSTOP)
         stopped_at = time.monotonic()
         hold.release()  # the other node's rank trains on into the collective its stopped peer never joins
+        cause = "hung" if node_rank == 0 else "node_lost"  # node 0's own rank, or its lost peer
         own.wait(job_id, ("queued", "running", "succeeded", "failed"), timeout=120,
-                 check=lambda j: "node_lost" in own.event_kinds(job_id))
+                 check=lambda j: cause in own.event_kinds(job_id))
         noticed_s = time.monotonic() - stopped_at
         job = own.wait(job_id, timeout=300)
         steps = [s for s, _ in own.metric_steps(job_id)]
@@ -224,8 +225,8 @@ def test_a_hung_rank_ends_the_attempt_within_the_collective_timeout(
         assert steps == list(range(1, STEPS + 1))
         with own.sessions() as session:
             first = session.query(JobAttempt).filter_by(job_id=job_id, attempt=1).one()
-            lost = [e.message for e in list_events(session, job_id, limit=1000) if e.kind == "node_lost"]
-        assert first.outcome == "node_lost" and first.ended_at is not None
+            lost = [e.message for e in list_events(session, job_id, limit=1000) if e.kind == cause]
+        assert first.outcome == cause and first.ended_at is not None
         if node_rank == 0:  # its own worker named it
             assert lost[0].startswith(f"node 0 of 2: rank 0 (pid {hung[0]},"), lost
     finally:

@@ -3,7 +3,7 @@
 A hung rank of a ``gpus: 2`` job, through real spawned gloo ranks: one rank SIGSTOPped mid-job
 (held at a known step: tests/held_jobs.py) is caught by the worker that supervises the ranks
 (``services.worker.pulse``: its beats stop; its peer's collective times out waiting for it)
-within ACCUM_COLLECTIVE_TIMEOUT_S + 10 s; the attempt closes ``node_lost`` with an event naming
+within ACCUM_COLLECTIVE_TIMEOUT_S + 10 s; the attempt closes ``hung`` with an event naming
 the node, the rank and its pid; the job resumes from its last checkpoint and trains each step
 once. And a cancelled or timed-out ``gpus: 2`` job ends its tracker's run ``cancelled`` or
 ``failed`` (the supervisor's stop says why; its spawned rank 0 ends the run by it)."""
@@ -80,8 +80,8 @@ def test_a_stopped_rank_of_a_gpus_2_job_ends_the_attempt_and_the_job_resumes(
             first_attempt = session.query(JobAttempt).filter_by(job_id=job_id, attempt=1).one()
             rows, _ = metrics.read_metrics(session, job_id, name="loss", limit=1000)
         assert job is not None and job.status == "succeeded" and job.restarts == 1
-        assert first_attempt.outcome == "node_lost" and first_attempt.ended_at is not None
-        [lost] = [e for e in events if e.kind == "node_lost"]
+        assert first_attempt.outcome == "hung" and first_attempt.ended_at is not None
+        [lost] = [e for e in events if e.kind == "hung"]
         assert lost.message.startswith("node 0 of 1: rank "), lost.message
         assert f"(pid {stopped[0]}," in lost.message and "hung" in lost.message, lost.message
         assert [r.step for r in rows] == list(range(1, STEPS + 1))  # each step once

@@ -44,7 +44,7 @@ const EVENT_TONES = {
 // How an attempt ended, in the page's words (the API's `outcome`).
 const OUTCOMES = {
   handed_back: "handed back (worker stopped)", store_fault: "handed back (store fault)",
-  node_lost: "handed back (node lost)", lost: "worker lost",
+  node_lost: "handed back (node lost)", hung: "handed back (rank hung)", lost: "worker lost",
 };
 const CHECKPOINTS_NAMED = 4;
 const ATTEMPT_COLUMNS = ["Attempt", "Worker", "Started", "Ended", "Outcome", "From step", "Steps"];
