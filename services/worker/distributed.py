@@ -41,7 +41,7 @@ from services.fleet import too_few_ranks
 from services.settings import Settings
 from services.spec import JobSpec, parse_spec
 from services.spec.world import enough_ranks, ranks_per_node
-from services.worker.attempt import Attempt, Outcome, RankHung, outcome
+from services.worker.attempt import Attempt, NodeLost, Outcome, RankHung, outcome
 from services.worker.heartbeat import Heartbeat
 from services.worker.parent_death import die_with_parent
 from services.worker.peer_loss import killed, lost_peer
@@ -99,8 +99,17 @@ def spawn_ranks(
         start_method="spawn",  # never fork a process that may hold CUDA or DB connections
     )
     node = Node(rank_offset // here, (world or here) // here, rank_offset, settings.collective_timeout_s)
-    return watch_ranks(context, finished, heartbeat, grace_s=settings.lease_timeout_s, stop=stop,
-                       peer_lost=peer_lost, pulse=pulse, node=node)
+    try:
+        return watch_ranks(context, finished, heartbeat, grace_s=settings.lease_timeout_s, stop=stop,
+                           peer_lost=peer_lost, pulse=pulse, node=node)
+    except RankFailed as exc:
+        # A rank killed (the OOM killer, a signal) or lost with its process group is a lost
+        # node, on one node as on several: the attempt ends, the job resumes from its last
+        # checkpoint with a restart counted, as after a worker killed while training in its own
+        # process. A rank's own error fails the job.
+        if exc.peer_lost:
+            raise NodeLost(f"node {node.index} of {node.nodes}: {exc}") from exc
+        raise
 
 
 class RankFailed(RuntimeError):

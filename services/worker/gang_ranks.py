@@ -16,8 +16,8 @@ from typing import Any
 from services.settings import Settings
 from services.spec import JobSpec
 from services.spec.world import ranks_per_node, world_of
-from services.worker.attempt import Attempt, NodeLost, Outcome
-from services.worker.distributed import RankFailed, spawn_ranks
+from services.worker.attempt import Attempt, Outcome
+from services.worker.distributed import spawn_ranks
 from services.worker.gang import GangPlace
 
 
@@ -26,10 +26,5 @@ def spawn_node_ranks(settings: Settings, spec: JobSpec, attempt: Attempt, flags:
     """Run this node's ranks of the gang's world; raises ``NodeLost`` when a peer was lost (a
     rank died of its process group failing, or was killed: ``services.worker.peer_loss``)."""
     here = ranks_per_node(spec.gpus)
-    try:
-        return spawn_ranks(settings, spec, attempt, flags, checkpoint, rank_offset=gang.node_rank * here,
-                           world=world_of(spec.gpus, gang.nnodes), master=(gang.master_addr, gang.master_port, gang.master_secret))
-    except RankFailed as exc:
-        if exc.peer_lost:
-            raise NodeLost(f"node {gang.node_rank} of {gang.nnodes}: {exc}") from exc
-        raise
+    return spawn_ranks(settings, spec, attempt, flags, checkpoint, rank_offset=gang.node_rank * here,
+                       world=world_of(spec.gpus, gang.nnodes), master=(gang.master_addr, gang.master_port, gang.master_secret))

@@ -61,6 +61,7 @@ from services.worker.node_start import attempt_of, ready
 from services.worker.offer import describe_gpu, ranks_here
 from services.worker.output_capture import captured_output
 from services.worker.retry import retry_while_unreachable
+from services.worker.trackers.job import end_runs
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +257,12 @@ def _after_fault(settings: Settings, sessions: sessionmaker[Session], attempt: A
     if moved[0] == JobStatus.QUEUED:
         enqueue_job(settings, attempt.job_id, moved[1], priority_number(stored(attempt.spec, "priority")))
         return Outcome.HANDED_BACK
+    # No restart left: the job ends here, and its tracker runs with it (a rank that died or
+    # hung may have left them open; the next attempt would have continued them).
+    try:
+        end_runs(settings, sessions, attempt, "failed")
+    except Exception:  # the job's outcome is recorded; its runs stay as they were
+        log.warning("job %s: could not end its tracker runs", attempt.job_id, exc_info=True)
     return Outcome.FAILED
 
 

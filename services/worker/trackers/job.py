@@ -8,9 +8,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.jobdb.models import Job, Owner
 from services.jobdb.tracker_runs import open_run
 from services.settings import Settings
-from services.spec import JobSpec
+from services.spec import JobSpec, parse_spec
 from services.spec.batching import effective_batch_size
 from services.worker.attempt import Attempt
+from services.worker.checkpoints.resume import checkpoint_uploads
 from services.worker.checkpoints.uploads import CheckpointUploads
 from services.worker.trackers.base import RunIdentity, flat_params
 from services.worker.trackers.callback import TrackerCallback
@@ -50,3 +51,14 @@ def job_trackers(settings: Settings, sessions: sessionmaker[Session], attempt: A
     callback = TrackerCallback(host, uploads, settings.tracker_end_wait_s)
     callback.start()
     return callback
+
+
+def end_runs(settings: Settings, sessions: sessionmaker[Session], attempt: Attempt, status: str) -> None:
+    """End the job's tracker runs ``status`` after its attempt is over, through the attempt's
+    own callback: a job that failed once its restarts ran out after a fault that left no rank
+    to end them (rank 0 died or was killed as hung). A run already ended is ended again with
+    the same status."""
+    spec = parse_spec(attempt.spec)
+    callback = job_trackers(settings, sessions, attempt, spec, checkpoint_uploads(settings, attempt, None))
+    if callback is not None:
+        callback.end(status)
