@@ -41,7 +41,7 @@ from services.dispatch.broker import DEFAULT_QUEUE
 from services.dispatch.broker_messages import jobs_in_broker
 from services.dispatch.unsent import resend_stale_once, send_in_order
 from services.housekeeping.retention import sweep_retention
-from services.jobdb.gangs import settle_stale_gangs
+from services.jobdb.gangs import formable_jobs, live_within, settle_stale_gangs
 from services.jobdb.leases import (
     reap_expired_leases,
     stale_queued_ids,
@@ -138,6 +138,24 @@ def settle_gangs_once(
         )
 
 
+def resend_formable_once(
+    settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
+) -> list[str]:
+    """Send again the message of each queued gang job (on ``queues``) that can form now: at
+    least ``min_nodes`` workers of its queue are free together (``services.jobdb.gangs``'s
+    ``free_workers``; a gang job that could not form holds no worker, so nothing else brings it
+    back when they free up), once its last message is ``ACCUM_IDLE_REQUEUE_AFTER_S`` old."""
+    now = _now(clock)
+    older_than = now - timedelta(seconds=float(settings.idle_requeue_after_s))
+    with session_factory(settings).begin() as session:
+        ready = formable_jobs(session, queues, older_than=older_than, now=now,
+                              fresh_s=live_within(settings.heartbeat_interval_s))
+        resent = stale_queued_jobs(session, older_than=older_than, now=now, among=ready) if ready else []
+    send_in_order(settings, resent, "gang job %s can form now (min_nodes workers of its queue "
+                  "are free); enqueued again on %s")
+    return [job_id for job_id, _ in resent]
+
+
 class LeaseReaper:
     """A daemon thread calling ``reap_once``, ``resend_stale_once`` and
     ``resend_for_idle_workers_once`` (and the sweeps below) every ``interval_s``
@@ -180,8 +198,9 @@ class LeaseReaper:
                     lambda: resend_for_idle_workers_once(self.settings, self.clock, self.queues),
                     lambda: sweep_retention(self.settings, self.clock),
                     lambda: settle_gangs_once(self.settings, self.clock, self.queues),
+                    lambda: resend_formable_once(self.settings, self.clock, self.queues),
                 )
-                names = ("reap", "resend", "resend_idle", "retention", "gangs")
+                names = ("reap", "resend", "resend_idle", "retention", "gangs", "resend_gangs")
                 for name, step in zip(names, steps, strict=True):
                     try:
                         step()

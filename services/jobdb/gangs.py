@@ -20,6 +20,15 @@ starts on those; with fewer its members are released, the job stays queued with 
 than the timeout. The store records membership and the rendezvous endpoint only; the
 rendezvous itself is torch.distributed's (``services.worker.gang``).
 
+The timeout is the last resort, not the rule, for members the worker registry knows
+(``fresh_s`` given: ``free_workers``, the live workers of the queue that offer a node's ranks
+and hold nothing): a gang that can never form now (its members and the free workers are fewer
+than ``min_nodes``) is not opened, or is released at once, so it holds no idle worker that a
+runnable job could use (event ``gang_waiting``: who is busy); ``resend_formable`` sends its
+message again once ``min_nodes`` workers are free together. A gang with ``min_nodes`` members
+and no free worker left to wait for starts at once (after a lost node: the survivors, as soon
+as the lost worker's registry row went stale).
+
 Functions here flush but never commit.
 """
 
@@ -36,9 +45,10 @@ from sqlalchemy.orm import Session
 from services.jobdb.dialect import insert_for
 from services.jobdb.events import add_event
 from services.jobdb.leases import claim_job
-from services.jobdb.models import AttemptMember, FormingGang, Job, JobAttempt, JobEvent
-from services.jobdb.status import JobStatus
+from services.jobdb.models import AttemptMember, FormingGang, Job, JobAttempt, JobEvent, Worker
+from services.jobdb.status import ACTIVE, JobStatus, ordered
 from services.jobdb.types import utcnow
+from services.jobdb.workers import ranks_offered
 from services.spec.job import stored
 from services.spec.world import enough_ranks
 
@@ -92,12 +102,14 @@ def nodes_of(spec: dict[str, Any] | None) -> tuple[int, int]:
 
 def join_gang(
     session: Session, job_id: str, member: Member, *, lease_timeout_s: float,
-    now: datetime | None = None, poison_after: int = 2,
+    now: datetime | None = None, poison_after: int = 2, fresh_s: float | None = None,
 ) -> Seat | None:
     """Give ``member`` a place in its queue's forming gang (started for ``job_id`` when none
     forms). None: drop the message (the job is not queued, the member is in the gang already
-    or offers fewer ranks than a node of it runs, or the gang is full). Filling the last place
-    claims the job. Does not commit."""
+    or offers fewer ranks than a node of it runs, or the gang is full; or, with ``fresh_s``,
+    no gang forms since too few workers of the queue are free: ``gang_waiting``). Filling the
+    last place claims the job, as does ``min_nodes`` with nobody free left to wait for (with
+    ``fresh_s``: a registry row renewed within it counts as live). Does not commit."""
     now = now or utcnow()
     job = session.execute(
         select(Job.queue, Job.status, Job.spec).where(Job.id == job_id)
@@ -131,11 +143,21 @@ def join_gang(
         worker_id=member.worker_id, host=member.host, gpu=member.gpu, joined_at=now,
     ))
     session.flush()
-    if rank + 1 == nodes and not _form(session, forming, lease_timeout_s, now, poison_after):
+    early = _early(session, forming, target.spec, now, fresh_s) if rank + 1 < nodes else None
+    if early == "release" and rank == 0:
+        # Opened by this message and cannot form now: no gang, no invitations, no worker held.
+        _waiting(session, forming, target.spec, now, fresh_s or 0.0)
+        _release(session, forming)
+        return None
+    if early == "release":
+        _released_early(session, forming, target.spec, now, fresh_s or 0.0)
+        return None
+    if (rank + 1 == nodes or early == "form") and not _form(
+            session, forming, lease_timeout_s, now, poison_after):
         _release(session, forming)  # cancelled since it was read: nothing to start
         return None
     return Seat(forming.job_id, job.queue, forming.attempt, rank, nodes, member.worker_id,
-                opened=rank == 0)
+                opened=rank == 0 and early != "form")
 
 
 def gang_state(session: Session, seat: Seat) -> GangState:
@@ -202,11 +224,14 @@ def members_of(session: Session, job_id: str, attempt: int | None = None) -> lis
 
 def settle_gang(
     session: Session, queue: str, *, form_timeout_s: float, lease_timeout_s: float,
-    now: datetime | None = None, poison_after: int = 2,
+    now: datetime | None = None, poison_after: int = 2, fresh_s: float | None = None,
 ) -> str | None:
     """The queue's forming gang, if it started ``form_timeout_s`` before ``now``: started on
     the members it has when they are at least ``min_nodes`` (returns ``"formed"``), else
-    released with a ``gang_released`` event (``"released"``). None: nothing to settle.
+    released with a ``gang_released`` event (``"released"``). With ``fresh_s`` (a member
+    polls), sooner where waiting cannot help (``_early``): started once it has ``min_nodes``
+    members and no free worker of the queue is left to join, released once its members and
+    the free workers are fewer than ``min_nodes``. None: nothing to settle.
     Safe from many processes at once (the forming row's lock). Does not commit."""
     now = now or utcnow()
     # A write first (SQLite's lock), then the row under its lock (PostgreSQL).
@@ -214,9 +239,17 @@ def settle_gang(
         update(FormingGang).where(FormingGang.queue == queue).values(queue=FormingGang.queue).execution_options(synchronize_session=False)
     )
     forming = _lock_forming(session, queue)
-    if forming is None or forming.started_at > now - timedelta(seconds=form_timeout_s):
+    if forming is None:
         return None
     spec = session.scalar(select(Job.spec).where(Job.id == forming.job_id))
+    if forming.started_at > now - timedelta(seconds=form_timeout_s):
+        early = _early(session, forming, spec, now, fresh_s)
+        if early == "form" and _form(session, forming, lease_timeout_s, now, poison_after):
+            return "formed"
+        if early == "release":
+            _released_early(session, forming, spec, now, fresh_s or 0.0)
+            return "released"
+        return None
     nodes, min_nodes = nodes_of(spec)
     joined = _members(session, forming)
     if len(joined) >= min_nodes and _form(session, forming, lease_timeout_s, now, poison_after):
@@ -258,6 +291,193 @@ def settle_stale_gangs(
         if outcome is not None:
             settled[queue] = outcome
     return settled
+
+
+def live_within(heartbeat_interval_s: float) -> float:
+    """How recently a worker's registry row must have been renewed (every heartbeat interval,
+    ``services.worker.registry``) for a gang to count it as live: three beats, at least 2 s. A
+    killed worker is out of the count this long after its last beat, so the survivors of a lost
+    node form their next gang then, not after ACCUM_GANG_FORM_TIMEOUT_S."""
+    return max(3 * heartbeat_interval_s, 2.0)
+
+
+def free_workers(
+    session: Session, queue: str, spec: dict[str, Any] | None, *, now: datetime, fresh_s: float,
+) -> tuple[list[str], dict[str, str]]:
+    """Who could join a gang of ``spec`` on ``queue`` now, from the worker registry: ``(free,
+    busy)``. Free: registered on the queue, not stopped, its row renewed within ``fresh_s``
+    (every heartbeat interval: a killed worker is out within ``fresh_s``), offering the ranks a
+    node runs, and holding nothing: no active job's lease, no node of a running gang's current
+    attempt, no seat in a forming gang. ``busy``: the other live ones of the queue that fit,
+    with what holds them (a job id)."""
+    gpus = int(stored(spec, "gpus"))
+    rows = session.execute(
+        select(Worker.name, Worker.queues, Worker.gpus, Worker.devices).where(
+            Worker.stopped_at.is_(None), Worker.last_seen >= now - timedelta(seconds=fresh_s))
+    ).all()
+    fit = sorted(row.name for row in rows if queue in (row.queues or [])
+                 and enough_ranks(gpus, ranks_offered(row.gpus, row.devices)))
+    if not fit:
+        return [], {}
+    active = ordered(ACTIVE)
+    holding = [
+        select(Job.worker_name, Job.id).where(Job.status.in_(active), Job.worker_name.in_(fit)),
+        select(AttemptMember.worker, AttemptMember.job_id)  # a node of a running gang
+        .join(Job, Job.id == AttemptMember.job_id)
+        .where(AttemptMember.worker.in_(fit), Job.status.in_(active),
+               AttemptMember.attempt == Job.attempts),
+        select(AttemptMember.worker, AttemptMember.job_id)  # a seat in a forming gang
+        .join(FormingGang, (FormingGang.job_id == AttemptMember.job_id)
+              & (FormingGang.attempt == AttemptMember.attempt))
+        .where(AttemptMember.worker.in_(fit)),
+    ]
+    held: dict[str, str] = {}
+    for query in holding:
+        held.update((str(name), str(job)) for name, job in session.execute(query).all())
+    return [name for name in fit if name not in held], held
+
+
+def _early(
+    session: Session, forming: FormingGang, spec: dict[str, Any] | None, now: datetime,
+    fresh_s: float | None,
+) -> str | None:
+    """What the forming gang should do before its timeout: ``"form"`` (``min_nodes`` members,
+    nobody free left to join), ``"release"`` (members and free workers together fewer than
+    ``min_nodes``: waiting holds workers for nothing), None (wait: free workers may still
+    join). Only for gangs whose members the registry knows (a member that never registered
+    waits for the timeout, as before)."""
+    if fresh_s is None:
+        return None
+    joined = [m.worker for m in _members(session, forming)]
+    known = set(session.scalars(select(Worker.name).where(Worker.name.in_(joined))))
+    if not known:
+        return None
+    free, _ = free_workers(session, forming.queue, spec, now=now, fresh_s=fresh_s)
+    free = [name for name in free if name not in joined]
+    _, min_nodes = nodes_of(spec)
+    if len(joined) >= min_nodes and not free:
+        return "form"
+    if len(joined) + len(free) < min_nodes:
+        return "release"
+    return None
+
+
+def _shortage(session: Session, forming: FormingGang, spec: dict[str, Any] | None,
+              now: datetime, fresh_s: float) -> tuple[str, dict[str, Any]]:
+    """Why the gang cannot form now, for an event: who is free, who is busy with what."""
+    nodes, min_nodes = nodes_of(spec)
+    joined = [m.worker for m in _members(session, forming)]
+    free, busy = free_workers(session, forming.queue, spec, now=now, fresh_s=fresh_s)
+    free = sorted(set(free) | set(joined))
+    busy = {name: job for name, job in busy.items() if name not in joined}
+    held = ", ".join(f"{name} (job {job})" for name, job in sorted(busy.items())) or "none"
+    message = (
+        f"{len(free)} of the {min_nodes} workers it needs (min_nodes; nodes {nodes}) are free on "
+        f"queue {forming.queue!r} ({', '.join(free) or 'none'}; busy: {held}): it holds no "
+        f"worker meanwhile, and its message is sent again once {min_nodes} are free together"
+    )
+    return message, {"free": free, "busy": busy, "nodes": nodes, "min_nodes": min_nodes}
+
+
+def _waiting(session: Session, forming: FormingGang, spec: dict[str, Any] | None,
+             now: datetime, fresh_s: float) -> None:
+    """A ``gang_waiting`` event, unless the job's latest event says so already (its message
+    comes back every few seconds while it waits)."""
+    message, data = _shortage(session, forming, spec, now, fresh_s)
+    latest = session.execute(
+        select(JobEvent.kind, JobEvent.message).where(JobEvent.job_id == forming.job_id)
+        .order_by(JobEvent.id.desc()).limit(1)
+    ).one_or_none()
+    if latest is None or tuple(latest) != ("gang_waiting", f"waits: {message}"):
+        add_event(session, forming.job_id, "gang_waiting", f"waits: {message}", data,
+                  attempt=forming.attempt)
+    session.execute(  # its message was taken: the next is due one resend period from now
+        update(Job).where(Job.id == forming.job_id, Job.status == JobStatus.QUEUED)
+        .values(enqueued_at=now).execution_options(synchronize_session=False)
+    )
+
+
+def _released_early(session: Session, forming: FormingGang, spec: dict[str, Any] | None,
+                    now: datetime, fresh_s: float) -> None:
+    """Release a forming gang that cannot complete now (a free worker it counted on took
+    another job, or died): its members go back to their queues at once, with the reason."""
+    message, data = _shortage(session, forming, spec, now, fresh_s)
+    joined = [m.worker for m in _members(session, forming)]
+    add_event(session, forming.job_id, "gang_released", f"released {', '.join(joined)}: {message}",
+              {**data, "joined": joined}, attempt=forming.attempt)
+    _release(session, forming)
+    session.execute(
+        update(Job).where(Job.id == forming.job_id, Job.status == JobStatus.QUEUED)
+        .values(enqueued_at=now).execution_options(synchronize_session=False)
+    )
+
+
+def formable_jobs(session: Session, queues: Collection[str] | None, *, older_than: datetime,
+                  now: datetime, fresh_s: float) -> list[str]:
+    """Queued gang jobs (on ``queues``) whose message is older than ``older_than`` and that
+    could form now: no gang forms on their queue and at least ``min_nodes`` workers of it are
+    free together (``free_workers``). In submit order; the reaper sends their messages again."""
+    query = select(Job.id, Job.queue, Job.spec).where(
+        Job.status == JobStatus.QUEUED, Job.spec["nodes"].as_integer() > 1,
+        (Job.enqueued_at.is_(None)) | (Job.enqueued_at < older_than),
+        ~Job.queue.in_(select(FormingGang.queue)),
+    ).order_by(Job.id).limit(100)
+    if queues is not None:
+        query = query.where(Job.queue.in_(list(queues)))
+    found = []
+    for job_id, queue, spec in session.execute(query).all():
+        _, min_nodes = nodes_of(spec)
+        if len(free_workers(session, queue, spec, now=now, fresh_s=fresh_s)[0]) >= min_nodes:
+            found.append(job_id)
+    return found
+
+
+@dataclass(frozen=True)
+class Leader:
+    """What a follower reads of its gang's node 0: the job's lease as node 0 last renewed it,
+    and node 0's worker's registry row (None: no row)."""
+
+    running: bool  # the job still runs the follower's attempt
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    worker: str | None
+    last_seen: datetime | None
+    queue: str
+
+
+def leader_of(session: Session, job_id: str, attempt: int) -> Leader:
+    """The lease and registry row of the node 0 of the job's ``attempt``."""
+    job = session.execute(
+        select(Job.status, Job.attempts, Job.lease_owner, Job.lease_expires_at, Job.worker_name, Job.queue)
+        .where(Job.id == job_id)
+    ).one_or_none()
+    if job is None:
+        return Leader(False, None, None, None, None, "")
+    seen = session.scalar(select(Worker.last_seen).where(
+        Worker.name == job.worker_name, Worker.stopped_at.is_(None))) if job.worker_name else None
+    return Leader(job.status == JobStatus.RUNNING and job.attempts == attempt, job.lease_owner,
+                  job.lease_expires_at, job.worker_name, seen, job.queue)
+
+
+def end_lost_leader_lease(
+    session: Session, job_id: str, attempt: int, leader: Leader, *, now: datetime, message: str,
+) -> bool:
+    """Expire node 0's lease now, unless it was renewed since ``leader`` was read (the same
+    conditional write as a renewal): the reaper then re-queues the job as after any lost lease
+    (``reap_expired_leases``: attempt closed ``lost``, a restart counted). Writes a
+    ``leader_lost`` event saying why. Does not commit."""
+    moved = session.execute(
+        update(Job).where(
+            Job.id == job_id, Job.status == JobStatus.RUNNING, Job.attempts == attempt,
+            Job.lease_owner == leader.lease_owner, Job.lease_expires_at == leader.lease_expires_at,
+        ).values(lease_expires_at=now - timedelta(microseconds=1))
+        .execution_options(synchronize_session=False)
+    )
+    if not moved.rowcount:  # type: ignore[attr-defined]
+        return False
+    add_event(session, job_id, "leader_lost", message,
+              {"worker": leader.worker, "lease_owner": leader.lease_owner}, attempt=attempt)
+    return True
 
 
 def _fits(spec: dict[str, Any] | None, member: Member) -> bool:

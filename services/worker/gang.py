@@ -13,6 +13,12 @@ port of ``ACCUM_RENDEZVOUS_PORTS`` as it picks it (one another process holds is 
 nothing can take it in between) and records that port with ``ACCUM_ADVERTISE_ADDRESS`` on the
 attempt; ``place.server`` keeps it open for the attempt. None of the range free fails the job
 with the reason. Torch-free at import (the store's module is imported where node 0 opens it).
+
+Before the timeout the worker registry decides (``services.jobdb.gangs``): a gang that cannot
+form with the workers free now is not opened, or released at once, so it holds no worker that
+another job could use; one with ``min_nodes`` members and nobody free left to wait for starts
+at once. A follower watches node 0 (``LeaderWatch``): a dead node 0's lease is ended within a
+few heartbeats rather than after ACCUM_LEASE_TIMEOUT_S, so the survivors' next gang forms.
 """
 
 from __future__ import annotations
@@ -20,30 +26,37 @@ from __future__ import annotations
 import logging
 import random
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.dispatch.enqueue import enqueue_job
+from services.dispatch.unsent import send_in_order
 from services.jobdb.gangs import (
     GangState,
     Member,
     Seat,
+    end_lost_leader_lease,
     gang_state,
     join_gang,
+    leader_of,
+    live_within,
     ports_in_use,
     record_endpoint,
     settle_gang,
 )
-from services.jobdb.leases import finish_job
+from services.jobdb.leases import finish_job, reap_expired_leases
 from services.jobdb.models import Job
 from services.jobdb.sessions import session_factory
 from services.jobdb.status import JobStatus
+from services.jobdb.types import utcnow
 from services.settings import Settings, port_range
 
 if TYPE_CHECKING:
@@ -52,6 +65,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2  # a gang's members see it complete within this
+# How often a waiting member asks whether the gang should start or release before its
+# timeout (``services.jobdb.gangs``: who of the queue is free, from the worker registry).
+EARLY_CHECK_S = 1.0
+
+
+def registry_fresh_s(settings: Settings) -> float:
+    """How recently a worker's registry row must have been renewed for a gang to count it as
+    live (``services.jobdb.gangs.live_within``)."""
+    return live_within(settings.heartbeat_interval_s)
 
 
 class GangNotFormed(RuntimeError):
@@ -87,7 +109,8 @@ def claim_seat(
     member = Member(name, f"{name}/{uuid.uuid4().hex[:8]}", socket.gethostname(), gpu, ranks)
     with session_factory(settings).begin() as session:
         seat = join_gang(session, job_id, member, lease_timeout_s=settings.lease_timeout_s,
-                         poison_after=settings.poison_after_lost_attempts)
+                         poison_after=settings.poison_after_lost_attempts,
+                         fresh_s=registry_fresh_s(settings))
     if seat is not None and seat.opened:  # after the commit: a joiner must see the gang
         for _ in range(seat.nodes - 1):
             enqueue_job(settings, seat.job_id, seat.queue)
@@ -98,30 +121,39 @@ def wait_for_gang(
     settings: Settings, seat: Seat, sleep: Callable[[float], None] = time.sleep,
 ) -> GangPlace:
     """Block until ``seat``'s gang formed and node 0 recorded its endpoint; node 0 records it
-    here. Settles the gang once ACCUM_GANG_FORM_TIMEOUT_S passed (started on ``min_nodes`` or
-    more, or released). Raises ``GangNotFormed`` with the reason when it was released, or
-    when node 0 records no endpoint within the lease timeout after the gang formed."""
+    here. Every EARLY_CHECK_S, settles the gang where waiting cannot help (started on
+    ``min_nodes`` members when no free worker of the queue is left to join, released when too
+    few are free to complete it), and once ACCUM_GANG_FORM_TIMEOUT_S passed (started on
+    ``min_nodes`` or more, or released). Raises ``GangNotFormed`` with the reason when it was
+    released, or when node 0 records no endpoint within the lease timeout after the gang
+    formed."""
     sessions = session_factory(settings)
     limit = settings.gang_form_timeout_s + settings.lease_timeout_s
     started = time.monotonic()
     deadline = started + limit
+    next_check = started + EARLY_CHECK_S
     while True:
         with sessions.begin() as session:
             state = gang_state(session, seat)
-            # Settling writes (it locks the queue's gang): only once it can be due. The member
+            # Settling writes (it locks the queue's gang): once a check is due. The member
             # that started the gang joined first, so it settles it on time.
-            due = time.monotonic() - started >= settings.gang_form_timeout_s
+            due = time.monotonic() >= next_check
             if due and not (state.formed or state.released):
+                next_check = time.monotonic() + EARLY_CHECK_S
                 settle_gang(session, seat.queue, form_timeout_s=settings.gang_form_timeout_s,
                             lease_timeout_s=settings.lease_timeout_s,
-                            poison_after=settings.poison_after_lost_attempts)
+                            poison_after=settings.poison_after_lost_attempts,
+                            fresh_s=registry_fresh_s(settings))
+                state = gang_state(session, seat)
         if state.released:
             raise GangNotFormed(state.reason)
         if state.formed and seat.node_rank == 0 and state.master_port is None:
             return _open_endpoint(settings, seat, state)
         if state.formed and state.master_addr and state.master_port is not None:
-            return GangPlace(seat.node_rank, state.nnodes, state.master_addr, state.master_port,
-                             state.master_secret)
+            place = GangPlace(seat.node_rank, state.nnodes, state.master_addr, state.master_port,
+                              state.master_secret)
+            LeaderWatch(settings, seat, place).start()
+            return place
         if state.formed and not attempt_open(sessions, seat.job_id, seat.attempt):
             raise GangNotFormed(
                 f"job {seat.job_id}: attempt {seat.attempt} ended before node 0 opened its "
@@ -134,6 +166,84 @@ def wait_for_gang(
                 "gone; the reaper re-queues the job when its lease expires"
             )
         sleep(POLL_S)
+
+
+class LeaderWatch:
+    """A follower's watch on node 0 for the attempt, in a daemon thread of its worker: when
+    node 0's worker dies (kill -9, its host gone), its lease would keep the job for
+    ACCUM_LEASE_TIMEOUT_S before the reaper re-queued it. Every heartbeat interval, until the
+    attempt ends, it checks whether node 0 is gone: its lease and its worker's registry row
+    both unrenewed for ``registry_fresh_s`` (three beats: two threads of that process silent),
+    and its rendezvous store refusing connections (the store lives in node 0's worker process;
+    a store that accepts, or does not answer, keeps the lease: a frozen process, a network
+    cut). Then it expires the lease now (``leader_lost`` event) and re-queues the job as the
+    reaper would, so the survivors' next gang forms within seconds."""
+
+    def __init__(self, settings: Settings, seat: Seat, place: GangPlace) -> None:
+        self.settings, self.seat, self.place = settings, seat, place
+        self._thread = threading.Thread(target=self._run, name=f"accum-leader-watch-{seat.job_id}",
+                                        daemon=True)
+
+    def start(self) -> LeaderWatch:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.settings.heartbeat_interval_s)
+            try:
+                if self.check() is not None:
+                    return
+            except Exception:  # a database blip: look again next beat
+                log.debug("job %s: leader watch failed", self.seat.job_id, exc_info=True)
+
+    def check(self) -> bool | None:
+        """One look: True (the lease was ended and the job re-queued), False (the attempt ended
+        otherwise), None (node 0 lives, or cannot be told dead: look again)."""
+        settings, seat = self.settings, self.seat
+        sessions = session_factory(settings)
+        with sessions() as session:
+            leader = leader_of(session, seat.job_id, seat.attempt)
+        if not leader.running:
+            return False
+        now = utcnow()
+        fresh = timedelta(seconds=registry_fresh_s(settings))
+        renewed = (leader.lease_expires_at - timedelta(seconds=settings.lease_timeout_s)
+                   if leader.lease_expires_at is not None else None)
+        if (renewed is not None and renewed > now - fresh) or (
+                leader.last_seen is not None and leader.last_seen > now - fresh):
+            return None
+        if store_answers(self.place.master_addr, self.place.master_port):
+            return None
+        message = (
+            f"node 0 ({leader.worker}) is gone: its lease and its worker's registry row were not "
+            f"renewed for {fresh.total_seconds():g} s and its rendezvous store at "
+            f"{self.place.master_addr}:{self.place.master_port} refuses connections; node "
+            f"{seat.node_rank} ended its lease now rather than after ACCUM_LEASE_TIMEOUT_S "
+            f"({settings.lease_timeout_s:g} s)"
+        )
+        with sessions.begin() as session:
+            if not end_lost_leader_lease(session, seat.job_id, seat.attempt, leader, now=now,
+                                         message=message):
+                return None
+            requeued, _ = reap_expired_leases(session, now=now, queues=[leader.queue],
+                                              poison_after=settings.poison_after_lost_attempts)
+        log.warning("job %s: %s", seat.job_id, message)
+        send_in_order(settings, [(job_id, leader.queue) for job_id in requeued],
+                      "job %s lost its node 0; re-queued on %s")
+        return True
+
+
+def store_answers(addr: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts connections at node 0's rendezvous endpoint; a refusal is the
+    only no (a timeout or another error may be the network, not a dead process)."""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout_s):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return True
 
 
 def attempt_open(sessions: sessionmaker[Session], job_id: str, attempt: int) -> bool:

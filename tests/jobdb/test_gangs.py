@@ -14,12 +14,15 @@ import pytest
 from job_specs import MINIMAL_SPEC
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
+from worker_rows import worker_row
 
 from services.jobdb import jobs, leases
+from services.jobdb import workers as store_workers
 from services.jobdb.db import make_engine, make_session_factory
 from services.jobdb.events import list_events
 from services.jobdb.gangs import (
     Member,
+    formable_jobs,
     gang_state,
     join_gang,
     members_of,
@@ -35,6 +38,7 @@ from services.spec import parse_spec
 
 LEASE_S = 60.0
 TIMEOUT_S = 30.0
+FRESH_S = 6.0  # a registry row renewed within this is a live worker (live_within(2 s beats))
 
 
 def member(n: int) -> Member:
@@ -235,3 +239,54 @@ def test_a_gang_job_cancelled_while_forming_frees_the_queue(
     assert seat is not None and (seat.job_id, seat.node_rank) == (other.id, 0)
     with session_factory() as session:
         assert members_of(session, cancelled.id) == []
+
+
+def test_a_gang_that_cannot_form_now_holds_no_worker_and_comes_back_once_it_can(
+    session_factory: sessionmaker[Session], gang_job: Callable[..., Job],
+) -> None:
+    """Issue 40: w2 trains another job, so w1 opens no gang for a nodes: 2 job (it would hold
+    w1 for the gang-form timeout); ``formable_jobs`` names the job once w2 is free, and the
+    gang then forms as before."""
+    job, other = gang_job(2), gang_job(1, seed=3)
+    t0 = utcnow()
+    with session_factory.begin() as session:
+        for n in (1, 2):
+            store_workers.register(session, worker_row(member(n).worker, ["default"]), now=t0)
+        assert leases.claim_job(session, other.id, "w2/1", "node2", None, LEASE_S,
+                                worker_name=member(2).worker) is not None
+    assert join(session_factory, job.id, 1, now=t0, fresh_s=FRESH_S) is None
+    with session_factory.begin() as session:
+        assert session.scalars(select(FormingGang)).all() == []
+        (event,) = [e for e in list_events(session, job.id, limit=100) if e.kind == "gang_waiting"]
+        assert event.data["free"] == [member(1).worker] and event.data["busy"] == {member(2).worker: other.id}
+        assert formable_jobs(session, None, older_than=t0 + timedelta(seconds=1), now=t0, fresh_s=FRESH_S) == []
+        finished = session.get(Job, other.id)
+        assert finished is not None
+        finished.status = "succeeded"
+    with session_factory() as session:
+        assert formable_jobs(session, None, older_than=t0 + timedelta(seconds=1), now=t0,
+                             fresh_s=FRESH_S) == [job.id]
+    opened = join(session_factory, job.id, 1, now=t0, fresh_s=FRESH_S)
+    assert opened is not None and opened.opened  # w2 is free: the gang waits for it
+    assert join(session_factory, job.id, 2, now=t0, fresh_s=FRESH_S) is not None
+    with session_factory() as session:
+        assert gang_state(session, opened).formed
+
+
+def test_min_nodes_with_nobody_free_left_forms_at_once(
+    session_factory: sessionmaker[Session], gang_job: Callable[..., Job],
+) -> None:
+    """Issue 40: after a lost node the survivor forms its gang as soon as the lost worker's
+    registry row is stale, not after the gang-form timeout (nobody free is left to wait for)."""
+    job = gang_job(2, min_nodes=1)
+    t0 = utcnow()
+    with session_factory.begin() as session:
+        store_workers.register(session, worker_row(member(1).worker, ["default"]), now=t0)
+        store_workers.register(session, worker_row(member(2).worker, ["default"]),
+                               now=t0 - timedelta(seconds=FRESH_S + 1))  # killed: no renewal since
+    seat = join(session_factory, job.id, 1, now=t0, fresh_s=FRESH_S)
+    assert seat is not None and not seat.opened  # formed: no invitation to send
+    with session_factory() as session:
+        row = session.get(Job, job.id)
+        assert row is not None and (row.status, row.lease_owner) == ("running", member(1).worker_id)
+        assert gang_state(session, seat).formed and gang_state(session, seat).nnodes == 1

@@ -32,10 +32,19 @@ HELD_DATASET = Hold.dataset(HOLD_STEP, micro_batches=2)
 
 def two_nodes(stack: Stack, tmp_path: Path, s3_url: str, **env: str) -> Stack:
     """A variant of ``stack`` with checkpoints on S3 and two nodes (node0, node1) started,
-    ``env`` set for both (``Hold.env()``)."""
-    own = stack.variant(tmp_path, artifacts_url=s3_url, **LEASES)
-    for home in (tmp_path / "node0", tmp_path / "node1"):
-        own.start_worker(ACCUM_HOME=str(home), ACCUM_CACHE_DIR=str(home / "cache"), **NODE_ENV, **env)
+    ``env`` set for both (``Hold.env()``; it overrides NODE_ENV)."""
+    return start_nodes(stack.variant(tmp_path, artifacts_url=s3_url, **LEASES), tmp_path, env)
+
+
+def start_nodes(own: Stack, tmp_path: Path, env: dict[str, str]) -> Stack:
+    """Start two nodes (node0, node1) on ``own``, with NODE_ENV and ``env`` (overriding it),
+    and wait until both consume (registered): a gang job's ``min_nodes`` is met by the free
+    workers it finds, so a job submitted while one node still imports torch would start on
+    the other alone."""
+    started = [own.start_worker(ACCUM_HOME=str(home), ACCUM_CACHE_DIR=str(home / "cache"), **{**NODE_ENV, **env})
+               for home in (tmp_path / "node0", tmp_path / "node1")]
+    for process in started:
+        own.wait_ready(process)
     return own
 
 
