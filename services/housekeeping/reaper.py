@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 import weakref
@@ -41,7 +42,14 @@ from services.dispatch.broker import DEFAULT_QUEUE
 from services.dispatch.broker_messages import jobs_in_broker
 from services.dispatch.unsent import resend_stale_once, send_in_order
 from services.housekeeping.retention import sweep_retention
-from services.jobdb.gangs import formable_jobs, live_within, settle_stale_gangs
+from services.jobdb.gangs import (
+    Leader,
+    end_lost_leader_lease,
+    formable_jobs,
+    live_within,
+    settle_stale_gangs,
+    silent_leaders,
+)
 from services.jobdb.leases import (
     reap_expired_leases,
     stale_queued_ids,
@@ -50,6 +58,7 @@ from services.jobdb.leases import (
 from services.jobdb.models import Job
 from services.jobdb.queue_order import held_jobs
 from services.jobdb.sessions import session_factory
+from services.jobdb.types import utcnow
 from services.jobdb.workers import idle_workers
 from services.settings import Settings
 
@@ -156,6 +165,63 @@ def resend_formable_once(
     return [job_id for job_id, _ in resent]
 
 
+def store_answers(addr: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts connections at a gang's rendezvous endpoint (node 0's worker
+    process serves it); a refusal is the only no (a timeout or another error may be the
+    network, not a dead process)."""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout_s):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return True
+
+
+def end_dead_leader(settings: Settings, job_id: str, attempt: int, leader: Leader, addr: str,
+                    port: int, by: str) -> bool:
+    """Node 0 of the job's ``attempt`` is silent (``services.jobdb.gangs.leader_silent``): if its
+    rendezvous store at ``addr:port`` refuses connections too, its worker process is gone, so
+    end its lease now (event ``leader_lost``, unless it renewed meanwhile) and re-queue the job
+    as for an expired lease, rather than wait ACCUM_LEASE_TIMEOUT_S. True when it did."""
+    if store_answers(addr, port):
+        return False
+    fresh_s = live_within(settings.heartbeat_interval_s)
+    message = (
+        f"node 0 ({leader.worker}) is gone: its lease and its worker's registry row were not "
+        f"renewed for {fresh_s:g} s and its rendezvous store at {addr}:{port} refuses "
+        f"connections; {by} ended its lease now rather than after ACCUM_LEASE_TIMEOUT_S "
+        f"({settings.lease_timeout_s:g} s)"
+    )
+    now = utcnow()
+    with session_factory(settings).begin() as session:
+        if not end_lost_leader_lease(session, job_id, attempt, leader, now=now, message=message):
+            return False
+        requeued, _ = reap_expired_leases(session, now=now, queues=[leader.queue],
+                                          poison_after=settings.poison_after_lost_attempts)
+    log.warning("job %s: %s", job_id, message)
+    send_in_order(settings, [(job, leader.queue) for job in requeued],
+                  "job %s lost its node 0; re-queued on %s")
+    return True
+
+
+def end_dead_leaders_once(
+    settings: Settings, clock: Clock = time.time, queues: Collection[str] | None = None
+) -> list[str]:
+    """``end_dead_leader`` for every running gang job on ``queues`` whose node 0 is silent: the
+    backstop of the followers' own watch (``services.worker.gang.LeaderWatch``, which ends with
+    a prefork child's job). A worker's reaper only (its queues' gangs are its peers, their
+    endpoints reachable from it); the API's (``queues`` None) leaves them to the lease."""
+    if queues is None:
+        return []
+    with session_factory(settings)() as session:
+        silent = silent_leaders(session, queues, now=_now(clock),
+                                fresh_s=live_within(settings.heartbeat_interval_s),
+                                lease_timeout_s=settings.lease_timeout_s)
+    return [job_id for job_id, attempt, leader, addr, port in silent
+            if end_dead_leader(settings, job_id, attempt, leader, addr, port, by="a worker's reaper")]
+
+
 class LeaseReaper:
     """A daemon thread calling ``reap_once``, ``resend_stale_once`` and
     ``resend_for_idle_workers_once`` (and the sweeps below) every ``interval_s``
@@ -199,8 +265,10 @@ class LeaseReaper:
                     lambda: sweep_retention(self.settings, self.clock),
                     lambda: settle_gangs_once(self.settings, self.clock, self.queues),
                     lambda: resend_formable_once(self.settings, self.clock, self.queues),
+                    lambda: end_dead_leaders_once(self.settings, self.clock, self.queues),
                 )
-                names = ("reap", "resend", "resend_idle", "retention", "gangs", "resend_gangs")
+                names = ("reap", "resend", "resend_idle", "retention", "gangs", "resend_gangs",
+                         "dead_leaders")
                 for name, step in zip(names, steps, strict=True):
                     try:
                         step()

@@ -459,6 +459,38 @@ def leader_of(session: Session, job_id: str, attempt: int) -> Leader:
                   job.lease_expires_at, job.worker_name, seen, job.queue)
 
 
+def leader_silent(leader: Leader, *, now: datetime, fresh_s: float, lease_timeout_s: float) -> bool:
+    """Whether node 0 renewed neither its lease nor its worker's registry row within
+    ``fresh_s``: both threads of its worker process silent (dead, frozen, or cut off from the
+    database). ``lease_timeout_s``: what a renewal adds to ``lease_expires_at``."""
+    fresh = timedelta(seconds=fresh_s)
+    renewed = (leader.lease_expires_at - timedelta(seconds=lease_timeout_s)
+               if leader.lease_expires_at is not None else None)
+    return ((renewed is None or renewed <= now - fresh)
+            and (leader.last_seen is None or leader.last_seen <= now - fresh))
+
+
+def silent_leaders(
+    session: Session, queues: Collection[str], *, now: datetime, fresh_s: float, lease_timeout_s: float,
+) -> list[tuple[str, int, Leader, str, int]]:
+    """Running gang jobs (on ``queues``) whose node 0 is silent (``leader_silent``), with the
+    rendezvous endpoint its attempt recorded: ``(job_id, attempt, leader, addr, port)``."""
+    rows = session.execute(
+        select(Job.id, Job.attempts, JobAttempt.master_addr, JobAttempt.master_port)
+        .join(JobAttempt, (JobAttempt.job_id == Job.id) & (JobAttempt.attempt == Job.attempts))
+        .where(Job.status == JobStatus.RUNNING, Job.spec["nodes"].as_integer() > 1,
+               Job.queue.in_(list(queues)), JobAttempt.master_port.is_not(None),
+               Job.lease_expires_at < now + timedelta(seconds=lease_timeout_s - fresh_s))
+    ).all()
+    found = []
+    for job_id, attempt, addr, port in rows:
+        leader = leader_of(session, job_id, attempt)
+        if addr and port is not None and leader.running and leader_silent(leader, now=now, fresh_s=fresh_s,
+                                                     lease_timeout_s=lease_timeout_s):
+            found.append((job_id, attempt, leader, addr, int(port)))
+    return found
+
+
 def end_lost_leader_lease(
     session: Session, job_id: str, attempt: int, leader: Leader, *, now: datetime, message: str,
 ) -> bool:

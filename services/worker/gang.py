@@ -31,28 +31,27 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.dispatch.enqueue import enqueue_job
-from services.dispatch.unsent import send_in_order
+from services.housekeeping.reaper import end_dead_leader
 from services.jobdb.gangs import (
     GangState,
     Member,
     Seat,
-    end_lost_leader_lease,
     gang_state,
     join_gang,
     leader_of,
+    leader_silent,
     live_within,
     ports_in_use,
     record_endpoint,
     settle_gang,
 )
-from services.jobdb.leases import finish_job, reap_expired_leases
+from services.jobdb.leases import finish_job
 from services.jobdb.models import Job
 from services.jobdb.sessions import session_factory
 from services.jobdb.status import JobStatus
@@ -177,7 +176,9 @@ class LeaderWatch:
     and its rendezvous store refusing connections (the store lives in node 0's worker process;
     a store that accepts, or does not answer, keeps the lease: a frozen process, a network
     cut). Then it expires the lease now (``leader_lost`` event) and re-queues the job as the
-    reaper would, so the survivors' next gang forms within seconds."""
+    reaper would (``services.housekeeping.reaper.end_dead_leader``), so the survivors' next
+    gang forms within seconds. A prefork child's watch ends with its job: its worker's reaper
+    makes the same check every ACCUM_REAPER_INTERVAL_S (``end_dead_leaders_once``)."""
 
     def __init__(self, settings: Settings, seat: Seat, place: GangPlace) -> None:
         self.settings, self.seat, self.place = settings, seat, place
@@ -201,49 +202,16 @@ class LeaderWatch:
         """One look: True (the lease was ended and the job re-queued), False (the attempt ended
         otherwise), None (node 0 lives, or cannot be told dead: look again)."""
         settings, seat = self.settings, self.seat
-        sessions = session_factory(settings)
-        with sessions() as session:
+        with session_factory(settings)() as session:
             leader = leader_of(session, seat.job_id, seat.attempt)
         if not leader.running:
             return False
-        now = utcnow()
-        fresh = timedelta(seconds=registry_fresh_s(settings))
-        renewed = (leader.lease_expires_at - timedelta(seconds=settings.lease_timeout_s)
-                   if leader.lease_expires_at is not None else None)
-        if (renewed is not None and renewed > now - fresh) or (
-                leader.last_seen is not None and leader.last_seen > now - fresh):
+        if not leader_silent(leader, now=utcnow(), fresh_s=registry_fresh_s(settings),
+                             lease_timeout_s=settings.lease_timeout_s):
             return None
-        if store_answers(self.place.master_addr, self.place.master_port):
-            return None
-        message = (
-            f"node 0 ({leader.worker}) is gone: its lease and its worker's registry row were not "
-            f"renewed for {fresh.total_seconds():g} s and its rendezvous store at "
-            f"{self.place.master_addr}:{self.place.master_port} refuses connections; node "
-            f"{seat.node_rank} ended its lease now rather than after ACCUM_LEASE_TIMEOUT_S "
-            f"({settings.lease_timeout_s:g} s)"
-        )
-        with sessions.begin() as session:
-            if not end_lost_leader_lease(session, seat.job_id, seat.attempt, leader, now=now,
-                                         message=message):
-                return None
-            requeued, _ = reap_expired_leases(session, now=now, queues=[leader.queue],
-                                              poison_after=settings.poison_after_lost_attempts)
-        log.warning("job %s: %s", seat.job_id, message)
-        send_in_order(settings, [(job_id, leader.queue) for job_id in requeued],
-                      "job %s lost its node 0; re-queued on %s")
-        return True
-
-
-def store_answers(addr: str, port: int, timeout_s: float = 1.0) -> bool:
-    """Whether something accepts connections at node 0's rendezvous endpoint; a refusal is the
-    only no (a timeout or another error may be the network, not a dead process)."""
-    try:
-        with socket.create_connection((addr, port), timeout=timeout_s):
-            return True
-    except ConnectionRefusedError:
-        return False
-    except OSError:
-        return True
+        ended = end_dead_leader(settings, seat.job_id, seat.attempt, leader, self.place.master_addr,
+                                self.place.master_port, by=f"node {seat.node_rank}")
+        return True if ended else None
 
 
 def attempt_open(sessions: sessionmaker[Session], job_id: str, attempt: int) -> bool:
