@@ -22,6 +22,7 @@ from typing_extensions import TypedDict
 from services.jobdb.nonfinite import Label, label, split_latest
 from services.jobdb.status import JobStatus
 from services.spec.job import Duration, stored
+from services.spec.world import world_of
 
 # Steps and ids are INTEGER columns (32-bit on PostgreSQL): larger query values are refused
 # as 422 instead of overflowing in the driver.
@@ -84,6 +85,22 @@ class WorkerInfo(BaseModel):
     name: str | None = Field(None, description="The worker's Celery node name (`--hostname`)")
     host: str | None
     gpu: str | None
+
+
+class World(BaseModel):
+    """The ranks a job trains on, read from its spec with the spec's defaults filled in (a
+    stored spec leaves out what a single-node job does not use): the one place a client reads
+    them from, rather than restating the defaults."""
+
+    gpus: int = Field(description="GPUs per node (spec gpus; 0: the CPU, one process)")
+    nodes: int = Field(description="Nodes (spec nodes; 1 for a single-node job)")
+    min_nodes: int = Field(description="The fewest nodes it trains on (spec min_nodes)")
+    ranks: int = Field(description="Ranks of one optimizer step: nodes x max(gpus, 1)")
+
+
+def world_of_spec(spec: dict[str, Any]) -> World:
+    gpus, nodes = int(stored(spec, "gpus")), int(stored(spec, "nodes"))
+    return World(gpus=gpus, nodes=nodes, min_nodes=int(stored(spec, "min_nodes")), ranks=world_of(gpus, nodes))
 
 
 class NodePublic(BaseModel):
@@ -187,12 +204,15 @@ RANK_PEAK = "peak_memory_bytes_rank"
 
 
 def sharing_strategy(spec: dict[str, Any]) -> Literal["ddp", "fsdp"] | None:
-    """How a job's ranks share its model: the spec's strategy (ddp when left out) for gpus > 1,
-    fsdp for one GPU with CPU offload; None for one process."""
-    strategy, gpus = stored(spec, "strategy"), stored(spec, "gpus")
-    if strategy == "fsdp" and isinstance(gpus, int) and gpus >= 1:
+    """How a job's ranks share its model: the spec's strategy (ddp when left out) for more than
+    one rank (gpus > 1, or several nodes), fsdp for one GPU with CPU offload; None for one
+    process."""
+    strategy, gpus, nodes = stored(spec, "strategy"), stored(spec, "gpus"), stored(spec, "nodes")
+    if not isinstance(gpus, int) or not isinstance(nodes, int):
+        return None
+    if strategy == "fsdp" and gpus >= 1:
         return "fsdp"
-    return "ddp" if isinstance(gpus, int) and gpus > 1 else None
+    return "ddp" if world_of(gpus, nodes) > 1 else None
 
 
 def memory_levers(spec: dict[str, Any]) -> list[str]:
@@ -294,6 +314,10 @@ class JobPublic(BaseModel):
         "far); in the answers about one job, not in listings"
     )
 
+    world: World | None = Field(
+        default=None, description="The ranks it trains on: gpus, nodes, min_nodes from its spec "
+        "(defaults filled in) and the ranks of one optimizer step"
+    )
     strategy: Literal["ddp", "fsdp"] | None = Field(
         default=None, description='How the ranks share the model (spec strategy): "ddp" '
         'replicas or "fsdp" shards; null for a one-process job'
@@ -334,6 +358,7 @@ class JobPublic(BaseModel):
         if self.error is not None and (stop := self.error.nonfinite) is not None:
             self.latest_metrics[stop.metric] = None
             self.nonfinite_metrics[stop.metric] = stop.value
+        self.world = world_of_spec(self.spec)
         self.strategy = sharing_strategy(self.spec)
         self.levers = memory_levers(self.spec)
         self.peak_memory_bytes_per_rank = per_rank(self.latest_metrics, RANK_PEAK)

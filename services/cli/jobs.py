@@ -132,16 +132,21 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def batch(job: dict[str, Any]) -> str:
     """`16 x 4 x 1 GPU = 64`: the effective batch and its factors (m x N x GPUs)."""
-    spec = job.get("spec") or {}
-    m, n, gpus = spec.get("micro_batch_size"), spec.get("accumulation_steps"), spec.get("gpus", 1)
+    spec, world = job.get("spec") or {}, job.get("world") or {}
+    m, n, gpus, nodes = spec.get("micro_batch_size"), spec.get("accumulation_steps"), world.get("gpus"), world.get("nodes")
     total = job.get("effective_batch_size")
     shown = grouped(total) if isinstance(total, int) else "?"
     if not isinstance(m, int) or not isinstance(n, int):
         # "auto" micro-batch or an epoch schedule of N: only the product is fixed
         return f"{shown} (m {m}, N {n})" if m is not None else shown
     device = "CPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus != 1 else ''}"
-    nodes = spec.get("nodes", 1)
-    return f"{m} x {n} x {device}{f' x {nodes} nodes' if nodes > 1 else ''} = {shown}"
+    return f"{m} x {n} x {device}{f' x {nodes} nodes' if multi_node(job) else ''} = {shown}"
+
+
+def multi_node(job: dict[str, Any]) -> bool:
+    """Whether the job trains on more than one node (the API's ``world``, defaults filled in)."""
+    nodes = (job.get("world") or {}).get("nodes")
+    return isinstance(nodes, int) and nodes > 1
 
 
 def nodes_line(job: dict[str, Any]) -> str | None:
@@ -150,7 +155,7 @@ def nodes_line(job: dict[str, Any]) -> str | None:
     nodes = job.get("nodes")
     if not isinstance(nodes, list):
         return None
-    wanted = (job.get("spec") or {}).get("nodes", len(nodes))
+    wanted = (job.get("world") or {}).get("nodes", len(nodes))
     head = f"{len(nodes)} of {wanted}" + (" joined, gang forming" if job["status"] == "queued" else "")
     each = ", ".join(f"{n['node_rank']} {n['worker']}" + (f" ({n['host']})" if n.get("host") else "")
                      for n in nodes)
@@ -196,7 +201,7 @@ def describe_job(job: dict[str, Any]) -> list[tuple[str, str]]:
         *([("notes", str(job["notes"]))] if job.get("notes") else []),
         ("status", status),
         ("model", f"{model} on {dataset}"),
-        ("batch", f"{batch(job)}  (m x N x GPUs{' x nodes' if spec.get('nodes', 1) > 1 else ''})"),
+        ("batch", f"{batch(job)}  (m x N x GPUs{' x nodes' if multi_node(job) else ''})"),
         ("queue", queue),
         ("progress", f"step {format_progress(job)}{percent}, epoch "
                      f"{epoch(progress.get('epoch'))}{f' of {epochs}' if epochs else ''}"),

@@ -75,3 +75,14 @@ def test_the_strategy_and_each_ranks_peak_memory_are_read_from_the_spec_and_metr
     assert (alone.strategy, alone.peak_memory_bytes_per_rank) == (None, [9.0])  # one process: rank 0
     cpu = JobPublic.model_validate(job_row(spec={"gpus": 0}, latest_metrics={"loss": 1.0}))
     assert cpu.peak_memory_bytes_per_rank is None  # no allocator peak off CUDA
+
+
+def test_the_world_is_read_from_the_spec_with_its_defaults() -> None:
+    one = JobPublic.model_validate(job_row(spec={"gpus": 1}))  # nodes and min_nodes left out, as stored
+    gang = JobPublic.model_validate(job_row(spec={"gpus": 2, "nodes": 2, "min_nodes": 1}))
+    cpu_gang = JobPublic.model_validate(job_row(spec={"gpus": 0, "nodes": 3}))
+
+    assert one.world is not None and one.world.model_dump() == {"gpus": 1, "nodes": 1, "min_nodes": 1, "ranks": 1}
+    assert gang.world is not None and gang.world.model_dump() == {"gpus": 2, "nodes": 2, "min_nodes": 1, "ranks": 4}
+    assert cpu_gang.world is not None and (cpu_gang.world.min_nodes, cpu_gang.world.ranks) == (3, 3)
+    assert (one.strategy, gang.strategy, cpu_gang.strategy) == (None, "ddp", "ddp")  # one process per CPU node

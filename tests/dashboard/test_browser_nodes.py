@@ -44,6 +44,7 @@ def test_a_multi_node_job_lists_the_worker_of_each_node(
     nodes = page.locator("#nodes")
     expect(nodes).to_contain_text("Gang forming: 1 of 2 nodes joined")
     expect(page.locator(".summary")).to_contain_text("16 × 2 × CPU × 2 nodes = 64")
+    expect(page.locator("#strategy")).to_have_text("ddp (2 ranks)")  # one process on each node
     expect(nodes.locator("[data-node='0']")).to_have_text("0: cpu@node-a (node-a)")
     join(deployment, job_id, "node-b")
     page.reload()

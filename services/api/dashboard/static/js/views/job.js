@@ -450,7 +450,7 @@ class JobPage {
   // A multi-node job: the worker of each node of its current or last attempt (the API's `nodes`;
   // while its gang forms, those that joined so far).
   renderNodes() {
-    const nodes = this.job.nodes, wanted = this.job.spec?.nodes ?? 1;
+    const nodes = this.job.nodes, wanted = this.job.world?.nodes;
     this.nodeList.hidden = !nodes;
     if (!nodes) return;
     const forming = this.job.status === "queued";
@@ -570,8 +570,8 @@ function trackerLinks(runs) {
 
 // "fsdp (2 ranks, sync window, CPU offload)" / "ddp (2 ranks)": the strategy row of the summary.
 function sharingStrategy(job) {
-  const spec = job.spec;
-  const parts = [`${Math.max(spec.gpus ?? 1, 1)} rank${(spec.gpus ?? 1) > 1 ? "s" : ""}`];
+  const spec = job.spec, ranks = job.world.ranks;  // nodes x max(gpus, 1), from the API
+  const parts = [`${ranks} rank${ranks > 1 ? "s" : ""}`];
   if (job.strategy === "fsdp" && spec.fsdp) {
     parts.push(`sync ${spec.fsdp.sync ?? "micro_batch"}`);
     if (spec.fsdp.cpu_offload) parts.push("CPU offload");
