@@ -8,7 +8,8 @@
 Both keep the run exact (docs/accumulation.md, rule 16): checkpointing recomputes each block's
 forward on the RNG state it had; LoRA trains adapters on a frozen `hf:` model, whose
 checkpoints hold the adapters (the base is rebuilt from the model's own source), and
-`merge: true` also stores the merged weights of the final model (`save_pretrained`). The
+`merge: true` also stores the merged weights of the final model (`save_pretrained`; under
+`strategy: "fsdp"` gathered from the shards first, at the job's end). The
 8-bit optimizer (`optimizer: {"name": "adamw8bit"}`) is refused for CPU jobs at submit
 (services/admission/checks.py). Torch-free.
 """
@@ -112,12 +113,5 @@ def check_peft(options: PeftOptions | None, data: Mapping[str, Any]) -> PeftOpti
             f"hf:<directory of a saved model>); model is {model.name!r}: remove peft or choose an "
             "hf: model",
             HF_MODELS,
-        )
-    if options.merge and data.get("strategy") == "fsdp":
-        raise spec_error(
-            "not_applicable",
-            'peft.merge writes the merged model from one process, and strategy "fsdp" keeps it in '
-            'shards: use strategy "ddp", or merge: false (the adapters are in the checkpoints)',
-            [False],
         )
     return options

@@ -5,6 +5,7 @@ and the 8-bit optimizer (bitsandbytes), in the order ``build_run`` applies them.
     optimizer = levers.adamw8bit(spec, params)   # spec.optimizer.name == "adamw8bit"
     levers.save_merged(module, directory)        # peft.merge: save_pretrained of base + adapters
     levers.store_merged(module, uploads, job_id)  # ... as <job>/merged.tar in the artifact store
+    levers.store_merged(sharded_module, uploads, job_id, rebuild=build)  # FSDP: every rank calls it
 
 LoRA comes first (its adapters are wrapped with their block), checkpointing next, then the
 strategy's wrapping (FSDP shards the checkpointed blocks, as torchtitan orders them). peft and
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -109,14 +111,16 @@ def adamw8bit(spec: JobSpec, params: Any, device: str) -> torch.optim.Optimizer:
     return optimizer
 
 
-def save_merged(module: nn.Module, directory: Path) -> Path:
-    """The adapters merged into a copy of the base, written with ``save_pretrained`` (loads
-    with ``from_pretrained``, no peft needed); returns ``directory``."""
+def save_merged(module: nn.Module, directory: Path, *, in_place: bool = False) -> Path:
+    """The adapters merged into a copy of the base (into ``module`` itself with ``in_place``:
+    a copy made for this), written with ``save_pretrained`` (loads with ``from_pretrained``,
+    no peft needed); returns ``directory``."""
     import copy
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    model: Any = copy.deepcopy(module.inner if isinstance(module, Logits) else module)
+    model: Any = module.inner if isinstance(module, Logits) else module
+    model = model if in_place else copy.deepcopy(model)
     for parent in list(model.modules()):  # checkpointing changes no weight: unwrap the blocks
         for attribute, child in list(parent.named_children()):
             if isinstance(child, CheckpointWrapper):
@@ -127,12 +131,31 @@ def save_merged(module: nn.Module, directory: Path) -> Path:
     return directory
 
 
-def store_merged(module: nn.Module, uploads: CheckpointUploads, job_id: str) -> str:
+def store_merged(module: nn.Module, uploads: CheckpointUploads | None, job_id: str,
+                 rebuild: Callable[[], nn.Module] | None = None) -> str:
     """``save_merged`` packed as one tar (``tar xf`` it, then ``from_pretrained`` the folder)
-    and stored at ``merged_key(job_id)``; returns the key."""
+    and stored at ``merged_key(job_id)`` by the rank that has ``uploads`` (rank 0; the others
+    pass None); returns the key.
+
+    A sharded (FSDP) ``module`` is gathered whole first, a collective every rank calls
+    (``full_state``); rank 0 then loads it into ``rebuild()`` (the spec's model as the worker
+    builds it, unsharded, on the CPU) with the spec's LoRA adapters, and merges that."""
+    from accumcore.sharding import is_sharded
+
+    original = module
+    if is_sharded(module):
+        state = full_state(module)  # every rank; rank 0 alone ends up holding it
+        if uploads is None:
+            return merged_key(job_id)
+        if rebuild is None:
+            raise ValueError("a sharded model's merge needs the model rebuilt unsharded (rebuild)")
+        module = rebuilt(rebuild, state)
+        del state
+    if uploads is None:
+        return merged_key(job_id)
     uploads.staging_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=uploads.staging_dir) as folder:
-        merged = save_merged(module, Path(folder) / "merged")
+        merged = save_merged(module, Path(folder) / "merged", in_place=module is not original)
         packed = Path(folder) / "merged.tar"
         with tarfile.open(packed, "w") as tar:
             tar.add(merged, arcname="merged")
@@ -143,3 +166,25 @@ def store_merged(module: nn.Module, uploads: CheckpointUploads, job_id: str) -> 
         note.write_text(sha256)
         uploads.put(merged_key(job_id) + ".sha256", note, *sha256_of(note))
     return merged_key(job_id)
+
+
+def full_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The sharded ``module``'s whole state by its plain names (checkpoint wrappers left out),
+    gathered one parameter at a time onto rank 0's CPU (the other ranks get nothing): a
+    collective, every rank of the process group calls it. Only at a merge, the job's end."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast(dict[str, torch.Tensor], state)
+
+
+def rebuilt(rebuild: Callable[[], nn.Module], state: dict[str, torch.Tensor]) -> nn.Module:
+    """``rebuild()`` (the spec's model, with its LoRA adapters) holding ``state``, every key of
+    it (strict), its tensors taken as they are (``assign``: no second copy, the trained dtype):
+    the unsharded copy of the trained model that ``save_merged`` merges in place."""
+    module = rebuild()
+    module.load_state_dict(state, strict=True, assign=True)
+    tie = getattr(module.inner if isinstance(module, Logits) else module, "tie_weights", None)
+    if callable(tie):
+        tie()  # assign put a parameter object of its own at each tied name (GPT-2's lm_head, wte)
+    return module

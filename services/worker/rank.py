@@ -33,7 +33,7 @@ from services.settings import Settings
 from services.spec import JobSpec
 from services.worker import levers, micro_batch, phases
 from services.worker.attempt import Attempt, Flags, Outcome, outcome
-from services.worker.build import Run, build_run
+from services.worker.build import Run, build_data, build_model_on, build_run
 from services.worker.callbacks import StoreCallback
 from services.worker.checkpoints.fetch import fetch_checkpoint
 from services.worker.checkpoints.metrics import observe_fetch
@@ -93,8 +93,14 @@ def run_attempt(place: Place, settings: Settings, spec: JobSpec, attempt: Attemp
             run.trainer.load_state_dict(restored(run, checkpoint))
         phases.mark("build")
         stopped = fit(run, attempt, settings, lease_lost=lambda: heartbeat is not None and heartbeat.lease_lost)
-        if not stopped and writer.store is not None and spec.peft is not None and spec.peft.merge:
-            levers.store_merged(unwrap(run.trainer.model), writer.store.uploads, attempt.job_id)
+        if not stopped and spec.peft is not None and spec.peft.merge:
+            # Rank 0 stores it; a sharded model is gathered whole first, with every rank, into
+            # the spec's model rebuilt unsharded on rank 0's CPU (levers.store_merged).
+            peft = spec.peft
+            levers.store_merged(
+                unwrap(run.trainer.model), writer.store.uploads if writer.store is not None else None,
+                attempt.job_id, rebuild=lambda: levers.add_lora(
+                    build_model_on(spec, build_data(spec, settings.home / "data"), "cpu", None).module, peft))
     except Abandoned:
         raise  # its supervisor recorded the attempt hung: nothing is written, trackers left open
     except BaseException:

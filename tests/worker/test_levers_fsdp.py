@@ -8,7 +8,9 @@ one on rank 0 alone). Two epochs: the adapters end where the one-process big bat
 (<= 1e-12; 2.2e-19 here), the frozen base is bitwise as built on both ranks, and a run resumed
 from the sharded checkpoint of the first epoch (DCP: every rank's shards, the frozen base's
 too) into a model built afresh ends bitwise where the uninterrupted one does. Then the same
-through the worker (run_job, 2 CPU ranks): shards stored, consolidated, resumed elsewhere.
+through the worker (run_job, 2 CPU ranks): shards stored, consolidated, resumed elsewhere, and
+``peft.merge``'s model gathered from the shards equal to the one-process job's (float32: the
+adapted weights 7.5e-9 apart, the rest bitwise).
 """
 
 from __future__ import annotations
@@ -95,27 +97,63 @@ def test_lora_on_sharded_ranks_steps_the_adapters_as_the_big_batch_and_leaves_th
         assert all(torch.equal(got["resumed"][n], got["trained"][n]) for n in want)  # resumed bitwise
 
 
+def _merged(settings: Any, job_id: str, folder: Path) -> dict[str, torch.Tensor]:
+    """The job's merged.tar from the store, unpacked and loaded with ``from_pretrained``."""
+    import tarfile
+
+    from transformers import GPT2LMHeadModel
+
+    from services.artifacts import merged_key, open_store
+
+    open_store(settings.artifacts_url).get(merged_key(job_id), folder / "merged.tar")
+    with tarfile.open(folder / "merged.tar") as tar:
+        tar.extractall(folder / "download", filter="data")
+    loaded = GPT2LMHeadModel.from_pretrained(folder / "download" / "merged")
+    return {name: value.detach() for name, value in loaded.state_dict().items()}
+
+
 @pytest.mark.slow
-def test_a_lora_fsdp_job_through_the_worker_stores_its_shards_and_resumes_on_another_node(
+def test_a_lora_fsdp_job_through_the_worker_stores_its_shards_merges_and_resumes_on_another_node(
     settings: Any, make_job: Any, tmp_path: Path,
 ) -> None:
-    """run_job on a gpus: 2, strategy fsdp job with LoRA and checkpointing (2 CPU ranks): it
-    succeeds, its consolidated checkpoint (what a download serves) holds the adapters and the
-    base by name, and a resume on another node's cache loads the shards and ends."""
+    """run_job on a gpus: 2, strategy fsdp job with LoRA, checkpointing and merge (2 CPU
+    ranks): it succeeds, its consolidated checkpoint (what a download serves) holds the
+    adapters and the base by name, its merged model (gathered from the shards at the end)
+    loads with ``from_pretrained`` with no LoRA key and equals the same job's in one process
+    (window 4 = 2 ranks x 2), and a resume on another node's cache loads the shards and ends."""
     from services.artifacts import consolidated_key, manifest_key
     from services.jobdb import jobs
     from services.jobdb.sessions import session_factory
     from services.worker.runner import run_job
 
-    job_id = make_job({
-        "model": {"name": "hf:gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 128},
+    spec = {
+        "model": {"name": "hf:gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 128,
+                  "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
         "dataset": "text", "micro_batch_size": 2, "accumulation_steps": 2, "max_steps": 2, "gpus": 2,
-        "strategy": "fsdp", "checkpoint_every": 1, "optimizer": {"name": "adamw", "lr": 1e-2},
-        "activation_checkpointing": True, "peft": {"method": "lora", "r": 2, "target_modules": ["c_attn"]},
-    })
+        "strategy": "fsdp", "checkpoint_every": 1, "optimizer": {"name": "sgd", "lr": 0.5},
+        "activation_checkpointing": True,
+        "peft": {"method": "lora", "r": 2, "target_modules": ["c_attn"], "merge": True},
+    }
+    job_id = make_job(spec)
     assert run_job(settings, job_id, "node-a") == "succeeded"
     full = torch.load(settings.artifacts_path / consolidated_key(manifest_key(job_id, 2)), weights_only=True)
     assert any("lora_A" in key for key in full["model"]) and any("c_attn.base_layer" in key for key in full["model"])
+    merged = _merged(settings, job_id, tmp_path / "sharded")
+    one = make_job({**{k: v for k, v in spec.items() if k != "strategy"}, "gpus": 1, "accumulation_steps": 4})
+    assert run_job(settings, one, "node-a") == "succeeded"
+    want = _merged(settings, one, tmp_path / "one")
+    assert sorted(merged) == sorted(want) and not any("lora" in key for key in merged)
+    # Only the adapted c_attn weights differ, by the float32 round-off of the gradient sums (2
+    # ranks' halves reduce-scattered against one process's sum: 7.5e-9 here, one ulp at 0.06-0.12,
+    # the weights' size); 1e-6 allows ~8 ulps at |w| <= 1. The rest is the frozen base, bitwise.
+    adapted = [key for key in want if key.endswith("c_attn.weight")]
+    assert all(torch.equal(merged[key], want[key]) for key in want if key not in adapted)
+    worst = max(float((merged[key] - want[key]).abs().max()) for key in adapted)
+    moved = max(float((want[key] - full["model"]["base_model.model." + key.replace("c_attn.", "c_attn.base_layer.")])
+                      .abs().max()) for key in adapted)
+    print(f"merged, sharded vs one process: {worst:.3g}; merged vs base c_attn: {moved:.3g}")
+    assert moved > 1e-3  # the adapters moved the merged weights (4.6e-2 here), far past the round-off
+    assert worst <= 1e-6, worst
     with session_factory(settings).begin() as session:  # resumable from step 2, as POST /resume makes it
         job = jobs.load_job(session, job_id)
         assert job is not None

@@ -65,16 +65,15 @@ def test_the_merged_model_is_served_as_a_tar_once_stored(
     assert served.headers["content-type"] == "application/x-tar"
 
 
-def test_lora_under_fsdp_is_taken_and_its_merge_refused_at_peft_saying_why(
+def test_lora_under_fsdp_is_taken_with_its_merge(
     client: TestClient, alice: dict[str, str], spec: dict[str, Any]
 ) -> None:
-    """LoRA on sharded ranks trains exactly (tests/worker/test_levers_fsdp.py); its merged model
-    would have to be gathered from the shards, which the worker does not do: refused."""
+    """LoRA on sharded ranks trains exactly, and its merged model is gathered from the shards
+    at the job's end (tests/worker/test_levers_fsdp.py): taken with merge too."""
     body = {**spec, "model": {"name": "hf:gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2}, "dataset": "text",
             "gpus": 2, "strategy": "fsdp", "peft": {"method": "lora", "r": 4}}
     created = client.post("/v1/jobs", json=body, headers=alice)
     assert created.status_code == 201, created.text
     merged = client.post("/v1/jobs", json={**body, "peft": {"method": "lora", "r": 4, "merge": True}}, headers=alice)
-    assert merged.status_code == 422, merged.text
-    [error] = merged.json()["errors"]
-    assert error["loc"].startswith("body.peft") and 'strategy "fsdp" keeps it in shards' in error["msg"]
+    assert merged.status_code == 201, merged.text
+    assert merged.json()["spec"]["peft"]["merge"] is True
