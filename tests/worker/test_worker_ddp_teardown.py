@@ -1,8 +1,9 @@
 """The parent of DDP ranks (``services.worker.distributed.watch_ranks``) with real spawned
 processes: a rank that dies in teardown after every rank finished (the gloo/NCCL abort at
 exit) does not fail the job and no finishing rank is signalled; a rank that dies before it
-finished fails the job with the reason (``RankFailed``, a lost peer when it was killed by a
-signal or said it died of its process group failing); a cancel, timeout or shutdown raises the ranks' shared
+finished ends the attempt with the reason (``RankFailed``; a lost peer when it was killed by a
+signal or said it died of its process group failing, which ``spawn_ranks`` turns into
+``NodeLost``: the job resumes with a restart counted; else the job fails); a cancel, timeout or shutdown raises the ranks' shared
 stop flag (its value says which: the trackers' runs end by it), and ranks that do not stop within the grace period (or any rank, once the lease
 is lost) are terminated. A rank that stops beating (``services.worker.pulse``) past its deadline, or
 that its peers failed waiting for while it was silent, is hung: every rank is ended and the
@@ -107,7 +108,7 @@ def test_a_rank_dying_in_teardown_after_every_rank_finished_is_not_a_failure() -
     assert context.processes[1].exitcode == -signal.SIGABRT
 
 
-def test_a_rank_dying_before_it_finished_fails_the_job_and_stops_the_others() -> None:
+def test_a_rank_dying_before_it_finished_ends_the_attempt_and_stops_the_others() -> None:
     context, finished, exits = _start(ranks.abort_before_finishing)
     with pytest.raises(RuntimeError, match="a training rank died: .*SIGABRT"):
         watch_ranks(context, finished, Running(), grace_s=30, stop=_flag())
