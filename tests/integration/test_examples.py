@@ -5,16 +5,12 @@ the least that trains each model on its data and writes the checkpoint the warm 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from api_process import running_api
-from worker_stack import make_stack
-
-from services.jobdb import tokens
+from cli_service import cli_service
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.[jy]*"))
@@ -22,25 +18,15 @@ EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.[jy]*"))
 
 @pytest.mark.slow
 def test_every_example_trains_as_shipped(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    stack = make_stack("sqlite", tmp_path, request)
-    with stack.sessions.begin() as session:
-        _, token = tokens.create_owner_with_token(session, "ex")
-    stack.start_worker()
-    try:
-        with running_api(stack.env(), stack.logs / "api.log") as api:
-            client_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCUM_")}
-            client_env.update(ACCUM_URL=api.url, ACCUM_TOKEN=token, XDG_CONFIG_HOME=str(tmp_path / "config"),
-                              ACCUM_HOME=str(tmp_path / "client"))
-            data = stack.settings.home / "data" / "examples"  # inside the default data root
-            ran = subprocess.run(
-                [sys.executable, str(ROOT / "examples" / "run_examples.py"), "--quick", "--data", str(data),
-                 "--queue", stack.queue],
-                env=client_env, capture_output=True, text=True, timeout=900, check=False,
-            )
-            logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in stack.logs.glob("worker-*.log"))
-            assert ran.returncode == 0, ran.stdout + ran.stderr + logs
-    finally:
-        stack.stop_workers()
+    with cli_service(request, tmp_path, "ex") as (stack, client_env):
+        data = stack.settings.home / "data" / "examples"  # inside the default data root
+        ran = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "run_examples.py"), "--quick", "--data", str(data),
+             "--queue", stack.queue],
+            env=client_env, capture_output=True, text=True, timeout=900, check=False,
+        )
+        logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in stack.logs.glob("worker-*.log"))
+        assert ran.returncode == 0, ran.stdout + ran.stderr + logs
     succeeded = [line.split(":")[0] for line in ran.stdout.splitlines() if line.endswith(" succeeded")]
     assert succeeded == [name.rsplit(".", 1)[0] for name in (
         "digits_mlp_tiny.json", "digits_small_cnn.yaml", "imagefolder_timm.yaml", "finetune_warm_start.yaml",
